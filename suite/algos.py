@@ -1,0 +1,381 @@
+"""The algorithm table: one name -> (advantage, surrogate, IS correction, aggregation).
+
+Notation (REFERENCE section 2, after arXiv 2510.26788 "Defeating the Training-Inference
+Mismatch via FP16", code github.com/sail-sg/Precision-RL):
+  mu           the sampler (rollout engine) that drew y, at the old parameters theta'
+  pi_theta'    the trainer at those same old parameters (`old_logp`, no grad)
+  pi_theta     the trainer now (`trainer_logp`, carries the gradient)
+  r_t   = pi_theta(y_t) / pi_theta'(y_t)          PPO ratio (on-policy part)
+  rho_t = pi_theta'(y_t) / mu(y_t), rho = prod_t rho_t   mismatch ratio at theta'
+  w     = pi_theta(y) / mu(y), detached             PG sequence weight
+  l_t   = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high))   PPO-clip, arXiv 1707.06347 Eq. (7)
+
+A loss is: per-token surrogate (B, T)  x  detached IS weight (B, T) or (B, 1)  ->  aggregate.
+`policy_loss` is the one place that dispatches on the surrogate; `is_weights` is the one
+place that interprets the correction, through the `_CORRECTIONS` table. Every variant in
+`ALGORITHMS` is a parameter setting of that shared kernel.
+
+Shapes: B sequences, T response positions (right-padded), P prompts x G samples = B.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+# Log-ratios are clamped to +-20 before exp: a sequence log-ratio sums thousands of
+# per-token terms and in BF16 reaches hundreds, where exp overflows to inf and inf * 0 in
+# the backward pass becomes NaN. exp(20) = 4.9e8 is far past any threshold C we use, so the
+# clamp never changes a weight that survives truncation or masking. (Same bound as VeRL.)
+LOG_RATIO_CLAMP = 20.0
+STD_EPS = 1e-6  # GRPO's (r - mean) / (std + eps); keeps an all-equal group at exactly 0
+
+ADVANTAGE_MODES = ("mean", "std")
+SURROGATES = ("ppo", "pg", "gspo")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+# correction -> (level the weight lives at, what happens to weights above C).
+# "truncate" = min(weight, C) (TIS); "mask" = weight * 1{weight <= C} (MIS); "keep" = plain IS.
+_CORRECTIONS: dict[str, tuple[str, str] | None] = {
+    "none": None,
+    "token_tis": ("token", "truncate"),
+    "seq_is": ("seq", "keep"),
+    "seq_tis": ("seq", "truncate"),
+    "seq_mis": ("seq", "mask"),
+}
+CORRECTIONS = tuple(_CORRECTIONS)
+
+
+def _did_you_mean(word: str, choices) -> str:
+    match = difflib.get_close_matches(word, list(choices), n=1)
+    return f"; did you mean {match[0]!r}?" if match else ""
+
+
+def _check_choice(field_name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(
+            f"Algorithm.{field_name}={value!r} is not one of {allowed}{_did_you_mean(str(value), allowed)}"
+        )
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """One row of the table. Validated on construction, so a bad override fails early."""
+
+    name: str
+    """Registry key, also used in run names (`task__algo__precision__sSEED`)."""
+    advantage: str
+    """One of ADVANTAGE_MODES: mean = r - group mean (Dr.GRPO); std = (r - mean) / (std + 1e-6) (GRPO)."""
+    surrogate: str
+    """One of SURROGATES: ppo = clipped r_t; pg = -A log pi (REINFORCE); gspo = clipped sequence ratio."""
+    correction: str
+    """Mismatch IS correction, one of CORRECTIONS; none = the sampler's log-probs are not used."""
+    C: float
+    """IS threshold: truncation cap (TIS) or mask threshold (MIS). Unused when correction="none"."""
+    clip_low: float
+    """eps_low of the PPO/GSPO clip: ratios below 1 - clip_low are clipped. Unused by "pg"."""
+    clip_high: float
+    """eps_high: ratios above 1 + clip_high are clipped (DAPO's clip-higher when > clip_low)."""
+    agg: str
+    """Loss aggregation, one of AGG_MODES (VeRL `loss_agg_mode` names)."""
+    source: str
+    """Citation: paper arXiv id and equation / section, and the reference implementation."""
+    uses_sampler_logp: bool = field(init=False)
+    """Derived: True iff the correction needs the sampler's log-probs (log mu)."""
+
+    def __post_init__(self) -> None:
+        _check_choice("advantage", self.advantage, ADVANTAGE_MODES)
+        _check_choice("surrogate", self.surrogate, SURROGATES)
+        _check_choice("correction", self.correction, CORRECTIONS)
+        _check_choice("agg", self.agg, AGG_MODES)
+        if not (isinstance(self.C, (int, float)) and self.C > 0 and math.isfinite(self.C)):
+            raise ValueError(f"Algorithm.C must be a finite number > 0, got {self.C!r}")
+        for name in ("clip_low", "clip_high"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+                raise ValueError(f"Algorithm.{name} must be a finite number >= 0, got {value!r}")
+        object.__setattr__(self, "uses_sampler_logp", self.correction != "none")
+
+
+# ---------------------------------------------------------------------------- the table
+_PRECISION_RL = "arXiv 2510.26788 (sanity test; github.com/sail-sg/Precision-RL)"
+_DR_GRPO = "Dr.GRPO advantage and constant normaliser arXiv 2503.20783 (Sec. 3)"
+_PPO_CLIP = "PPO-clip arXiv 1707.06347 Eq. (7)"
+_TIS = "TIS: Yao et al. 2025, fengyao.notion.site/off-policy-rl"
+_MIS = "MIS: Liu, Li et al. 2025, 'When Speed Kills Stability', richardli.xyz/rl-collapse"
+
+
+def _precision_rl(name: str, surrogate: str, correction: str, paper_name: str, extra: str) -> Algorithm:
+    """The sanity-test defaults: Dr.GRPO advantage, token sum / max length, clip 0.2/0.28, C = 3."""
+    return Algorithm(
+        name=name, advantage="mean", surrogate=surrogate, correction=correction, C=3.0,
+        clip_low=0.2, clip_high=0.28, agg="seq-mean-token-sum-norm",
+        source=f"{_PRECISION_RL} '{paper_name}'; {extra}",
+    )
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    a.name: a
+    for a in (
+        _precision_rl("grpo", "ppo", "none", "PPO", f"{_PPO_CLIP}; {_DR_GRPO}"),
+        _precision_rl("grpo_token_tis", "ppo", "token_tis", "PPO-Token-TIS", f"l_t * min(rho_t, C); {_TIS}"),
+        _precision_rl("grpo_seq_tis", "ppo", "seq_tis", "PPO-Seq-TIS", f"l_t * min(rho, C); {_TIS}"),
+        _precision_rl("grpo_seq_mis", "ppo", "seq_mis", "PPO-Seq-MIS", f"l_t * rho * 1{{rho <= C}}; {_MIS}"),
+        _precision_rl("pg_seq_is", "pg", "seq_is", "PG-Seq-IS", "-A * sg(w) * log pi_t, importance-weighted PG"),
+        _precision_rl("pg_seq_tis", "pg", "seq_tis", "PG-Seq-TIS", f"-A * min(w, C) * log pi_t; {_TIS}"),
+        _precision_rl("pg_seq_mis", "pg", "seq_mis", "PG-Seq-MIS", f"-A * w * 1{{w <= C}} * log pi_t; {_MIS}"),
+        Algorithm(
+            name="gspo", advantage="std", surrogate="gspo", correction="none", C=3.0,
+            clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean",
+            source="GSPO arXiv 2507.18071 (Sec. 4: sequence ratio s_i and the GSPO-token variant; "
+            "clip 3e-4/4e-4 from Sec. 5.1); 'Vanilla-GSPO' in " + _PRECISION_RL,
+        ),
+        Algorithm(
+            name="grpo_vanilla", advantage="std", surrogate="ppo", correction="none", C=3.0,
+            clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean",
+            source="GRPO arXiv 2402.03300 Eq. (3) objective, Sec. 4.1.2 advantage; " + _PPO_CLIP,
+        ),
+        Algorithm(
+            name="dr_grpo", advantage="mean", surrogate="ppo", correction="none", C=3.0,
+            clip_low=0.2, clip_high=0.2, agg="seq-mean-token-sum-norm",
+            source=_DR_GRPO + "; " + _PPO_CLIP,
+        ),
+        Algorithm(
+            name="dapo", advantage="std", surrogate="ppo", correction="none", C=3.0,
+            clip_low=0.2, clip_high=0.28, agg="token-mean",
+            source="DAPO arXiv 2503.14476 (Sec. 3.1 clip-higher, Sec. 3.3 token-level loss); "
+            "dynamic sampling and overlong shaping are not part of the loss",
+        ),
+    )
+}
+
+
+def get_algorithm(name: str, **overrides) -> Algorithm:
+    """The table entry `name`, with dataclass fields replaced by `overrides` (validated)."""
+    if name not in ALGORITHMS:
+        raise ValueError(
+            f"unknown algorithm {name!r}{_did_you_mean(name, ALGORITHMS)} (known: {', '.join(ALGORITHMS)})"
+        )
+    settable = [f.name for f in dataclasses.fields(Algorithm) if f.init]
+    for key in overrides:
+        if key not in settable:
+            raise ValueError(
+                f"unknown Algorithm field {key!r}{_did_you_mean(key, settable)} (settable: {', '.join(settable)})"
+            )
+    return dataclasses.replace(ALGORITHMS[name], **overrides)
+
+
+# ---------------------------------------------------------------------------- advantages
+def compute_advantages(rewards: Tensor, mode: str) -> Tensor:
+    """Group-relative advantages, (P, G) -> (P, G), one group of G samples per prompt.
+
+    "mean": r - mean_g(r), Dr.GRPO (arXiv 2503.20783, Sec. 3), no std division so easy and
+    hard prompts are not re-weighted. "std": (r - mean) / (std + 1e-6), original GRPO
+    (arXiv 2402.03300, Sec. 4.1.2), with the population std (unbiased=False, divide by G).
+    An all-equal group gives exactly 0 in both modes (0 / (0 + 1e-6)), never NaN.
+    """
+    r = rewards.to(torch.float32) if not rewards.is_floating_point() else rewards
+    centered = r - r.mean(dim=-1, keepdim=True)  # (P, G)
+    if mode == "mean":
+        return centered
+    if mode == "std":
+        return centered / (r.std(dim=-1, correction=0, keepdim=True) + STD_EPS)
+    raise ValueError(f"advantage mode {mode!r} is not one of {ADVANTAGE_MODES}{_did_you_mean(mode, ADVANTAGE_MODES)}")
+
+
+# ---------------------------------------------------------------------------- aggregation
+def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, norm_len: int) -> Tensor:
+    """Reduce a per-token loss (B, T) over response tokens to a scalar (VeRL `loss_agg_mode`).
+
+    token-mean:              sum of all tokens / number of tokens (DAPO, arXiv 2503.14476)
+    seq-mean-token-sum:      mean over sequences of the per-sequence token sum
+    seq-mean-token-mean:     mean over sequences of the per-sequence token mean (GRPO, GSPO)
+    seq-mean-token-sum-norm: mean over sequences of token sum / norm_len, a constant (the max
+                             response length), so no length bias (Dr.GRPO, arXiv 2503.20783)
+    Every row counts as a sequence in the seq-mean modes, even an empty one (it adds 0).
+    """
+    m = mask.bool()  # (B, T)
+    masked = torch.where(m, loss_tok, torch.zeros_like(loss_tok))  # (B, T); padding may be non-finite
+    tok_sum = masked.sum(dim=-1)  # (B,)
+    n_tok = m.sum(dim=-1).to(loss_tok.dtype)  # (B,)
+    if mode == "token-mean":
+        return masked.sum() / n_tok.sum().clamp(min=1.0)
+    if mode == "seq-mean-token-sum":
+        return tok_sum.mean()
+    if mode == "seq-mean-token-mean":
+        return (tok_sum / n_tok.clamp(min=1.0)).mean()
+    if mode == "seq-mean-token-sum-norm":
+        if not norm_len > 0:
+            raise ValueError(f"norm_len must be > 0 for seq-mean-token-sum-norm, got {norm_len!r}")
+        return (tok_sum / norm_len).mean()
+    raise ValueError(f"aggregation {mode!r} is not one of {AGG_MODES}{_did_you_mean(mode, AGG_MODES)}")
+
+
+# ---------------------------------------------------------------------------- surrogates
+def _masked_mean(x: Tensor, mask: Tensor) -> float:
+    return float(x[mask].float().mean()) if bool(mask.any()) else math.nan
+
+
+def clipped_objective(
+    ratio: Tensor, adv: Tensor, mask: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, float]:
+    """l_t = max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), PPO arXiv 1707.06347 Eq. (7).
+
+    ratio (B, T), adv (B, 1). torch.where rather than torch.maximum: the gradient must go
+    entirely to the unclipped branch unless the clipped one is strictly larger, where the
+    token gets zero gradient (maximum would split ties half-half). Returns (loss (B, T),
+    fraction of response tokens clipped).
+    """
+    unclipped = -adv * ratio
+    clipped = -adv * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    is_clipped = clipped > unclipped  # (B, T)
+    return torch.where(is_clipped, clipped, unclipped), _masked_mean(is_clipped, mask)
+
+
+def ppo_token_loss(
+    trainer_logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, dict[str, float]]:
+    """Token PPO-clip with r_t = exp(log pi_theta - log pi_theta') (GRPO/DAPO/Dr.GRPO kernel)."""
+    ratio = torch.exp((trainer_logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
+    loss_tok, clip_frac = clipped_objective(ratio, adv, mask, clip_low, clip_high)
+    return loss_tok, {"ppo/clip_frac": clip_frac}
+
+
+def gspo_token_loss(
+    trainer_logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_low: float, clip_high: float
+) -> tuple[Tensor, dict[str, float]]:
+    """GSPO-token (arXiv 2507.18071, Sec. 4): ratio_t = sg(s) * pi_t / sg(pi_t), clipped as in PPO.
+
+    s = exp(mean_t(log pi_theta - log pi_theta')) per sequence, the length-normalised
+    sequence ratio. Its value is s for every token of the sequence, and d ratio_t / d log pi_t
+    = s, which with the seq-mean-token-mean aggregation reproduces the GSPO gradient.
+    """
+    n_tok = mask.sum(dim=-1).clamp(min=1)  # (B,)
+    log_s = (trainer_logp - old_logp).sum(dim=-1) / n_tok  # (B,) off-mask already zero
+    log_s = log_s.detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    ratio = torch.exp(log_s[:, None] + trainer_logp - trainer_logp.detach())  # (B, T)
+    loss_tok, clip_frac = clipped_objective(ratio, adv, mask, clip_low, clip_high)
+    rows = mask.any(dim=-1)
+    seq_ratio_mean = float(log_s[rows].exp().mean()) if bool(rows.any()) else math.nan
+    return loss_tok, {"ppo/clip_frac": clip_frac, "gspo/seq_ratio/mean": seq_ratio_mean}
+
+
+def pg_token_loss(trainer_logp: Tensor, adv: Tensor) -> tuple[Tensor, dict[str, float]]:
+    """REINFORCE surrogate -A * log pi_t; its gradient is -A * grad log pi_t (no ratio, no clip)."""
+    return -adv * trainer_logp, {}
+
+
+# ---------------------------------------------------------------------------- IS correction
+def is_weights(
+    correction: str, numerator_logp: Tensor, sampler_logp: Tensor | None, mask: Tensor, C: float
+) -> tuple[Tensor | None, dict[str, float]]:
+    """Detached mismatch weight to multiply the per-token loss by, and its diagnostics.
+
+    log weight = log numerator - log mu, per token ("token" level, (B, T)) or summed over
+    the response ("seq" level, (B, 1)). The numerator is pi_theta' for the PPO-type
+    surrogates (rho, arXiv 2510.26788) and pi_theta for PG (w). Above C the weight is
+    truncated to C (TIS), set to 0 (MIS) or kept (plain IS), per `_CORRECTIONS`.
+
+    Metrics: is/weight/{mean,min,max} of the raw weight before truncation or masking (the
+    mismatch signal; REFERENCE section 8 warns outside [0.5, 2]); is/truncated_frac
+    (TIS) and is/masked_frac (MIS), the fraction of units (tokens or sequences) whose raw
+    weight exceeded C and was truncated, resp. masked (0.0 for the other kind); is/ess, the normalised effective sample size (sum w)^2 / (n sum w^2) of the
+    weights actually applied (1 = uniform, 0 = everything masked).
+    """
+    spec = _CORRECTIONS[correction]
+    if spec is None:
+        return None, {}
+    if sampler_logp is None:
+        raise ValueError(f"correction {correction!r} needs sampler_logp (the sampler's log-probs), got None")
+    level, above_c = spec
+    log_ratio = (numerator_logp - sampler_logp).detach()  # (B, T), off-mask already zero
+    if level == "token":
+        log_w, units = log_ratio, mask  # (B, T)
+    else:
+        log_w, units = log_ratio.sum(dim=-1, keepdim=True), mask.any(dim=-1, keepdim=True)  # (B, 1)
+    raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    if above_c == "truncate":
+        weight = raw.clamp(max=C)
+    elif above_c == "mask":
+        weight = torch.where(raw <= C, raw, torch.zeros_like(raw))
+    else:
+        weight = raw
+
+    raw_u, w_u = raw[units].double(), weight[units].double()  # (n,)
+    if raw_u.numel() == 0:
+        nan = math.nan
+        return weight, {k: nan for k in ("is/weight/mean", "is/weight/min", "is/weight/max",
+                                         "is/truncated_frac", "is/masked_frac", "is/ess")}
+    above = float((raw_u > C).double().mean())
+    sq = float(w_u.square().sum())
+    metrics = {
+        "is/weight/mean": float(raw_u.mean()),
+        "is/weight/min": float(raw_u.min()),
+        "is/weight/max": float(raw_u.max()),
+        "is/truncated_frac": above if above_c == "truncate" else 0.0,
+        "is/masked_frac": above if above_c == "mask" else 0.0,
+        "is/ess": float(w_u.sum()) ** 2 / (w_u.numel() * sq) if sq > 0 else 0.0,
+    }
+    return weight, metrics
+
+
+# ---------------------------------------------------------------------------- the loss
+def _require(x: Tensor | None, what: str, algo: Algorithm) -> Tensor:
+    if x is None:
+        raise ValueError(f"algorithm {algo.name!r} (surrogate {algo.surrogate!r}) needs {what}, got None")
+    return x
+
+
+def policy_loss(
+    algo: Algorithm,
+    trainer_logp: Tensor,
+    old_logp: Tensor | None,
+    sampler_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    norm_len: int,
+) -> tuple[Tensor, dict[str, float]]:
+    """Scalar policy loss for `algo` and its metrics.
+
+    trainer_logp (B, T) log pi_theta, requires grad; old_logp (B, T) log pi_theta', the
+    trainer's log-probs at the sampling parameters (unused by "pg", may be None there);
+    sampler_logp (B, T) log mu (needed iff algo.uses_sampler_logp); advantages (B,), one
+    per sequence; mask (B, T) 1 on response tokens; norm_len the constant of
+    seq-mean-token-sum-norm (max response length). Metrics: loss/policy, ppo/clip_frac
+    (ppo, gspo), gspo/seq_ratio/mean (gspo), is/* (see `is_weights`).
+    """
+    m = mask.bool()  # (B, T)
+
+    # Padded positions may hold anything (-inf from a masked log-softmax, stale values):
+    # zero them before any arithmetic so no inf/NaN reaches exp() or the backward pass.
+    def clean(x: Tensor | None) -> Tensor | None:
+        return None if x is None else torch.where(m, x, torch.zeros_like(x))
+
+    logp, old, sampler = clean(trainer_logp), clean(old_logp), clean(sampler_logp)
+    adv = advantages.detach().to(logp.dtype)[:, None]  # (B, 1), same A on every token
+
+    # The one dispatch on the surrogate. It also fixes the IS numerator: PPO-type losses
+    # already carry pi_theta/pi_theta' in r_t, so they correct only the mismatch
+    # rho = pi_theta'/mu; PG has no ratio, so it weights by w = pi_theta/mu (detached).
+    if algo.surrogate == "ppo":
+        numerator = _require(old, "old_logp", algo)
+        loss_tok, metrics = ppo_token_loss(logp, numerator, adv, m, algo.clip_low, algo.clip_high)
+    elif algo.surrogate == "gspo":
+        numerator = _require(old, "old_logp", algo)
+        loss_tok, metrics = gspo_token_loss(logp, numerator, adv, m, algo.clip_low, algo.clip_high)
+    elif algo.surrogate == "pg":
+        loss_tok, metrics = pg_token_loss(logp, adv)
+        numerator = logp.detach()
+    else:  # unreachable for a validated Algorithm
+        raise ValueError(f"unknown surrogate {algo.surrogate!r}")
+
+    weight, is_metrics = is_weights(algo.correction, numerator, sampler, m, algo.C)
+    if weight is not None:
+        loss_tok = loss_tok * weight  # (B, T) * (B, T) or (B, 1); weight is detached
+    loss = aggregate(loss_tok, m, algo.agg, norm_len)
+    return loss, {"loss/policy": float(loss.detach()), **metrics, **is_metrics}

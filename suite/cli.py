@@ -1,0 +1,123 @@
+"""The ``suite`` command: ``suite <subcommand> [key=value ...]``.
+
+Subcommands: run (one RL run), perfectible (build a perfectible set), main (the embedded
+sanity test over precision flows, then a table), table (print a results table), bench.
+Every subcommand validates its config before any compute; a bad value is one line naming
+the field, exit code 2.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+USAGE = __doc__
+
+
+def _configs(args: list[str]):
+    import torch
+
+    from suite import config
+
+    cfg = config.load(args)
+    torch.set_num_threads(cfg.threads)
+    return cfg
+
+
+def cmd_run(args: list[str]) -> int:
+    from suite.train import run
+
+    cfg = _configs(args)
+    run_dir = run(cfg)
+    return _print_summary(run_dir)
+
+
+def _print_summary(run_dir: Path) -> int:
+    import json
+
+    s = json.loads((run_dir / "summary.json").read_text())
+    Console().print(f"{run_dir}: verdict [bold]{s['verdict']}[/], peak accuracy {s['accuracy/peak']:.3f} at step "
+                    f"{s['accuracy/peak_step']}, final {s['accuracy/final']:.3f}, "
+                    f"step-0 k3 KL {s.get('mismatch/step0/kl_k3', float('nan')):.2e}")
+    return 0
+
+
+def cmd_perfectible(args: list[str]) -> int:
+    from suite import perfectible
+    from suite.train import prepare_data
+
+    cfg = _configs(args)
+    console = Console()
+    _, data_dir = prepare_data(cfg, console)
+    _, prov = perfectible.load(data_dir)
+    console.print(perfectible.describe(prov))
+    console.print(f"written to {data_dir}")
+    return 0
+
+
+def cmd_main(args: list[str]) -> int:
+    """The embedded sanity test in fp32, bf16 and fp16 (one seed), ending in the outcome table."""
+    from suite import report
+    from suite.train import run
+
+    precisions = ["fp32", "bf16", "fp16"]
+    console = Console()
+    t0 = time.time()
+    base = [a for a in args if not a.startswith("precision=")]
+    cfgs = [_configs(base + [f"precision={p}"]) for p in precisions]  # validate all before any compute
+    dirs = []
+    for cfg in cfgs:
+        console.rule(f"{cfg.task} / {cfg.algorithm} / {cfg.precision} / seed {cfg.seed}")
+        try:
+            dirs.append(run(cfg, console))
+        except Exception as e:  # one failing run never takes the others down
+            console.print(f"[red]run failed: {type(e).__name__}: {e}[/]")
+    root = Path(cfgs[0].out) / cfgs[0].name
+    console.print(report.outcome_table(root))
+    console.print(f"wall time {time.time() - t0:.0f} s; results in {root}")
+    return 0
+
+
+def cmd_table(args: list[str]) -> int:
+    from suite import report
+
+    Console().print(report.outcome_table(Path(args[0] if args else "results/default")))
+    return 0
+
+
+def cmd_bench(args: list[str]) -> int:
+    from suite import bench
+
+    return bench.main(args)
+
+
+COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE)
+        return 0
+    if argv[0] not in COMMANDS:
+        import difflib
+
+        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        print(f"suite: unknown command '{argv[0]}'.{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    try:
+        return COMMANDS[argv[0]](argv[1:])
+    except ValueError as e:
+        print(f"suite {argv[0]}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

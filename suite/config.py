@@ -1,0 +1,272 @@
+"""One typed config tree (Hydra structured configs), resolved and validated before any compute.
+
+Every field has a docstring (the string under it, cleanrl style). Fields left at ``None`` take
+their value from the ``tier`` (the one scale dial: smoke, small, full) in ``resolve``; a value
+given on the command line always wins. ``validate`` checks everything that can be checked
+without compute and raises ``ValueError`` naming the field and what is allowed.
+
+Command line: ``suite run task=arith precision=bf16 algorithm=grpo seed=0 optim.lr=1e-4``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+
+@dataclass
+class OptimConfig:
+    lr: Optional[float] = None
+    """AdamW learning rate (constant). None: the tier's value."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """AdamW betas; (0.9, 0.95) as in the published sanity test."""
+    eps: float = 1e-8
+    """AdamW epsilon (the published 1.5B recipe uses 1e-15; at tiny scale 1e-8 is the usual choice)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (0 in the published recipe)."""
+    grad_clip: float = 1.0
+    """Global grad-norm clip, applied after unscaling (fp16)."""
+
+
+@dataclass
+class SamplingConfig:
+    temperature: float = 1.0
+    """Sampling temperature; trainer log-probs are computed at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass (1.0 = off, as in the published recipe)."""
+    max_new_tokens: Optional[int] = None
+    """Response budget; a response that hits it is truncated and scores 0. None: task trace length + 8."""
+
+
+@dataclass
+class PerfectibleConfig:
+    k: int = 16
+    """Samples per prompt used to estimate its pass rate (published recipe: 40)."""
+    lo: float = 0.2
+    """Keep prompts whose pass rate is >= lo."""
+    hi: float = 0.8
+    """... and <= hi."""
+    pool: Optional[int] = None
+    """Train-split prompts screened. None: the tier's value."""
+    max_prompts: Optional[int] = None
+    """Cap on kept prompts used for training (first ones in pool order). None: keep all."""
+
+
+@dataclass
+class PolicyConfig:
+    hidden: Optional[int] = None
+    """Hidden size of the embedded Llama. None: the tier's value."""
+    layers: Optional[int] = None
+    """Decoder layers. None: the tier's value."""
+    heads: Optional[int] = None
+    """Attention heads. None: the tier's value."""
+    kv_heads: Optional[int] = None
+    """Key/value heads (grouped-query attention). None: the tier's value."""
+    mlp: Optional[int] = None
+    """SwiGLU intermediate size. None: the tier's value."""
+    target_acc: float = 0.5
+    """The supervised warm start stops once sampled accuracy on held-out probes reaches this."""
+    path: Optional[str] = None
+    """Use this saved HF model directory instead of the embedded policy."""
+
+
+@dataclass
+class RunConfig:
+    task: str = "arith"
+    """Task name (files in tasks/, registry in suite/tasks.py)."""
+    precision: str = "fp32"
+    """Precision flow: one row of the table in suite/precision.py (fp32, bf16, fp16)."""
+    algorithm: str = "grpo"
+    """Algorithm: one entry of the table in suite/algos.py."""
+    seed: int = 0
+    """Seed of the RL run (data order, sampling). The policy and the task have their own seeds."""
+    tier: str = "small"
+    """Scale dial: smoke (tests, seconds), small (the main job), full (longer, larger)."""
+    engine: str = "torch"
+    """Sampler engine: torch (built-in)."""
+    gemm: str = "auto"
+    """Low-precision GEMMs: native kernels, or emulated in fp32 with exact rounding (auto: emulated on
+    CPUs without AVX512-BF16/FP16 or AMX, where native bf16 GEMMs are ~10x slower than fp32)."""
+    threads: int = 1
+    """torch CPU threads per run. 1 by default: the policy's GEMMs are small, OpenMP spin-waits cost
+    more than they give, and sweeps run cells side by side instead."""
+    out: str = "results"
+    """Root of the result bundles."""
+    name: str = "default"
+    """Experiment name: runs go to <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/."""
+    steps: Optional[int] = None
+    """RL steps (one rollout batch each). None: the tier's value."""
+    prompts_per_step: Optional[int] = None
+    """Prompts per rollout batch. None: the tier's value."""
+    samples_per_prompt: Optional[int] = None
+    """Responses per prompt (the GRPO group size). None: the tier's value."""
+    updates_per_step: int = 2
+    """Optimizer updates (minibatches) per rollout batch, 1 PPO epoch; the published recipe uses 4."""
+    threshold: float = 0.95
+    """Pass threshold on training accuracy (REFERENCE section 1: > 95%)."""
+    ckpt_every: int = 5
+    """Checkpoint every N steps (and at the end); a rerun resumes from the last one."""
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    perfectible: PerfectibleConfig = field(default_factory=PerfectibleConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+
+
+# The one scale dial. Model size, prompt counts and budget; the rest of the recipe is shared.
+TIERS: dict[str, dict[str, Any]] = {
+    "smoke": {"steps": 4, "prompts_per_step": 4, "samples_per_prompt": 4, "optim.lr": 1e-4, "perfectible.pool": 64,
+              "policy": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=192)},
+    "small": {"steps": 150, "prompts_per_step": 16, "samples_per_prompt": 8, "optim.lr": 1e-4,
+              "perfectible.pool": 1024, "policy": dict(hidden=128, layers=3, heads=4, kv_heads=2, mlp=384)},
+    "full": {"steps": 400, "prompts_per_step": 32, "samples_per_prompt": 8, "optim.lr": 1e-4,
+             "perfectible.pool": 2048, "policy": dict(hidden=192, layers=4, heads=6, kv_heads=2, mlp=512)},
+}
+ENGINES = ("torch",)
+
+
+def _did_you_mean(value: str, choices) -> str:
+    close = difflib.get_close_matches(str(value), list(choices), n=1)
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _choice(fieldname: str, value: str, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{fieldname}: unknown value '{value}'.{_did_you_mean(value, choices)} "
+                         f"Allowed: {', '.join(choices)}.")
+
+
+def from_overrides(overrides: list[str]) -> RunConfig:
+    """Compose a RunConfig from ``key=value`` overrides with Hydra; errors name the field."""
+    from hydra import compose, initialize
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import ConfigCompositionException
+
+    ConfigStore.instance().store(name="suite_run", node=RunConfig)
+    try:
+        with initialize(version_base=None, config_path=None):
+            cfg = compose(config_name="suite_run", overrides=list(overrides))
+    except ConfigCompositionException as e:
+        raise ValueError(_explain(e, overrides)) from None
+    return OmegaConf.to_object(cfg)
+
+
+def _explain(err: Exception, overrides: list[str]) -> str:
+    """Turn Hydra's composition error into one line naming the field (and a "did you mean")."""
+    text = str(err.__cause__ or err)
+    for ov in overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        parent, _, leaf = key.rpartition(".")
+        keys = _field_names(parent)
+        if leaf not in keys:
+            where = f" in '{parent}'" if parent else ""
+            return (f"{key}: unknown config field{where}.{_did_you_mean(leaf, keys)} "
+                    f"Fields: {', '.join(keys) or '(none: ' + parent + ' is not a config group)'}.")
+    for ov in overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        if key in text:
+            detail = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("Value")), text.splitlines()[0])
+            return f"{key}: {detail} (from '{ov}')"
+    return f"config: {text.splitlines()[0]}"
+
+
+def _field_names(path: str) -> list[str]:
+    node: Any = RunConfig
+    for part in [p for p in path.split(".") if p]:
+        hints = {f.name: f for f in dataclasses.fields(node)}
+        if part not in hints or hints[part].default_factory is dataclasses.MISSING:
+            return []
+        node = hints[part].default_factory
+    return [f.name for f in dataclasses.fields(node)]
+
+
+def resolve(cfg: RunConfig) -> RunConfig:
+    """Fill every ``None`` from the tier (validated first) and the task. Returns a new config."""
+    _choice("tier", cfg.tier, TIERS)
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim), sampling=dataclasses.replace(cfg.sampling),
+                              perfectible=dataclasses.replace(cfg.perfectible), policy=dataclasses.replace(cfg.policy))
+    tier = TIERS[cfg.tier]
+    for key, value in tier.items():
+        if key == "policy":
+            for k, v in value.items():
+                if getattr(cfg.policy, k) is None:
+                    setattr(cfg.policy, k, v)
+            continue
+        obj, _, leaf = (cfg, None, key) if "." not in key else (getattr(cfg, key.split(".")[0]), None, key.split(".")[1])
+        if getattr(obj, leaf) is None:
+            setattr(obj, leaf, value)
+    if cfg.sampling.max_new_tokens is None:
+        from suite.tasks import get_task
+
+        _choice("task", cfg.task, _task_names())
+        task = get_task(cfg.task)
+        cfg.sampling.max_new_tokens = len(task.trace(task.split("train", 1)[0])) + 8
+    return cfg
+
+
+def _task_names():
+    from suite.tasks import REGISTRY
+
+    return list(REGISTRY)
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Check a resolved config; raise ValueError naming the first bad field."""
+    from suite.algos import ALGORITHMS
+    from suite.precision import FLOWS, gemm_backend
+
+    _choice("task", cfg.task, _task_names())
+    _choice("precision", cfg.precision, FLOWS)
+    _choice("algorithm", cfg.algorithm, ALGORITHMS)
+    _choice("tier", cfg.tier, TIERS)
+    _choice("engine", cfg.engine, ENGINES)
+    _choice("gemm", cfg.gemm, ("auto", "native", "emulated"))
+    gemm_backend(cfg.gemm, FLOWS[cfg.precision].trainer_dtype)
+    checks = [
+        ("seed", cfg.seed >= 0, "must be >= 0"),
+        ("threads", cfg.threads >= 1, "must be >= 1"),
+        ("steps", cfg.steps >= 1, "must be >= 1"),
+        ("prompts_per_step", cfg.prompts_per_step >= 1, "must be >= 1"),
+        ("samples_per_prompt", cfg.samples_per_prompt >= 2, "must be >= 2 (group-relative advantages need a group)"),
+        ("updates_per_step", cfg.updates_per_step >= 1, "must be >= 1"),
+        ("updates_per_step", (cfg.prompts_per_step * cfg.samples_per_prompt) % cfg.updates_per_step == 0,
+         f"must divide the rollout batch ({cfg.prompts_per_step} x {cfg.samples_per_prompt})"),
+        ("threshold", 0.0 < cfg.threshold <= 1.0, "must be in (0, 1]"),
+        ("ckpt_every", cfg.ckpt_every >= 1, "must be >= 1"),
+        ("optim.lr", cfg.optim.lr > 0, "must be > 0"),
+        ("optim.eps", cfg.optim.eps > 0, "must be > 0"),
+        ("optim.betas", all(0.0 <= b < 1.0 for b in cfg.optim.betas), "each beta must be in [0, 1)"),
+        ("optim.weight_decay", cfg.optim.weight_decay >= 0, "must be >= 0"),
+        ("optim.grad_clip", cfg.optim.grad_clip > 0, "must be > 0"),
+        ("sampling.temperature", cfg.sampling.temperature > 0, "must be > 0"),
+        ("sampling.top_p", 0.0 < cfg.sampling.top_p <= 1.0, "must be in (0, 1]"),
+        ("sampling.max_new_tokens", cfg.sampling.max_new_tokens >= 1, "must be >= 1"),
+        ("perfectible.k", cfg.perfectible.k >= 2, "must be >= 2 (a pass rate needs several samples)"),
+        ("perfectible.lo", 0.0 <= cfg.perfectible.lo <= 1.0, "must be in [0, 1]"),
+        ("perfectible.hi", 0.0 <= cfg.perfectible.hi <= 1.0, "must be in [0, 1]"),
+        ("perfectible.lo", cfg.perfectible.lo <= cfg.perfectible.hi,
+         f"lo ({cfg.perfectible.lo}) must be <= hi ({cfg.perfectible.hi})"),
+        ("perfectible.pool", cfg.perfectible.pool >= 1, "must be >= 1"),
+        ("perfectible.max_prompts", cfg.perfectible.max_prompts is None or cfg.perfectible.max_prompts >= 1,
+         "must be >= 1 or null"),
+        ("policy.hidden", cfg.policy.hidden % cfg.policy.heads == 0, "must be divisible by policy.heads"),
+        ("policy.heads", cfg.policy.heads % cfg.policy.kv_heads == 0, "must be divisible by policy.kv_heads"),
+        ("policy.layers", cfg.policy.layers >= 1, "must be >= 1"),
+        ("policy.target_acc", 0.0 < cfg.policy.target_acc < 1.0, "must be in (0, 1)"),
+    ]
+    for name, ok, why in checks:
+        if not ok:
+            raise ValueError(f"{name}: {why}.")
+    return cfg
+
+
+def load(overrides: list[str]) -> RunConfig:
+    """Overrides -> resolved, validated config. The only entry point the CLI uses."""
+    return validate(resolve(from_overrides(overrides)))
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return dataclasses.asdict(cfg)

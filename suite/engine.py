@@ -1,0 +1,213 @@
+"""The built-in sampler (``engine=torch``): a small vLLM-like rollout engine for Llama models.
+
+Why a separate engine and not the trainer's model: in real RL stacks the rollout engine
+(vLLM, SGLang) holds its own copy of the weights in low precision and runs its own kernels:
+incremental decoding against a KV cache, one query row at a time, while the trainer runs a
+full-sequence forward under autocast on fp32 master weights. Same parameters, different
+arithmetic: that is the training-inference mismatch this suite measures (arXiv 2510.26788,
+section 2). This engine reproduces those differences on purpose and nothing else:
+
+- weights are *cast* to the sampler dtype at every sync (as vLLM stores them), and every
+  activation, the KV cache and the logits stay in that dtype; RMSNorm accumulates in fp32
+  and rounds back, as HF and vLLM do;
+- decoding is incremental (prefill, then one token per step against the cache);
+- the sampled token's log-prob is ``log_softmax`` in fp32 of the low-precision logits
+  divided by the temperature (vLLM's "processed" log-probs).
+
+The model code is a direct functional transcription of ``transformers``' Llama
+(``modeling_llama.py``: RMSNorm, rotary embedding with ``rotate_half``, GQA attention, SwiGLU
+MLP), so in fp32 it agrees with the trainer to ~1e-6 and a test checks it. As vLLM does, the
+Q/K/V projections and the gate/up projections are fused into one GEMM each at sync (same
+dot products, fewer kernel launches). With ``backend="emulated"`` the low-precision GEMMs
+and attention run through ``precision.lowp_linear`` / ``lowp_attention`` (see precision.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from suite.policy import EOS, PAD
+from suite.precision import lowp_attention, lowp_linear
+
+
+@dataclass
+class Rollout:
+    """A batch of sampled responses. Shapes: B sequences, R = longest response."""
+
+    prompt_ids: list[list[int]]
+    tokens: torch.Tensor  # (B, R) sampled ids, PAD after the end
+    mask: torch.Tensor  # (B, R) float, 1 on sampled tokens (EOS included)
+    logprobs: torch.Tensor  # (B, R) fp32 sampler log-probs of the sampled tokens, 0 off-mask
+    truncated: list[bool]  # True when max_new_tokens was hit before EOS (finish reason "length")
+
+    @property
+    def finish_reasons(self) -> list[str]:
+        return ["length" if t else "stop" for t in self.truncated]
+
+    def response_ids(self) -> list[list[int]]:
+        lengths = self.mask.sum(1).long().tolist()
+        return [row[:n] for row, n in zip(self.tokens.tolist(), lengths)]
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.mask.sum().item())
+
+
+def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # As LlamaRMSNorm: accumulate in fp32, round back to the activation dtype, then scale.
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return w * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+class TorchEngine:
+    """Batched sampling with a KV cache from a copy of the weights held in ``dtype``."""
+
+    def __init__(self, config, dtype: torch.dtype, backend: str = "native", device: str = "cpu"):
+        self.cfg = config
+        self.dtype = dtype
+        self.backend = backend
+        self.device = device
+        self.n_heads = config.num_attention_heads
+        self.n_kv = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
+        self.eps = config.rms_norm_eps
+        theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]
+        # HF default rope: inverse frequencies in fp32 (LlamaRotaryEmbedding).
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
+        self.w: dict[str, torch.Tensor] = {}
+        self.w32: dict[str, torch.Tensor] = {}
+
+    # ---- weights -------------------------------------------------------------------------
+    def sync(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load the trainer's current weights, cast to the sampler dtype (no disk round trip)."""
+        w = {k: v.detach().to(self.device, self.dtype, copy=True) for k, v in state_dict.items()}
+        if "lm_head.weight" not in w:  # tied embeddings
+            w["lm_head.weight"] = w["model.embed_tokens.weight"]
+        for i in range(self.cfg.num_hidden_layers):  # fuse as vLLM's QKVParallelLinear / MergedColumnParallelLinear
+            p = f"model.layers.{i}."
+            for fused, parts in (("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
+                                 ("mlp.gate_up_proj", ("gate_proj", "up_proj"))):
+                pre = fused.split(".")[0] + "."
+                for kind in ("weight", "bias"):
+                    names = [p + pre + part + "." + kind for part in parts]
+                    if names[0] in w:
+                        w[p + fused + "." + kind] = torch.cat([w.pop(n) for n in names])
+        bad = {str(v.dtype) for v in w.values() if v.dtype != self.dtype}
+        assert not bad, f"sampler weights in {bad}, expected {self.dtype}"
+        self.w = w
+        # Emulated GEMMs read an fp32 copy of the *rounded* weights (exactly the same values).
+        self.w32 = {k: v.float() for k, v in w.items() if v.dim() == 2} if self.backend == "emulated" else {}
+
+    def _lin(self, x, name):
+        b = self.w.get(name + ".bias")
+        if self.backend == "emulated":
+            return lowp_linear(x, self.w[name + ".weight"], b, self.dtype, w32=self.w32[name + ".weight"])
+        return F.linear(x, self.w[name + ".weight"], b)
+
+    def _attn(self, q, k, v, keep):
+        if self.backend == "emulated":
+            return lowp_attention(q, k, v, keep, self.head_dim ** -0.5, self.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=self.n_kv != self.n_heads)
+
+    # ---- model ---------------------------------------------------------------------------
+    def _forward(self, ids, pos, cache, t0, key_valid):
+        """Run ids (B, S) at positions pos (B, S); write K/V at cache slots t0..t0+S-1.
+
+        key_valid (B, t0+S) marks real (non-pad) keys. Returns logits of the last position (B, V).
+        """
+        B, S = ids.shape
+        x = self.w["model.embed_tokens.weight"][ids]  # (B, S, H) in sampler dtype
+        freqs = pos[..., None].float() * self.inv_freq  # (B, S, D/2) fp32, as HF
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos, sin = emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]
+        T = t0 + S
+        causal = torch.ones(S, T, dtype=torch.bool).tril(diagonal=t0)
+        mask = causal[None] & key_valid[:, None, :T]  # (B, S, T)
+        # A pad query would see no key at all (NaN softmax); let it see itself. Its output is
+        # never used, but a NaN in its V row would poison every real query (0 * NaN = NaN).
+        mask = mask | _diag(S, T, t0)[None]
+        for i in range(self.cfg.num_hidden_layers):
+            p = f"model.layers.{i}."
+            h = _rms_norm(x, self.w[p + "input_layernorm.weight"], self.eps)
+            qkv = self._lin(h, p + "self_attn.qkv_proj")
+            nq, nk = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+            q = qkv[..., :nq].view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
+            k = qkv[..., nq:nq + nk].view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
+            v = qkv[..., nq + nk:].view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            kc, vc = cache[i]
+            kc[:, :, t0:T] = k
+            vc[:, :, t0:T] = v
+            a = self._attn(q, kc[:, :, :T], vc[:, :, :T], mask[:, None])
+            x = x + self._lin(a.transpose(1, 2).reshape(B, S, -1), p + "self_attn.o_proj")
+            h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.eps)
+            gate, up = self._lin(h, p + "mlp.gate_up_proj").chunk(2, dim=-1)
+            x = x + self._lin(F.silu(gate) * up, p + "mlp.down_proj")
+        x = _rms_norm(x[:, -1], self.w["model.norm.weight"], self.eps)
+        return self._lin(x, "lm_head")  # (B, V) in sampler dtype
+
+    # ---- sampling ------------------------------------------------------------------------
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                 generator: torch.Generator) -> Rollout:
+        """Sample one response per prompt (prompts are left padded into one batch)."""
+        B, P = len(prompts), max(map(len, prompts))
+        ids = torch.full((B, P), PAD, dtype=torch.long)
+        valid = torch.zeros(B, P + max_new_tokens, dtype=torch.bool)
+        for b, p in enumerate(prompts):
+            ids[b, P - len(p):] = torch.tensor(p)
+            valid[b, P - len(p):] = True
+        valid[:, P:] = True  # generated slots are always real keys
+        pos = (valid[:, :P].long().cumsum(1) - 1).clamp(min=0)
+        shape = (B, self.n_kv, P + max_new_tokens, self.head_dim)
+        cache = [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+                 for _ in range(self.cfg.num_hidden_layers)]
+
+        tokens = torch.full((B, max_new_tokens), PAD, dtype=torch.long)
+        logps = torch.zeros(B, max_new_tokens)
+        mask = torch.zeros(B, max_new_tokens)
+        done = torch.zeros(B, dtype=torch.bool)
+        logits = self._forward(ids, pos, cache, 0, valid)
+        last_pos = pos[:, -1]
+        for t in range(max_new_tokens):
+            # fp32 log-softmax of the low-precision logits, after temperature (vLLM "processed").
+            logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+            tok = _sample(logp, top_p, generator)
+            live = ~done
+            tokens[live, t] = tok[live]
+            logps[live, t] = logp.gather(1, tok[:, None])[live, 0]
+            mask[live, t] = 1.0
+            done |= tok == EOS
+            if bool(done.all()) or t == max_new_tokens - 1:
+                break
+            last_pos = last_pos + 1
+            logits = self._forward(tok[:, None], last_pos[:, None], cache, P + t, valid)
+        return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens[:, : t + 1], mask=mask[:, : t + 1],
+                       logprobs=logps[:, : t + 1], truncated=(~done).tolist())
+
+
+def _diag(S: int, T: int, t0: int) -> torch.Tensor:
+    """(S, T) mask with True where query s meets its own key slot t0+s."""
+    m = torch.zeros(S, T, dtype=torch.bool)
+    m[torch.arange(S), t0 + torch.arange(S)] = True
+    return m
+
+
+def _sample(logp: torch.Tensor, top_p: float, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token per row from exp(logp), optionally restricted to the top-p nucleus."""
+    probs = logp.exp()
+    if top_p < 1.0:
+        sp, si = probs.sort(dim=-1, descending=True)
+        drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix whose mass reaches top_p
+        probs = torch.zeros_like(probs).scatter(-1, si, sp.masked_fill(drop, 0.0))
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]

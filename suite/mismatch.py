@@ -1,0 +1,159 @@
+"""Training-inference mismatch metrics: pure functions of (trainer, sampler, mask).
+
+The sampler (rollout engine, distribution mu) draws the response tokens; the trainer
+(training engine, distribution pi) re-scores the same tokens at the same parameters.
+In exact arithmetic pi == mu; in BF16 they drift apart, and arXiv 2510.26788
+("Defeating the Training-Inference Mismatch via FP16") shows that this gap is what
+collapses RL runs. Everything here is computed on the *sampled* tokens only, in float64,
+with log pi - log mu written as `log_ratio` (so rho_t = pi_t / mu_t = exp(log_ratio_t)).
+
+Reductions: "token" means are over all masked (response) tokens of the batch pooled
+together; "sequence" statistics are over the sequences that have at least one response
+token (an empty row has a trivially zero log-ratio and would bias them). All `std` are
+population std (divide by n): they must exist for a batch of one.
+
+Keys, formulas and their counterparts elsewhere (formulas and signs checked against the
+VeRL `compute_offpolicy_metrics`, Oat `PPOLearner` and slime loss sources; the TRL and
+prime-rl names are as REFERENCE section 3 lists them; a framework not named has no
+counterpart we know of):
+
+  mismatch/kl_k1                    mean(log mu - log pi), k1 estimate of KL(mu || pi)
+      VeRL rollout_corr/kl; Oat kl_sample_train_v1 (same as the Tinker cookbook's)
+  mismatch/kl_k2                    0.5 mean((log mu - log pi)^2)
+      Oat kl_sample_train_v2
+  mismatch/kl_k3                    mean(rho - log rho - 1), rho = pi/mu per token
+      VeRL rollout_corr/k3_kl; prime-rl mismatch_kl (k3 form)
+  mismatch/prob_diff/{mean,max,std} abs(pi_t - mu_t) on probabilities
+      VeRL training/rollout_probs_diff_{mean,max,std}
+  mismatch/logprob_diff/{mean,max}  abs(log pi - log mu)
+      TRL sampling/sampling_logp_difference/{mean,max}; slime
+      train_rollout_logprob_abs_diff (mean only, see (1))
+  mismatch/seq_log_ratio/{mean_abs,max_abs,std}   per sequence sum_t(log pi - log mu)
+      no framework key; its distribution is Fig. 5 (right) of arXiv 2510.26788
+  mismatch/log_ppl_diff             mean_seq[mean_t(-log pi) - mean_t(-log mu)]
+      VeRL rollout_corr/log_ppl_diff (same sign)
+  mismatch/ppl_ratio                mean_seq exp(mean_t(log mu - log pi)) (trainer ppl / sampler ppl)
+      VeRL rollout_corr/ppl_ratio
+  mismatch/chi2_token               E_tok[rho_t^2] - 1
+      VeRL rollout_corr/chi2_token
+  mismatch/chi2_seq                 E_seq[rho_seq^2] - 1, rho_seq = prod_t rho_t
+      VeRL rollout_corr/chi2_seq
+  mismatch/exp_abs_logprob_diff/mean   mean exp(abs(log pi - log mu))
+      health signal of REFERENCE section 8 (good below 1.03-1.05); 1.0 when identical
+
+(1) slime averages per sequence first, then over sequences; ours pools tokens.
+IS-weight diagnostics (TRL `sampling/importance_sampling_ratio/{min,mean,max}`, VeRL
+`rollout_corr/rollout_is_mean`, `rollout_corr/rollout_is_eff_sample_size`) depend on the
+correction in use and are returned by `suite.algos.policy_loss` under `is/*`.
+
+`log_ppl_diff` sign: trainer log-perplexity minus sampler log-perplexity, per sequence,
+then averaged; positive when the trainer finds the sampled text less likely than the
+sampler did. This equals VeRL's (mean log mu - mean log pi), and log of each sequence's
+ppl_ratio. Health thresholds (REFERENCE section 8): exp_abs_logprob_diff/mean below
+1.03-1.05 and KL estimates below 1e-3; watch prob_diff/max, not only the mean.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+# Log-ratios are clamped to +-20 before exp (rho <= 4.9e8): a sequence log-ratio sums over
+# thousands of tokens and in BF16 can reach hundreds, where exp overflows to inf and one
+# sequence would turn a batch mean into inf/NaN. 20 matches VeRL's SAFETY_BOUND.
+LOG_RATIO_CLAMP = 20.0
+
+METRIC_KEYS = (
+    "mismatch/kl_k1",
+    "mismatch/kl_k2",
+    "mismatch/kl_k3",
+    "mismatch/prob_diff/mean",
+    "mismatch/prob_diff/max",
+    "mismatch/prob_diff/std",
+    "mismatch/logprob_diff/mean",
+    "mismatch/logprob_diff/max",
+    "mismatch/seq_log_ratio/mean_abs",
+    "mismatch/seq_log_ratio/max_abs",
+    "mismatch/seq_log_ratio/std",
+    "mismatch/log_ppl_diff",
+    "mismatch/ppl_ratio",
+    "mismatch/chi2_token",
+    "mismatch/chi2_seq",
+    "mismatch/exp_abs_logprob_diff/mean",
+)
+
+
+def _masked_log_ratio(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """(log pi - log mu) in float64 with off-mask positions set to exactly 0, and the bool mask.
+
+    torch.where, not multiplication: padded positions may hold -inf, and 0 * inf = NaN.
+    """
+    m = mask.bool()  # (B, T)
+    diff = trainer_logp.detach().double() - sampler_logp.detach().double()  # (B, T)
+    return torch.where(m, diff, torch.zeros_like(diff)), m
+
+
+def token_mismatch(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> Tensor:
+    """Per-token abs(log pi - log mu), float64 (B, T), exactly 0 off the mask.
+
+    Where in a response the mismatch sits (which positions, which tokens) is what the
+    token-vs-sequence correction debate turns on (Liu, Li et al. 2025, "When Speed Kills
+    Stability", richardli.xyz/rl-collapse).
+    """
+    log_ratio, _ = _masked_log_ratio(trainer_logp, sampler_logp, mask)
+    return log_ratio.abs()
+
+
+def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """All `METRIC_KEYS` as python floats; NaN for every key when the mask is empty.
+
+    trainer_logp, sampler_logp: (B, T) log-probs of the sampled tokens under pi and mu,
+    computed at the same parameters (before the update). mask: (B, T), 1 on response
+    tokens. Formulas: REFERENCE section 3; VeRL `compute_offpolicy_metrics` for the
+    rollout_corr/* ones.
+    """
+    log_ratio, m = _masked_log_ratio(trainer_logp, sampler_logp, mask)  # (B, T)
+    if not bool(m.any()):
+        return {key: math.nan for key in METRIC_KEYS}
+
+    # ---- token level: pooled over every response token of the batch
+    tok = log_ratio[m]  # (N,) log pi_t - log mu_t
+    tok_c = tok.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    pi = trainer_logp.detach().double()[m].exp()  # (N,)
+    mu = sampler_logp.detach().double()[m].exp()  # (N,)
+    prob_diff = (pi - mu).abs()
+    abs_tok = tok.abs()
+
+    # ---- sequence level: rows with at least one response token
+    rows = m.any(dim=-1)  # (B,)
+    seq_log_ratio = log_ratio.sum(dim=-1)[rows]  # (S,) log prod_t rho_t
+    seq_mean_log_ratio = seq_log_ratio / m.sum(dim=-1)[rows]  # (S,) mean_t(log pi - log mu)
+    seq_c = seq_log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+    out = {
+        # k1/k2/k3 estimators of KL(mu || pi) under y ~ mu (Schulman, "Approximating KL
+        # divergence", joschu.net/blog/kl-approx.html). k3 uses expm1: for a mismatch of
+        # 1e-6 per token, exp(x) - 1 - x loses most digits of the ~5e-13 result.
+        "mismatch/kl_k1": (-tok).mean(),
+        "mismatch/kl_k2": 0.5 * tok.square().mean(),
+        "mismatch/kl_k3": (torch.expm1(tok_c) - tok_c).mean(),
+        "mismatch/prob_diff/mean": prob_diff.mean(),
+        "mismatch/prob_diff/max": prob_diff.max(),
+        "mismatch/prob_diff/std": prob_diff.std(correction=0),
+        "mismatch/logprob_diff/mean": abs_tok.mean(),
+        "mismatch/logprob_diff/max": abs_tok.max(),
+        "mismatch/seq_log_ratio/mean_abs": seq_log_ratio.abs().mean(),
+        "mismatch/seq_log_ratio/max_abs": seq_log_ratio.abs().max(),
+        "mismatch/seq_log_ratio/std": seq_log_ratio.std(correction=0),
+        # mean_t(-log pi) - mean_t(-log mu) = -mean_t(log pi - log mu), per sequence.
+        "mismatch/log_ppl_diff": (-seq_mean_log_ratio).mean(),
+        "mismatch/ppl_ratio": (-seq_mean_log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp().mean(),
+        # chi^2(pi || mu) = E_mu[rho^2] - 1: the variance of the IS weight, which sets how
+        # fast sequence-level IS variance grows, O((1 + chi2)^T) (Liu, Li et al. 2025).
+        "mismatch/chi2_token": (2.0 * tok_c).exp().mean() - 1.0,
+        "mismatch/chi2_seq": (2.0 * seq_c).exp().mean() - 1.0,
+        "mismatch/exp_abs_logprob_diff/mean": abs_tok.clamp(max=LOG_RATIO_CLAMP).exp().mean(),
+    }
+    return {key: float(value) for key, value in out.items()}

@@ -1,0 +1,111 @@
+"""The perfectible-set builder: keep the prompts a model solves sometimes but not always.
+
+Recipe of the published sanity test (arXiv 2510.26788; REFERENCE section 1): sample k
+responses per prompt with the base policy, keep prompts whose pass rate lies in
+[lo, hi] = [0.2, 0.8] (k = 40 there; 1,460 MATH problems survive for R1-Distill-Qwen-1.5B).
+Every prompt kept is learnable by that policy, so a sound RL recipe must drive training
+accuracy above 95%; a recipe that stalls or collapses on it has a numerical or algorithmic
+problem, not a data problem. The authors never released the filter (Precision-RL issue #8);
+this is ours, for any model and task.
+
+Sampling uses the built-in engine in fp32 by default, so every precision flow of a grid
+trains on the same set. The output is ``train.jsonl`` plus ``provenance.json`` (model, k,
+band, counts before and after, pass-rate histogram, dataset hash).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from suite.engine import TorchEngine
+from suite.precision import DTYPES
+from suite.results import atomic_write_json, atomic_write_text
+from suite.tasks import Item
+
+
+def pass_rates(model, tok, task, items: list[Item], k: int, max_new_tokens: int, temperature: float,
+               seed: int, dtype: torch.dtype = torch.float32, chunk: int = 512, progress=None) -> list[float]:
+    """Fraction of k sampled responses per prompt that earn reward 1."""
+    engine = TorchEngine(model.config, dtype)
+    engine.sync(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    per = max(1, chunk // k)  # prompts per generate call (k copies each)
+    out: list[float] = []
+    task_id = progress.add_task("pass rates", total=len(items)) if progress else None
+    for i in range(0, len(items), per):
+        block = items[i:i + per]
+        prompts = [tok(it.prompt)["input_ids"] for it in block for _ in range(k)]
+        roll = engine.generate(prompts, max_new_tokens, temperature, 1.0, gen)
+        texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
+        rewards = [task.reward(block[j // k], t, tr) for j, (t, tr) in enumerate(zip(texts, roll.truncated))]
+        out += [sum(rewards[j * k:(j + 1) * k]) / k for j in range(len(block))]
+        if progress:
+            progress.advance(task_id, len(block))
+    return out
+
+
+def build(model_dir: Path, task, *, k: int, lo: float, hi: float, pool: int, max_new_tokens: int,
+          out_dir: Path, temperature: float = 1.0, seed: int = 0, sampler: str = "fp32",
+          console: Console | None = None) -> Path:
+    """Screen the first ``pool`` train prompts and write the perfectible set to ``out_dir``."""
+    from suite.policy import load_policy
+
+    console = console or Console(stderr=True)
+    if (out_dir / "provenance.json").exists():
+        return out_dir
+    t0 = time.time()
+    model, tok = load_policy(model_dir)
+    items = task.split("train", pool)
+    with Progress(console=console, transient=True) as progress:
+        rates = pass_rates(model, tok, task, items, k, max_new_tokens, temperature, seed, DTYPES[sampler],
+                           progress=progress)
+    # A pass rate is a multiple of 1/k; compare with a tolerance so 0.2 * 40 = 8 is kept.
+    kept = [(it, r) for it, r in zip(items, rates) if lo - 1e-9 <= r <= hi + 1e-9]
+    lines = "".join(json.dumps({**asdict(it), "pass_rate": r}) + "\n" for it, r in kept)
+    edges = [i / 10 for i in range(11)]
+    hist = [sum(1 for r in rates if edges[i] <= r < edges[i + 1] or (i == 9 and r == 1.0)) for i in range(10)]
+    prov = {
+        "task": task.name, "task_version": task.version, "model": str(model_dir),
+        "model_build": _read_json(Path(model_dir) / "build.json"),
+        "k": k, "band": [lo, hi], "pool": pool, "count_before": len(items), "count_after": len(kept),
+        "mean_pass_rate_before": sum(rates) / len(rates),
+        "histogram": {"edges": edges, "counts": hist},
+        "sampler": {"engine": "torch", "dtype": sampler, "temperature": temperature, "top_p": 1.0,
+                    "max_new_tokens": max_new_tokens, "seed": seed},
+        "dataset_sha256": hashlib.sha256(lines.encode()).hexdigest()[:16],
+        "build_seconds": round(time.time() - t0, 1),
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "train.jsonl", lines)
+    atomic_write_json(out_dir / "provenance.json", prov)  # written last: its presence marks a complete set
+    return out_dir
+
+
+def load(out_dir: Path, max_prompts: int | None = None) -> tuple[list[Item], dict]:
+    """Read a perfectible set (items in pool order) and its provenance."""
+    prov = json.loads((out_dir / "provenance.json").read_text())
+    items = []
+    for line in (out_dir / "train.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        items.append(Item(id=row["id"], prompt=row["prompt"], answer=row["answer"]))
+    return items[:max_prompts] if max_prompts else items, prov
+
+
+def describe(prov: dict) -> str:
+    h = prov["histogram"]
+    bars = " ".join(f"[{e:.1f},{e + 0.1:.1f}):{c}" for e, c in zip(h["edges"], h["counts"]))
+    return (f"{prov['task']} v{prov['task_version']}: kept {prov['count_after']} of {prov['count_before']} prompts "
+            f"with pass rate in [{prov['band'][0]}, {prov['band'][1]}] (k={prov['k']}, mean pass rate before "
+            f"{prov['mean_pass_rate_before']:.2f})\n  pass-rate histogram: {bars}")
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None

@@ -1,0 +1,176 @@
+"""The embedded base policy: a tiny Llama the suite builds, warm-starts and caches itself.
+
+The policy is an ordinary Hugging Face ``LlamaForCausalLM`` saved with ``save_pretrained``
+next to a character-level fast tokenizer, so the directory loads in transformers, vLLM and
+lm-eval like any hub checkpoint. It is warm-started by supervised learning on the task's
+reference traces and stopped as soon as its *sampled* accuracy (temperature 1, the RL
+sampling setting) on a probe set reaches ``target_acc``: an undertrained policy solves many
+prompts sometimes but not always, which is what the perfectible filter needs
+(REFERENCE section 1: pass rate in [0.2, 0.8]).
+
+Everything is seeded and the build is cached under ``<cache>/policies/<key>/`` where the key
+hashes the spec and the task version, so a second call returns at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+SPECIALS = ["<pad>", "<bos>", "<eos>"]
+PAD, BOS, EOS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    """Architecture and warm-start recipe of the embedded policy (set by the tier)."""
+
+    hidden: int
+    layers: int
+    heads: int
+    kv_heads: int
+    mlp: int
+    sft_lr: float = 1e-3
+    sft_batch: int = 64
+    sft_max_steps: int = 3000
+    target_acc: float = 0.5  # stop the warm start when sampled accuracy reaches this
+    probe_prompts: int = 256
+    eval_every: int = 25
+    seed: int = 0
+
+
+def cache_root() -> Path:
+    """Where built policies and datasets live (``$SUITE_CACHE`` or ``<repo>/.cache``)."""
+    env = os.environ.get("SUITE_CACHE")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / ".cache"
+
+
+def build_tokenizer(alphabet: str):
+    """A character-level ``PreTrainedTokenizerFast``: one token per character, BOS prepended."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(alphabet))}
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tk.decoder = decoders.Fuse()
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<pad>",
+        model_max_length=256, padding_side="left",
+    )
+
+
+def build_model(spec: PolicySpec, vocab_size: int, max_len: int = 128):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=vocab_size, hidden_size=spec.hidden, intermediate_size=spec.mlp,
+        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
+        max_position_embeddings=max_len, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
+        bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    return LlamaForCausalLM(config).float()
+
+
+def policy_key(spec: PolicySpec, task) -> str:
+    blob = json.dumps({"spec": asdict(spec), "task": task.name, "task_version": task.version}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def encode_pairs(tok, prompts: list[str], responses: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids of prompt+response+EOS (right padded) and a loss mask on response tokens."""
+    rows, masks = [], []
+    for p, r in zip(prompts, responses):
+        pi = tok(p)["input_ids"]
+        ri = tok(r, add_special_tokens=False)["input_ids"] + [EOS]
+        rows.append(pi + ri)
+        masks.append([0] * len(pi) + [1] * len(ri))
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [PAD] * (width - len(r)) for r in rows])
+    mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], dtype=torch.float32)
+    return ids, mask
+
+
+def sampled_accuracy(model, tok, task, items, max_new_tokens: int, seed: int) -> float:
+    """Mean reward of one temperature-1 sample per prompt, drawn with the fp32 built-in engine."""
+    from suite.engine import TorchEngine
+
+    engine = TorchEngine(model.config, torch.float32)
+    engine.sync(model.state_dict())
+    gen = torch.Generator().manual_seed(seed)
+    roll = engine.generate([tok(it.prompt)["input_ids"] for it in items], max_new_tokens, 1.0, 1.0, gen)
+    texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
+    return sum(task.reward(it, t, tr) for it, t, tr in zip(items, texts, roll.truncated)) / len(items)
+
+
+def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Path:
+    """Return the directory of the warm-started policy, building and caching it if needed."""
+    out = cache_root() / "policies" / f"{task.name}-{policy_key(spec, task)}"
+    if (out / "build.json").exists():
+        return out
+    console = console or Console(stderr=True)
+    tok = build_tokenizer(task.alphabet)
+    model = build_model(spec, vocab_size=len(tok))
+    max_new = len(task.trace(task.split("train", 1)[0])) + 8
+    # Probe prompts come from the held-out split so the warm start never sees them as training data.
+    probe = task.split("test", spec.probe_prompts)
+    train = task.split("train")
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
+    gen = torch.Generator().manual_seed(spec.seed)
+    t0, acc, step = time.time(), 0.0, 0
+    with console.status("warm start") as status:
+        for step in range(1, spec.sft_max_steps + 1):
+            idx = torch.randint(len(train), (spec.sft_batch,), generator=gen).tolist()
+            batch = [train[i] for i in idx]
+            ids, mask = encode_pairs(tok, [b.prompt for b in batch], [task.trace(b) for b in batch])
+            logits = model(input_ids=ids).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if step % spec.eval_every == 0:
+                acc = sampled_accuracy(model, tok, task, probe, max_new, seed=spec.seed + step)
+                msg = f"warm start: step {step}, loss {loss.item():.3f}, sampled accuracy {acc:.2f}"
+                status.update(msg)
+                if not console.is_terminal:
+                    console.print(msg)
+                if acc >= spec.target_acc:
+                    break
+    if acc < spec.target_acc:
+        raise RuntimeError(f"warm start reached only {acc:.2f} sampled accuracy in {step} steps (target {spec.target_acc})")
+    build = {"spec": asdict(spec), "task": task.name, "task_version": task.version, "sft_steps": step,
+             "sampled_accuracy": acc, "build_seconds": round(time.time() - t0, 1),
+             "params": sum(p.numel() for p in model.parameters())}
+    # Build in a temporary directory and rename, so a killed build never leaves a half-written policy.
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    (tmp / "build.json").write_text(json.dumps(build, indent=2))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    console.print(f"built policy {out.name}: {build['params']:,} parameters, {step} warm-start steps, "
+                  f"sampled accuracy {acc:.2f}, {build['build_seconds']} s")
+    return out
+
+
+def load_policy(path: Path):
+    """Load a saved policy (embedded or any HF causal LM directory) in fp32 with its tokenizer."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32)
+    tok = AutoTokenizer.from_pretrained(path)
+    return model, tok

@@ -1,0 +1,171 @@
+"""Precision flows: the one place where a run's precision becomes dtypes.
+
+A *precision flow* names how both engines compute (REFERENCE section 4):
+
+- the **trainer** keeps fp32 master weights and fp32 optimizer states in every flow
+  (as the published sanity test does, arXiv 2510.26788 section 4) and runs its
+  forward under ``torch.autocast`` in ``trainer_dtype``;
+- the **sampler** (the rollout engine, vLLM-like) holds its own copy of the weights
+  *cast* to ``sampler_dtype`` and computes everything in it: weights, activations,
+  KV cache and logits; only the final log-softmax runs in fp32;
+- fp16 training needs dynamic loss scaling (``loss_scaling``) or its small gradients
+  underflow and it ends up worse than bf16 (same paper, section 3).
+
+**GEMM emulation.** Low-precision GEMMs on tensor cores (and on CPUs with AMX / AVX512-BF16)
+take low-precision inputs, multiply exactly, accumulate in fp32 and round the output once.
+On a CPU without those units (AVX2 only, like this project's CI machine) torch falls back to
+a bf16/fp16 GEMM about 10x slower than fp32. Because the product of two bf16 (8-bit
+significand) or fp16 (11-bit) numbers is exact in fp32 (24-bit), ``upcast -> fp32 GEMM ->
+round`` computes the same thing as the hardware kernel up to accumulation order
+(``lowp_linear``); attention is emulated the way FlashAttention computes it (scores and
+softmax in fp32, probabilities rounded to the dtype before the PV product, ``lowp_attention``).
+Autograd through the casts rounds the backward GEMM outputs the same way autocast does.
+``gemm_backend`` picks ``native`` (real autocast / kernels) or ``emulated`` once per run.
+
+Every other module asks this table; nothing else names a dtype for a run. The sampler
+is built from ``Flow.sampler_dtype`` and checks it at every weight sync, so an "fp16"
+run cannot silently sample in bf16 (the OpenRLHF failure STYLE.md mentions).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class Flow:
+    """One row of the precision table."""
+
+    name: str
+    trainer: str  # autocast dtype of the trainer's forward ("fp32" = no autocast)
+    sampler: str  # dtype of the sampler's weights, activations and KV cache
+    loss_scaling: bool  # dynamic loss scaling (needed for fp16 gradients)
+    note: str
+
+    @property
+    def trainer_dtype(self) -> torch.dtype:
+        return DTYPES[self.trainer]
+
+    @property
+    def sampler_dtype(self) -> torch.dtype:
+        return DTYPES[self.sampler]
+
+    def describe(self) -> dict:
+        """The resolved precision, as recorded in env.json and the config."""
+        return asdict(self)
+
+
+FLOWS: dict[str, Flow] = {
+    f.name: f
+    for f in [
+        Flow("fp32", "fp32", "fp32", False, "reference: both engines in fp32"),
+        Flow("bf16", "bf16", "bf16", False, "the common default; 7 mantissa bits, collapses in the published test"),
+        Flow("fp16", "fp16", "fp16", True, "the fix of arXiv 2510.26788: 10 mantissa bits plus dynamic loss scaling"),
+    ]
+}
+
+
+def resolve(name: str) -> Flow:
+    """Look a flow up by name; unknown names get a "did you mean"."""
+    if name in FLOWS:
+        return FLOWS[name]
+    close = difflib.get_close_matches(str(name), FLOWS, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    raise ValueError(f"precision: unknown flow '{name}'.{hint} Known flows: {', '.join(FLOWS)}.")
+
+
+# ---- GEMM backend ------------------------------------------------------------------------
+_NATIVE_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+
+
+@functools.lru_cache(maxsize=None)
+def _cpu_flags() -> frozenset[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    return frozenset(w for line in text.splitlines() if line.startswith("flags") for w in line.split())
+
+
+def gemm_backend(choice: str, dtype: torch.dtype, device: str = "cpu") -> str:
+    """Resolve ``auto|native|emulated`` for one compute dtype on one device."""
+    if choice not in ("auto", "native", "emulated"):
+        raise ValueError(f"gemm: unknown backend '{choice}' (auto, native, emulated)")
+    if choice != "auto":
+        return choice
+    if dtype == torch.float32 or device != "cpu":
+        return "native"
+    return "native" if _cpu_flags() & set(_NATIVE_FLAGS[dtype]) else "emulated"
+
+
+def lowp_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype,
+                w32: torch.Tensor | None = None) -> torch.Tensor:
+    """A ``dtype`` GEMM with fp32 accumulation, computed in fp32: y = round(round(x) @ round(w).T + b).
+
+    ``w32`` is an optional fp32 copy of the already-rounded weight (the sampler caches it).
+    Output dtype is ``dtype``, as under autocast.
+    """
+    wl = w32 if w32 is not None else w.to(dtype).float()
+    bl = None if b is None else b.to(dtype).float()
+    return F.linear(x.to(dtype).float(), wl, bl).to(dtype)
+
+
+def lowp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor | None,
+                   scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """FlashAttention numerics in fp32: q, k, v (B, H, S|T, D) in ``dtype``; keep (B, 1, S, T) bool.
+
+    Scores and softmax in fp32; the probabilities are rounded to ``dtype`` before the PV
+    GEMM (FlashAttention-2 does the same); the output is rounded to ``dtype``.
+    """
+    if k.shape[1] != q.shape[1]:  # grouped-query attention: share each KV head
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+    s = torch.matmul(q.to(dtype).float(), k.to(dtype).float().transpose(-1, -2)) * scale  # (B, H, S, T)
+    if keep is not None:
+        s = s.masked_fill(~keep, -math.inf)
+    p = torch.softmax(s, dim=-1).to(dtype).float()
+    return torch.matmul(p, v.to(dtype).float()).to(dtype)
+
+
+def _hf_lowp_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                       is_causal=None, **kwargs):
+    """``transformers`` attention function (AttentionInterface) built on ``lowp_attention``."""
+    dtype = module._suite_dtype
+    S, T = query.shape[-2], key.shape[-2]
+    if attention_mask is None:
+        keep = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None, None]
+    elif attention_mask.dtype == torch.bool:
+        keep = attention_mask
+    else:  # additive float mask (0 keep, large negative drop)
+        keep = attention_mask > torch.finfo(attention_mask.dtype).min / 2
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    out = lowp_attention(query, key, value, keep[..., :T], scale, dtype)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def emulate_autocast(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """Make an HF model compute like ``torch.autocast(dtype)`` with emulated GEMMs (in place).
+
+    Every ``nn.Linear`` computes through ``lowp_linear`` (parameters untouched: still fp32
+    masters) and attention through ``lowp_attention``; everything else keeps autocast's
+    type-promotion behaviour (fp32 residual stream, fp32 norms).
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register("suite_lowp", _hf_lowp_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register("suite_lowp", sdpa_mask)
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.forward = functools.partial(lambda mod, x: lowp_linear(x, mod.weight, mod.bias, dtype), m)
+        m._suite_dtype = dtype
+    model.config._attn_implementation = "suite_lowp"

@@ -1,0 +1,423 @@
+"""The run bundle: one directory per run, and the only thing reports read.
+
+Layout (REFERENCE.md section 7; run names follow cleanrl's `env__algo__seed`):
+
+    <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/
+        config.json     the resolved config, exactly what ran
+        metrics.jsonl   one JSON object per RL step, appended as training goes
+        summary.json    `summarize(metrics)`: peak/final accuracy, mismatch, verdict
+        env.json        `env_info(...)`: git sha + dirty flag, versions, hardware, dtypes
+
+Reports and the leaderboard are pure functions of these four files, so every file is
+self-describing (`schema_version`) and written so that a kill at any instant leaves
+either the old or the new content, never half of it:
+
+- whole files go through `atomic_write_*`: temp file in the same directory, flush,
+  fsync, `os.replace` (atomic on POSIX when source and target share a filesystem);
+- the metrics log is append-only; a kill mid-append can tear only the last line, so
+  `read_jsonl` drops an unparsable final line, and a resumed run calls
+  `truncate_jsonl(path, checkpoint_step)` to forget steps the checkpoint does not hold.
+
+NaN: grad norms are NaN on a skipped fp16 step and windows can be empty, so JSON here
+is written with `allow_nan=True`. Python's `json` then emits the bare tokens `NaN`,
+`Infinity`, `-Infinity`. They are not strict RFC 8259 JSON, but Python's `json`,
+pandas and JavaScript's JSON5 read them back; strict parsers (`jq`, `JSON.parse`) do
+not. `summarize` itself writes None (JSON null) for "no data", so NaN in a summary
+means a NaN was measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "env.json")
+
+# Distributions whose versions go into env.json (None when not installed).
+TRACKED_PACKAGES = (
+    "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "numpy", "vllm", "lm_eval",
+)
+
+# Keys of a run's config that say where results go, not what runs; they do not enter
+# `config_hash`, so the same experiment written to two places hashes the same.
+LOCATION_KEYS = ("out", "name")
+
+PEAK_WINDOW = 5  # w: steps in the trailing moving average used for peak and first pass
+MIN_FINAL_WINDOW = 5  # W = max(5, total_steps // 10): the final-accuracy window
+
+VERDICT_RULE = (
+    "acc_t = trailing mean of reward/mean over w = min(5, steps_done) steps; "
+    "peak = max_t acc_t; final = mean of reward/mean over the last W = min(max(5, total_steps // 10), steps_done) steps; "
+    "initial = reward/mean of the first step. "
+    "incomplete: an error was recorded or steps_done < total_steps. "
+    "pass: peak > threshold and final >= threshold - 0.05. "
+    "collapse: otherwise, final <= peak - 0.25 or final < initial - 0.1 (fell far from its best or below where it started). "
+    "unstable: otherwise (completed without passing and without collapsing: never held the pass threshold)."
+)
+
+
+# ----------------------------------------------------------------------------
+# Naming
+
+
+def run_dir_name(task: str, algorithm: str, precision: str, seed: int) -> str:
+    """`<task>__<algorithm>__<precision>__s<seed>`, e.g. `math_1460__grpo__bf16__s0`."""
+    for field, value in (("task", task), ("algorithm", algorithm), ("precision", precision)):
+        # "__" separates the parts and "/" would make a subdirectory; either would make
+        # the name ambiguous for anyone reading a results tree by eye or by script.
+        if not value or "__" in value or "/" in value or os.sep in value:
+            raise ValueError(f"run_dir_name: {field}={value!r} must be non-empty and contain no '__' or '/'")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"run_dir_name: seed={seed!r} must be a non-negative int")
+    return f"{task}__{algorithm}__{precision}__s{seed}"
+
+
+# ----------------------------------------------------------------------------
+# Atomic I/O
+
+
+def atomic_write_bytes(path, data: bytes) -> None:
+    """Write `data` to `path` so readers see the old file or the new one, never a mix."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # Same directory as the target: os.replace is only atomic within one filesystem.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())  # data on disk before the rename makes it visible
+            if hasattr(os, "fchmod"):
+                os.fchmod(f.fileno(), 0o644)  # mkstemp creates 0600; results are meant to be shared
+        os.replace(tmp, path)
+    except BaseException:
+        # Also on KeyboardInterrupt: never leave `.name.xxxx.tmp` litter next to results.
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write_text(path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_write_json(path, obj) -> None:
+    """Pretty, key-sorted JSON (stable diffs); NaN/inf written as `NaN`/`Infinity` (see module doc)."""
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
+
+
+def _fsync_dir(directory: Path) -> None:
+    # Makes the rename itself durable across a power loss; best effort, since some
+    # filesystems and platforms refuse to open or fsync a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _jsonl_line(row: dict) -> str:
+    # No indent, so json escapes any newline inside strings: one row is one line.
+    return json.dumps(row, sort_keys=True, allow_nan=True) + "\n"
+
+
+def append_jsonl(path, row: dict) -> None:
+    """Append one row as one line, flushed and fsynced (a kill can tear only this line)."""
+    if not isinstance(row, dict):
+        raise TypeError(f"append_jsonl: row must be a dict, got {type(row).__name__}")
+    line = _jsonl_line(row)  # serialise first, so a bad value raises before the file is touched
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path) -> list[dict]:
+    """Rows of a JSONL file. An unparsable *last* line is a write torn by a kill and is
+    dropped; an unparsable line anywhere else is corruption and raises ValueError."""
+    path = Path(path)
+    lines = path.read_bytes().split(b"\n")
+    # Index of the last non-blank line: only that one may be torn.
+    last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
+    rows = []
+    for i, raw in enumerate(lines):
+        if not raw.strip():
+            continue
+        try:
+            # Decode per line: a torn multi-byte character must only spoil its own line.
+            row = json.loads(raw.decode("utf-8"))
+            if not isinstance(row, dict):
+                raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            if i == last:
+                break
+            raise ValueError(f"{path}: line {i + 1} is corrupt ({e}); only the last line may be torn") from e
+        rows.append(row)
+    return rows
+
+
+def truncate_jsonl(path, max_step: int) -> int:
+    """Atomically rewrite `path` keeping rows with row["step"] <= max_step (and dropping a
+    torn last line). Used on resume so the log matches the checkpoint. Returns rows kept."""
+    path = Path(path)
+    rows = read_jsonl(path)
+    kept = []
+    for n, row in enumerate(rows, start=1):
+        if "step" not in row:
+            raise ValueError(f"{path}: row {n} has no 'step' key, cannot truncate by step")
+        if row["step"] <= max_step:
+            kept.append(row)
+    atomic_write_text(path, "".join(_jsonl_line(r) for r in kept))
+    return len(kept)
+
+
+# ----------------------------------------------------------------------------
+# Identity of a run: what ran and where
+
+
+def config_hash(cfg: dict) -> str:
+    """First 16 hex digits of sha256 over the canonical JSON of `cfg` (keys sorted at every
+    level, compact separators), with the top-level `out` and `name` keys removed. Only the
+    top level: a nested `model.name` is part of what runs. Note 1 and 1.0 hash differently."""
+    if not isinstance(cfg, dict):
+        raise TypeError(f"config_hash: cfg must be a dict, got {type(cfg).__name__}")
+    what_runs = {k: v for k, v in cfg.items() if k not in LOCATION_KEYS}
+    # default=str so a Path or an enum in a resolved config hashes by its text.
+    canonical = json.dumps(what_runs, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+                           allow_nan=True, default=str)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+
+
+def _git(*args: str) -> str | None:
+    """stdout of `git <args>` run in this file's directory, or None on any failure."""
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=Path(__file__).resolve().parent,
+            capture_output=True, text=True, timeout=10, check=True,
+        )
+    except (OSError, subprocess.SubprocessError):  # git missing, not a repo, hung
+        return None
+    return out.stdout
+
+
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+def _package_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _torch_info() -> tuple[int | None, list[str]]:
+    """(torch intra-op threads, GPU names); (None, []) if torch is missing or broken."""
+    try:
+        import torch
+
+        threads = torch.get_num_threads()
+        gpus = []
+        if torch.cuda.is_available():
+            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        return threads, gpus
+    except Exception:  # env.json must never be why a run dies
+        return None, []
+
+
+def env_info(extra: dict | None = None) -> dict:
+    """The environment a run ran in: code version, software, hardware, plus `extra` (the
+    caller's resolved dtypes, task and dataset versions). Never raises for a missing git,
+    a non-git checkout or a missing package; those fields are None."""
+    sha = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain") if sha is not None else None
+    threads, gpus = _torch_info()
+    info = {
+        "schema_version": SCHEMA_VERSION,
+        "git_sha": sha.strip() if sha else None,
+        # Untracked files count as dirty too: a new, uncommitted module can change a run.
+        "git_dirty": (status.strip() != "") if status is not None else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": {name: _package_version(name) for name in TRACKED_PACKAGES},
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": threads,
+        "gpus": gpus,
+        "hostname": socket.gethostname(),
+    }
+    extra = extra or {}
+    clash = sorted(set(info) & set(extra))
+    if clash:
+        # Silently overwriting e.g. schema_version would make env.json lie.
+        raise ValueError(f"env_info: extra keys {clash} collide with built-in keys")
+    info.update(extra)
+    return info
+
+
+# ----------------------------------------------------------------------------
+# Summary and verdict
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def summarize(rows: list[dict], *, total_steps: int, threshold: float = 0.95,
+              error: str | None = None) -> dict:
+    """Summary of one run from its per-step metric rows.
+
+    Each row has `step` (1-based) and `reward/mean` (training accuracy of that step's
+    batch), optionally `mismatch/*`, `train/grad_norm` (NaN on a skipped fp16 step),
+    `train/skipped_steps` (cumulative), `time/step_s`. Rows are ordered by step; if a
+    step appears twice (a resume that did not truncate) the later row wins.
+
+    Accuracy: `accuracy/peak` is the maximum over steps of the trailing moving average of
+    reward/mean over w = min(5, steps_done) steps, `accuracy/peak_step` the last step of
+    that window (earliest on ties); `accuracy/first_pass_step` the first step whose moving
+    average exceeds `threshold`; `accuracy/final` the mean over the last
+    W = min(max(5, total_steps // 10), steps_done) steps; `accuracy/initial` the first
+    step's reward/mean. Mismatch: `mismatch/step0/<k>` is the first row's `mismatch/<k>`
+    (measured before the first update, so it is the step-0 mismatch) and
+    `mismatch/final/<k>` its mean over the final window.
+
+    Verdict (also in VERDICT_RULE, which reports print):
+      incomplete  an error was recorded or steps_done < total_steps (or no rows);
+      pass        peak > threshold and final >= threshold - 0.05;
+      collapse    otherwise, final <= peak - 0.25 or final < initial - 0.1;
+      unstable    otherwise: completed, never held the pass threshold, did not collapse.
+
+    Values with no data (no rows, key never logged) are None rather than NaN; a NaN in
+    the output means a NaN was measured (e.g. a mismatch metric that overflowed).
+    """
+    if isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1:
+        raise ValueError(f"summarize: total_steps={total_steps!r} must be an int >= 1")
+    by_step = {}
+    for n, row in enumerate(rows, start=1):
+        if "step" not in row or "reward/mean" not in row:
+            raise ValueError(f"summarize: row {n} lacks 'step' or 'reward/mean' (keys: {sorted(row)})")
+        by_step[row["step"]] = row
+    rows = [by_step[s] for s in sorted(by_step)]
+    steps = [int(r["step"]) for r in rows]
+    rewards = [float(r["reward/mean"]) for r in rows]
+    n = len(rows)
+
+    # Trailing moving average over full windows only, so early steps cannot "pass" on one
+    # lucky batch. moving[i] ends at rows[i + w - 1].
+    w = min(PEAK_WINDOW, n)
+    moving = [sum(rewards[i:i + w]) / w for i in range(n - w + 1)] if n else []
+    peak = max(moving) if moving else None
+    peak_step = steps[moving.index(peak) + w - 1] if moving else None
+    first_pass_step = next((steps[i + w - 1] for i, m in enumerate(moving) if m > threshold), None)
+
+    big_w = min(max(MIN_FINAL_WINDOW, total_steps // 10), n)
+    final_rows = rows[n - big_w:] if n else []
+    final = _mean(rewards[n - big_w:]) if n else None
+    initial = rewards[0] if n else None
+
+    summary = {
+        "schema_version": SCHEMA_VERSION,
+        "steps_done": n,
+        "total_steps": total_steps,
+        "threshold": threshold,
+        "accuracy/peak": peak,
+        "accuracy/peak_step": peak_step,
+        "accuracy/peak_window": w,
+        "accuracy/final": final,
+        "accuracy/final_window": big_w,
+        "accuracy/initial": initial,
+        "accuracy/first_pass_step": first_pass_step,
+    }
+
+    # Mismatch: every key logged under mismatch/, whatever the metrics module emits.
+    # Missing values are skipped; a measured NaN/inf is kept so it shows in the report.
+    mismatch_keys = sorted({k for r in rows for k in r if k.startswith("mismatch/")})
+    for key in mismatch_keys:
+        name = key[len("mismatch/"):]
+        summary[f"mismatch/step0/{name}"] = rows[0].get(key)
+        summary[f"mismatch/final/{name}"] = _mean([r[key] for r in final_rows if r.get(key) is not None])
+
+    skipped = [r["train/skipped_steps"] for r in rows if r.get("train/skipped_steps") is not None]
+    grad_norms = [r["train/grad_norm"] for r in rows if "train/grad_norm" in r]
+    step_times = [r["time/step_s"] for r in rows if r.get("time/step_s") is not None]
+    summary["train/skipped_steps"] = skipped[-1] if skipped else None
+    # A None grad norm also means "no finite norm" (some writers turn NaN into null).
+    summary["train/nan_grad_steps"] = sum(1 for g in grad_norms if not _finite(g))
+    summary["time/total_s"] = sum(step_times) if step_times else None
+
+    summary["verdict"] = _verdict(n, total_steps, threshold, error, peak, final, initial)
+    summary["verdict_rule"] = VERDICT_RULE
+    summary["error"] = error
+    return summary
+
+
+def _verdict(steps_done, total_steps, threshold, error, peak, final, initial) -> str:
+    if error is not None or steps_done == 0 or steps_done < total_steps:
+        return "incomplete"
+    if peak > threshold and final >= threshold - 0.05:
+        return "pass"
+    if final <= peak - 0.25 or final < initial - 0.1:
+        return "collapse"
+    return "unstable"
+
+
+# ----------------------------------------------------------------------------
+# Reading a run back
+
+
+def load_run(run_dir) -> dict:
+    """{"config", "summary", "env", "metrics"} of one run directory.
+
+    Raises FileNotFoundError naming every missing file, ValueError naming a file that is
+    not valid JSON or was written by a newer schema than this code reads."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"load_run: run directory {run_dir} does not exist")
+    missing = [f for f in RUN_FILES if not (run_dir / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"load_run: {run_dir} is missing {', '.join(missing)}")
+    out = {}
+    for key in ("config", "summary", "env"):
+        path = run_dir / f"{key}.json"
+        try:
+            out[key] = json.loads(path.read_text(encoding="utf-8"))
+        except ValueError as e:
+            raise ValueError(f"load_run: {path} is not valid JSON ({e})") from e
+    for key in ("summary", "env"):
+        version = out[key].get("schema_version") if isinstance(out[key], dict) else None
+        if not isinstance(version, int) or version > SCHEMA_VERSION:
+            raise ValueError(f"load_run: {run_dir / (key + '.json')} has schema_version={version!r}; "
+                             f"this code reads versions <= {SCHEMA_VERSION}")
+    out["metrics"] = read_jsonl(run_dir / "metrics.jsonl")
+    return out

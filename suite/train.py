@@ -1,0 +1,291 @@
+"""One RL run: the loop a reader should find in ten seconds.
+
+Each step reads top to bottom: sample (sampler, low precision, KV cache) -> reward ->
+group-relative advantage -> trainer log-probs of the same tokens at the same parameters ->
+mismatch metrics -> loss and optimizer updates -> sync the sampler -> log and checkpoint.
+
+Determinism and resume: the prompts and the sampling seed of step s are pure functions of
+(seed, s), and the checkpoint holds the master weights, AdamW and the loss scaler, so a run
+killed anywhere and rerun with the same command continues from its last checkpoint and
+ends with a ``metrics.jsonl`` byte-identical to an uninterrupted run (CPU, same threads).
+Wall-clock figures live in ``timing.jsonl`` for that reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from suite import config as cfgmod
+from suite import perfectible
+from suite.algos import compute_advantages, get_algorithm, policy_loss
+from suite.engine import TorchEngine
+from suite.mismatch import mismatch_metrics
+from suite.policy import PAD, PolicySpec, cache_root, ensure_policy, load_policy, policy_key
+from suite.precision import gemm_backend, resolve
+from suite.results import (append_jsonl, atomic_write_bytes, atomic_write_json, atomic_write_text, config_hash,
+                           env_info, read_jsonl, run_dir_name, summarize, truncate_jsonl)
+from suite.tasks import get_task
+
+
+class RunDirConflict(ValueError):
+    """The run directory holds a run of a different config."""
+
+
+class CorruptCheckpoint(RuntimeError):
+    """A checkpoint failed its checksum or could not be read."""
+
+
+# ---- data ---------------------------------------------------------------------------------
+def policy_spec(cfg) -> PolicySpec:
+    p = cfg.policy
+    return PolicySpec(hidden=p.hidden, layers=p.layers, heads=p.heads, kv_heads=p.kv_heads, mlp=p.mlp,
+                      target_acc=p.target_acc)
+
+
+def prepare_data(cfg, console: Console) -> tuple[Path, Path]:
+    """The base policy directory and the perfectible set for this config (built once, cached)."""
+    task = get_task(cfg.task)
+    if cfg.policy.path:
+        model_dir = Path(cfg.policy.path)
+        if not (model_dir / "config.json").exists():
+            raise FileNotFoundError(f"policy.path: no HF model (config.json) in {model_dir}")
+        key = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:12]
+    else:
+        model_dir = ensure_policy(policy_spec(cfg), task, console)
+        key = policy_key(policy_spec(cfg), task)
+    pf = cfg.perfectible
+    data_dir = cache_root() / "datasets" / (f"{task.name}-v{task.version}-{key}-k{pf.k}-{pf.lo}-{pf.hi}"
+                                            f"-pool{pf.pool}-len{cfg.sampling.max_new_tokens}")
+    if not (data_dir / "provenance.json").exists():
+        console.print(f"building the perfectible set: {pf.pool} prompts x k={pf.k} samples")
+        perfectible.build(model_dir, task, k=pf.k, lo=pf.lo, hi=pf.hi, pool=pf.pool,
+                          max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir, console=console)
+    return model_dir, data_dir
+
+
+def step_prompts(n: int, step: int, per_step: int, seed: int) -> list[int]:
+    """Indices of the prompts of ``step`` (1-based): epochs of seeded permutations, no state."""
+    out, start = [], (step - 1) * per_step
+    for i in range(start, start + per_step):
+        epoch, j = divmod(i, n)
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
+        out.append(int(perm[j]))
+    return out
+
+
+def batch_tensors(prompt_ids: list[list[int]], tokens: torch.Tensor, mask: torch.Tensor):
+    """Left-padded prompts + right-padded responses -> ids, attention mask (B, P+R)."""
+    B, P = len(prompt_ids), max(map(len, prompt_ids))
+    ids = torch.full((B, P), PAD, dtype=torch.long)
+    attn = torch.zeros(B, P, dtype=torch.long)
+    for b, p in enumerate(prompt_ids):
+        ids[b, P - len(p):] = torch.tensor(p)
+        attn[b, P - len(p):] = 1
+    return torch.cat([ids, tokens], 1), torch.cat([attn, mask.long()], 1)
+
+
+# ---- run directory, checkpoints -------------------------------------------------------------
+def claim_run_dir(run_dir: Path, cfg_dict: dict) -> None:
+    """Create the run dir, or check that an existing one holds this very config."""
+    path = run_dir / "config.json"
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old.get("config_hash") != config_hash(cfg_dict):
+            diff = _diff(old.get("config", {}), cfg_dict)
+            raise RunDirConflict(f"{run_dir} holds a run of a different config ({diff}); "
+                                 f"choose another name=..., or delete that directory")
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"config_hash": config_hash(cfg_dict), "config": cfg_dict})
+
+
+def _diff(a: dict, b: dict, prefix: str = "") -> str:
+    for k in sorted(set(a) | set(b)):
+        if k in ("out", "name") and not prefix:
+            continue
+        if isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
+            d = _diff(a[k], b[k], prefix + k + ".")
+            if d:
+                return d
+        elif a.get(k) != b.get(k):
+            return f"{prefix}{k}: {a.get(k)!r} there, {b.get(k)!r} now"
+    return "same values, different hash"
+
+
+def save_checkpoint(run_dir: Path, step: int, trainer) -> None:
+    """Write ckpt/step_N.pt, then point ckpt/latest.json at it (with its sha256); drop older ones."""
+    buf = io.BytesIO()
+    torch.save({"step": step, **trainer.state_dict()}, buf)
+    data = buf.getvalue()
+    ck = run_dir / "ckpt"
+    atomic_write_bytes(ck / f"step_{step:06d}.pt", data)
+    atomic_write_json(ck / "latest.json", {"step": step, "file": f"step_{step:06d}.pt",
+                                           "sha256": hashlib.sha256(data).hexdigest()})
+    for old in ck.glob("step_*.pt"):
+        if old.name != f"step_{step:06d}.pt":
+            old.unlink()
+
+
+def load_checkpoint(run_dir: Path, trainer) -> int:
+    """Restore the last checkpoint; return its step (0 if none). A bad file is reported, not loaded."""
+    latest = run_dir / "ckpt" / "latest.json"
+    if not latest.exists():
+        return 0
+    meta = json.loads(latest.read_text())
+    path = run_dir / "ckpt" / meta["file"]
+    data = path.read_bytes() if path.exists() else b""
+    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        raise CorruptCheckpoint(f"checkpoint {path} is corrupted or missing (sha256 mismatch); it was not loaded. "
+                                f"Delete {run_dir / 'ckpt'} to restart this run from scratch.")
+    state = torch.load(io.BytesIO(data), weights_only=False)
+    trainer.load_state_dict(state)
+    return int(state["step"])
+
+
+# ---- the run ---------------------------------------------------------------------------------
+def run(cfg, console: Console | None = None) -> Path:
+    """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated."""
+    from suite.trainer import Trainer
+
+    console = console or Console()
+    torch.set_num_threads(cfg.threads)
+    flow, algo, task = resolve(cfg.precision), get_algorithm(cfg.algorithm), get_task(cfg.task)
+    cfg_dict = cfgmod.to_dict(cfg)
+    run_dir = Path(cfg.out) / cfg.name / run_dir_name(cfg.task, cfg.algorithm, cfg.precision, cfg.seed)
+    claim_run_dir(run_dir, cfg_dict)
+    summary_path = run_dir / "summary.json"
+    if summary_path.exists() and json.loads(summary_path.read_text()).get("verdict") != "incomplete":
+        console.print(f"{run_dir}: already complete")
+        return run_dir
+
+    model_dir, data_dir = prepare_data(cfg, console)
+    items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
+    if len(items) < cfg.prompts_per_step:
+        raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
+    model, tok = load_policy(model_dir)
+    backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype), "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype)}
+    trainer = Trainer(model, flow, backends["trainer"], cfg.optim)
+    engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"])
+    start = load_checkpoint(run_dir, trainer)
+    for name in ("metrics.jsonl", "timing.jsonl"):
+        if (run_dir / name).exists():
+            truncate_jsonl(run_dir / name, start)
+    engine.sync(trainer.model.state_dict())
+    atomic_write_json(run_dir / "env.json", env_info({
+        "precision": flow.describe(), "gemm_backend": backends, "engine": cfg.engine,
+        "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
+        "task": {"name": task.name, "version": task.version},
+        "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
+                    "provenance": prov},
+        "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())},
+    }))
+
+    G, T = cfg.samples_per_prompt, cfg.sampling.temperature
+    error = None
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, transient=True)
+    try:
+        with progress:
+            bar = progress.add_task(run_dir.name, total=cfg.steps, completed=start)
+            for step in range(start + 1, cfg.steps + 1):
+                t0 = time.perf_counter()
+                # ---- sample: G responses per prompt from the sampler (low precision, KV cache)
+                batch = [items[i] for i in step_prompts(len(items), step, cfg.prompts_per_step, cfg.seed)]
+                prompts = [tok(it.prompt)["input_ids"] for it in batch for _ in range(G)]
+                gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+                roll = engine.generate(prompts, cfg.sampling.max_new_tokens, T, cfg.sampling.top_p, gen)
+                t_sample = time.perf_counter()
+
+                # ---- reward and group-relative advantage
+                texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
+                rewards = torch.tensor([task.reward(batch[i // G], s, tr)
+                                        for i, (s, tr) in enumerate(zip(texts, roll.truncated))])
+                adv = compute_advantages(rewards.view(-1, G), algo.advantage).view(-1)  # (B,)
+
+                # ---- trainer log-probs of the sampled tokens at the sampling parameters
+                ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
+                R = roll.tokens.shape[1]
+                with torch.no_grad():
+                    old_logp, entropy = trainer.logprobs(ids, attn, R, roll.tokens, T)  # (B, R)
+                t_logp = time.perf_counter()
+
+                # ---- mismatch: sampler (mu) vs trainer (pi) on the same tokens, before any update
+                row = {"step": step, **mismatch_metrics(old_logp, roll.logprobs, roll.mask)}
+
+                # ---- updates: minibatches of the rollout batch, one PPO epoch
+                B = len(prompts)
+                perm = torch.randperm(B, generator=gen)
+                updates = []
+                for mb in perm.chunk(cfg.updates_per_step):
+                    def loss_fn(mb=mb):
+                        logp, _ = trainer.logprobs(ids[mb], attn[mb], R, roll.tokens[mb], T)
+                        return policy_loss(algo, logp, old_logp[mb], roll.logprobs[mb], adv[mb], roll.mask[mb],
+                                           norm_len=cfg.sampling.max_new_tokens)
+                    updates.append(trainer.step(loss_fn))
+                engine.sync(trainer.model.state_dict())  # weight sync after the optimizer steps
+                t_update = time.perf_counter()
+
+                # ---- log
+                lengths = roll.mask.sum(1)
+                m = roll.mask.bool()
+                rates = rewards.view(-1, G).mean(1)
+                row.update({
+                    "reward/mean": float(rewards.mean()),
+                    "reward/pass_rates": [round(float(r), 6) for r in rates],
+                    "reward/all_solved_frac": float((rates == 1).float().mean()),
+                    "reward/none_solved_frac": float((rates == 0).float().mean()),
+                    "response/length/mean": float(lengths.mean()), "response/length/max": float(lengths.max()),
+                    "response/truncated_frac": sum(roll.truncated) / B,
+                    "entropy/mean": float(entropy[m].mean()),
+                    "train/loss_scale": trainer.scaler.scale, "train/skipped_steps": trainer.scaler.skipped,
+                })
+                for key in updates[0]:
+                    row[key] = sum(u[key] for u in updates) / len(updates)  # NaN grad norm stays NaN
+                append_jsonl(run_dir / "metrics.jsonl", row)
+                n_tok = roll.n_tokens
+                t_end = time.perf_counter()
+                timing = {"step": step, "time/sample_s": t_sample - t0, "time/logprob_s": t_logp - t_sample,
+                          "time/update_s": t_update - t_logp, "time/other_s": t_end - t_update,
+                          "time/step_s": t_end - t0, "throughput/sampler_tok_s": n_tok / (t_sample - t0),
+                          "throughput/trainer_tok_s": n_tok / (t_update - t_sample)}
+                append_jsonl(run_dir / "timing.jsonl", timing)
+                if step % cfg.ckpt_every == 0 or step == cfg.steps:
+                    save_checkpoint(run_dir, step, trainer)
+                progress.advance(bar)
+                console.print(_line(row, timing))
+    except BaseException as e:  # a kill or a crash still leaves an honest "incomplete" summary
+        error = f"{type(e).__name__}: {e}"
+        atomic_write_text(run_dir / "error.txt", traceback.format_exc())
+        raise
+    finally:
+        write_summary(run_dir, cfg, error)
+    return run_dir
+
+
+def write_summary(run_dir: Path, cfg, error: str | None) -> dict:
+    rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    timing = {r["step"]: r for r in read_jsonl(run_dir / "timing.jsonl")} if (run_dir / "timing.jsonl").exists() else {}
+    merged = [{**r, **timing.get(r["step"], {})} for r in rows]
+    summary = summarize(merged, total_steps=cfg.steps, threshold=cfg.threshold, error=error)
+    summary.update({"run": run_dir.name, "task": cfg.task, "algorithm": cfg.algorithm, "precision": cfg.precision,
+                    "seed": cfg.seed, "tier": cfg.tier, "config_hash": config_hash(cfgmod.to_dict(cfg))})
+    atomic_write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def _line(row: dict, timing: dict) -> str:
+    return (f"step {row['step']:4d}  reward {row['reward/mean']:.3f}  len {row['response/length/mean']:5.1f}  "
+            f"ent {row['entropy/mean']:.3f}  k3 {row['mismatch/kl_k3']:.2e}  "
+            f"|dp| {row['mismatch/prob_diff/mean']:.2e}  |seq lr| {row['mismatch/seq_log_ratio/mean_abs']:.2e}  "
+            f"gnorm {row['train/grad_norm']:.3f}  scale {row['train/loss_scale']:.0f}  "
+            f"{timing['time/step_s']:.2f}s (sample {timing['time/sample_s']:.2f})")

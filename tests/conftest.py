@@ -1,0 +1,38 @@
+"""Shared fixtures: an isolated cache (the smoke policy is built once per session), offline HF."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ["TOKENIZERS_PARALLELISM"] = "false"
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_cache(tmp_path_factory):
+    """Policies and datasets built by tests live in one session-wide temporary cache."""
+    path = os.environ.get("SUITE_TEST_CACHE") or str(tmp_path_factory.mktemp("suite-cache"))
+    old = os.environ.get("SUITE_CACHE")
+    os.environ["SUITE_CACHE"] = path
+    yield path
+    if old is None:
+        os.environ.pop("SUITE_CACHE", None)
+    else:
+        os.environ["SUITE_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    """A random (not warm-started) tiny Llama and the arith tokenizer: for numerics tests."""
+    from suite.policy import PolicySpec, build_model, build_tokenizer
+    from suite.tasks import get_task
+
+    task = get_task("arith")
+    tok = build_tokenizer(task.alphabet)
+    model = build_model(PolicySpec(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128), vocab_size=len(tok))
+    return model, tok, task

@@ -1,0 +1,46 @@
+"""Malformed configs are rejected before any compute, with a message that names the field."""
+
+import pytest
+
+from suite import config
+
+
+@pytest.mark.parametrize("overrides, field, words", [
+    (["precision=bf17"], "precision", "did you mean 'bf16'"),
+    (["optim.lr=-1e-4"], "optim.lr", "must be > 0"),
+    (["perfectible.k=1"], "perfectible.k", "must be >= 2"),
+    (["perfectible.lo=0.9", "perfectible.hi=0.5"], "perfectible.lo", "must be <= hi"),
+    (["task=arth"], "task", "did you mean 'arith'"),
+    (["task=missing_task"], "task", "allowed: arith"),
+    (["algorithm=grpoo"], "algorithm", "did you mean 'grpo'"),
+    (["tier=huge"], "tier", "allowed: smoke, small, full"),
+    (["samples_per_prompt=1"], "samples_per_prompt", "must be >= 2"),
+    (["updates_per_step=3"], "updates_per_step", "must divide"),
+    (["sampling.top_p=0"], "sampling.top_p", "(0, 1]"),
+    (["precison=bf16"], "precison", "did you mean 'precision'"),
+    (["optim.lrr=1e-3"], "optim.lrr", "did you mean 'lr'"),
+    (["seed=abc"], "seed", "could not be converted"),
+])
+def test_bad_config_names_the_field(overrides, field, words):
+    with pytest.raises(ValueError) as err:
+        config.load(overrides)
+    msg = str(err.value)
+    assert msg.startswith(field + ":"), msg
+    assert words.lower() in msg.lower(), msg
+
+
+def test_tier_fills_unset_fields_and_overrides_win():
+    cfg = config.load(["tier=smoke", "steps=7", "policy.hidden=32"])
+    assert cfg.steps == 7 and cfg.policy.hidden == 32
+    assert cfg.prompts_per_step == config.TIERS["smoke"]["prompts_per_step"]
+    assert cfg.policy.layers == config.TIERS["smoke"]["policy"]["layers"]
+    assert cfg.sampling.max_new_tokens == 52 + 8  # the arith trace is 52 characters
+
+
+def test_bad_value_rejected_before_compute(monkeypatch, tmp_path):
+    """The CLI refuses a bad config without building a policy or touching the output dir."""
+    from suite import cli, policy
+
+    monkeypatch.setattr(policy, "ensure_policy", lambda *a, **k: pytest.fail("compute started"))
+    assert cli.main(["run", "precision=bf17", f"out={tmp_path}"]) == 2
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,117 @@
+"""The built-in sampler against the trainer's model, and the precision table it obeys."""
+
+import copy
+
+import pytest
+import torch
+
+from suite.engine import TorchEngine
+from suite.policy import EOS
+from suite.precision import FLOWS, emulate_autocast, gemm_backend, lowp_linear, resolve
+from suite.train import batch_tensors
+
+
+def _prompts(tok, task, n=12):
+    prompts = [tok(it.prompt)["input_ids"] for it in task.split("train", n)]
+    prompts[0] = prompts[0][:1] + prompts[0][4:]  # a shorter prompt: exercises left padding
+    return prompts
+
+
+def _hf_logprobs(model, roll, temperature=1.0):
+    ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits.float()
+    R = roll.tokens.shape[1]
+    logp = torch.log_softmax(logits[:, -R - 1:-1] / temperature, -1)
+    return logp.gather(-1, roll.tokens[..., None])[..., 0] * roll.mask
+
+
+def test_fp32_engine_matches_hf_forward(tiny_model):
+    """In fp32 the KV-cache engine and HF's full-sequence forward agree to float rounding."""
+    model, tok, task = tiny_model
+    engine = TorchEngine(model.config, torch.float32)
+    engine.sync(model.state_dict())
+    roll = engine.generate(_prompts(tok, task), 30, 0.7, 1.0, torch.Generator().manual_seed(0))
+    diff = (_hf_logprobs(model, roll, 0.7) - roll.logprobs).abs().max().item()
+    assert diff < 1e-5
+    assert roll.n_tokens > 100
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_engine_differs_by_the_dtype(tiny_model, precision):
+    """bf16/fp16 samplers disagree with fp32 by an amount set by their mantissa (bf16 > fp16)."""
+    model, tok, task = tiny_model
+    flow = resolve(precision)
+    engine = TorchEngine(model.config, flow.sampler_dtype, gemm_backend("auto", flow.sampler_dtype))
+    engine.sync(model.state_dict())
+    roll = engine.generate(_prompts(tok, task, 32), 30, 1.0, 1.0, torch.Generator().manual_seed(0))
+    diff = ((_hf_logprobs(model, roll) - roll.logprobs).abs().sum() / roll.mask.sum()).item()
+    bound = {"bf16": (1e-4, 5e-2), "fp16": (1e-5, 5e-3)}[precision]
+    assert bound[0] < diff < bound[1]
+
+
+def test_generation_is_seeded_and_stops_at_eos(tiny_model):
+    model, tok, task = tiny_model
+    engine = TorchEngine(model.config, torch.float32)
+    engine.sync(model.state_dict())
+    a = engine.generate(_prompts(tok, task), 40, 1.0, 1.0, torch.Generator().manual_seed(3))
+    b = engine.generate(_prompts(tok, task), 40, 1.0, 1.0, torch.Generator().manual_seed(3))
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.logprobs, b.logprobs)
+    for row, n, trunc in zip(a.tokens.tolist(), a.mask.sum(1).long().tolist(), a.truncated):
+        assert (row[n - 1] == EOS) != trunc  # finished rows end with EOS; truncated rows do not
+        assert EOS not in row[: n - 1]
+        assert all(t == 0 for t in row[n:])  # PAD after the end
+
+
+def test_top_p_keeps_the_nucleus(tiny_model):
+    model, tok, task = tiny_model
+    engine = TorchEngine(model.config, torch.float32)
+    engine.sync(model.state_dict())
+    greedy = engine.generate(_prompts(tok, task), 10, 1.0, 1e-6, torch.Generator().manual_seed(0))
+    again = engine.generate(_prompts(tok, task), 10, 1.0, 1e-6, torch.Generator().manual_seed(1))
+    assert torch.equal(greedy.tokens, again.tokens)  # a vanishing nucleus is greedy decoding
+
+
+@pytest.mark.parametrize("name", list(FLOWS))
+def test_sampler_dtype_is_the_tables(tiny_model, name):
+    """Whatever the flow, every sampler weight is held in the table's sampler dtype."""
+    model, _, _ = tiny_model
+    flow = resolve(name)
+    engine = TorchEngine(model.config, flow.sampler_dtype, gemm_backend("auto", flow.sampler_dtype))
+    engine.sync(model.state_dict())
+    assert {v.dtype for v in engine.w.values()} == {flow.sampler_dtype}
+    if engine.backend == "emulated":  # the fp32 copies hold exactly the rounded values
+        for k, v in engine.w32.items():
+            assert torch.equal(v, engine.w[k].float())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_emulated_gemm_is_the_low_precision_gemm(dtype):
+    """upcast -> fp32 GEMM -> round equals the native low-precision GEMM up to accumulation order."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 96, generator=g), torch.randn(48, 96, generator=g)
+    native = torch.nn.functional.linear(x.to(dtype), w.to(dtype)).float()
+    emulated = lowp_linear(x, w, None, dtype).float()
+    assert lowp_linear(x, w, None, dtype).dtype == dtype
+    ulp = native.abs() * (2.0 ** -7 if dtype == torch.bfloat16 else 2.0 ** -10)
+    assert ((emulated - native).abs() <= ulp + 1e-6).all()  # at most one rounding step apart
+    fp32 = torch.nn.functional.linear(x, w)
+    assert (emulated - fp32).abs().max() > 0  # and it really is rounded
+
+
+def test_emulated_autocast_matches_native_autocast(tiny_model):
+    model, tok, task = tiny_model
+    ids = torch.tensor([tok(it.prompt + task.trace(it))["input_ids"] for it in task.split("train", 16)])
+    m = copy.deepcopy(model)
+    m.config._attn_implementation = "sdpa"
+    with torch.no_grad():
+        ref = torch.log_softmax(m(input_ids=ids).logits.float(), -1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            native = torch.log_softmax(m(input_ids=ids).logits.float(), -1)
+        e = copy.deepcopy(model)
+        emulate_autocast(e, torch.bfloat16)
+        emulated = torch.log_softmax(e(input_ids=ids).logits.float(), -1)
+    err_native = (native - ref).abs().mean()
+    err_emulated = (emulated - ref).abs().mean()
+    assert 0.5 < err_emulated / err_native < 2.0  # same error magnitude against fp32

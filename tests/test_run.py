@@ -1,0 +1,111 @@
+"""End to end on the smoke tier: bundle files, determinism, resume after a kill, refusals."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from suite import config
+from suite.results import load_run, read_jsonl
+from suite.train import CorruptCheckpoint, RunDirConflict, run
+
+
+def _cfg(tmp_path, *extra):
+    return config.load(["tier=smoke", f"out={tmp_path}", "ckpt_every=2", *extra])
+
+
+def _run_dir(tmp_path, name="default", precision="fp32"):
+    return tmp_path / name / f"arith__grpo__{precision}__s0"
+
+
+def test_run_writes_a_complete_bundle(tmp_path):
+    d = run(_cfg(tmp_path))
+    bundle = load_run(d)
+    assert [r["step"] for r in bundle["metrics"]] == [1, 2, 3, 4]
+    s = bundle["summary"]
+    assert s["steps_done"] == 4 and s["verdict"] in ("pass", "collapse", "unstable")
+    assert s["mismatch/step0/kl_k3"] == bundle["metrics"][0]["mismatch/kl_k3"]
+    env = bundle["env"]
+    assert env["sampler_dtype"] == "torch.float32" and env["precision"]["name"] == "fp32"
+    assert env["task"] == {"name": "arith", "version": 1} and len(env["dataset"]["sha256"]) == 16
+    row = bundle["metrics"][0]
+    for key in ("reward/mean", "reward/pass_rates", "entropy/mean", "train/grad_norm", "train/loss_scale",
+                "train/skipped_steps", "mismatch/prob_diff/mean", "mismatch/kl_k3", "mismatch/chi2_seq", "ppo/clip_frac"):
+        assert key in row, key
+    assert len(row["reward/pass_rates"]) == 4
+    timing = read_jsonl(d / "timing.jsonl")
+    assert all(t["time/step_s"] > 0 and t["throughput/sampler_tok_s"] > 0 for t in timing)
+    # the trainer really trained: the checkpointed weights differ from the base policy's
+    ck = torch.load(d / "ckpt" / "step_000004.pt", weights_only=False)
+    from suite.policy import load_policy
+    base, _ = load_policy(env["policy"]["path"])
+    assert any(not torch.equal(ck["model"][k], v) for k, v in base.state_dict().items())
+
+
+def test_same_seed_gives_identical_metrics(tmp_path):
+    a = run(_cfg(tmp_path, "name=a"))
+    b = run(_cfg(tmp_path, "name=b"))
+    assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
+    c = run(_cfg(tmp_path, "name=c", "seed=1"))
+    assert (a / "metrics.jsonl").read_bytes() != (c / "metrics.jsonl").read_bytes()
+
+
+def _kill_at(monkeypatch, n_updates):
+    """Make the trainer die (as a kill would) on its n-th optimizer update."""
+    from suite.trainer import Trainer
+
+    calls = {"n": 0}
+    real = Trainer.step
+
+    def step(self, loss_fn):
+        calls["n"] += 1
+        if calls["n"] == n_updates:
+            raise KeyboardInterrupt("killed")
+        return real(self, loss_fn)
+
+    monkeypatch.setattr(Trainer, "step", step)
+
+
+def test_resume_after_kill_matches_uninterrupted(tmp_path, monkeypatch):
+    ref = run(_cfg(tmp_path, "name=ref", "precision=fp16"))
+    with monkeypatch.context() as m:
+        _kill_at(m, 6)  # step 3, second update: after the step-2 checkpoint, mid-step
+        with pytest.raises(KeyboardInterrupt):
+            run(_cfg(tmp_path, "name=kill", "precision=fp16"))
+    d = _run_dir(tmp_path, "kill", "fp16")
+    assert json.loads((d / "summary.json").read_text())["verdict"] == "incomplete"
+    assert [r["step"] for r in read_jsonl(d / "metrics.jsonl")] == [1, 2]
+    run(_cfg(tmp_path, "name=kill", "precision=fp16"))
+    assert (d / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
+    assert json.loads((d / "summary.json").read_text())["verdict"] != "incomplete"
+
+
+def test_other_config_in_same_dir_is_refused(tmp_path):
+    run(_cfg(tmp_path))
+    with pytest.raises(RunDirConflict, match="optim.lr"):
+        run(_cfg(tmp_path, "optim.lr=3e-4"))
+
+
+def test_corrupted_checkpoint_is_reported_not_loaded(tmp_path, monkeypatch):
+    with monkeypatch.context() as m:
+        _kill_at(m, 7)
+        with pytest.raises(KeyboardInterrupt):
+            run(_cfg(tmp_path))
+    ck = _run_dir(tmp_path) / "ckpt" / "step_000002.pt"
+    data = bytearray(ck.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    ck.write_bytes(bytes(data))
+    with pytest.raises(CorruptCheckpoint, match="corrupted"):
+        run(_cfg(tmp_path))
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_low_precision_runs_log_mismatch_and_scale(tmp_path, precision):
+    d = run(_cfg(tmp_path, f"precision={precision}"))
+    rows = read_jsonl(d / "metrics.jsonl")
+    assert rows[0]["mismatch/kl_k3"] > 0 and math.isfinite(rows[0]["mismatch/kl_k3"])
+    scale = rows[-1]["train/loss_scale"]
+    assert (scale > 1) if precision == "fp16" else (scale == 1.0)
+    env = json.loads((d / "env.json").read_text())
+    assert env["sampler_dtype"] == {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]

@@ -1,0 +1,58 @@
+"""Dynamic loss scaling: skip an inf/nan step, report NaN grad norm, back off, recover."""
+
+import copy
+import math
+
+import torch
+
+from suite.config import OptimConfig
+from suite.precision import resolve
+from suite.trainer import LossScaler, Trainer
+
+
+def test_loss_scaler_backoff_and_growth():
+    s = LossScaler(enabled=True, init_scale=1024.0, growth_interval=3)
+    s.update(found_inf=True)
+    assert s.scale == 512.0 and s.skipped == 1
+    for _ in range(3):
+        s.update(found_inf=False)
+    assert s.scale == 1024.0 and s.skipped == 1
+    off = LossScaler(enabled=False)
+    assert off.scale == 1.0
+
+
+def test_fp16_trainer_skips_injected_inf_and_recovers(tiny_model):
+    model, tok, task = tiny_model
+    trainer = Trainer(copy.deepcopy(model), resolve("fp16"), "emulated", OptimConfig(lr=1e-3))
+    ids = torch.tensor([tok(it.prompt + task.trace(it))["input_ids"] for it in task.split("train", 4)])
+    attn = torch.ones_like(ids)
+    targets = ids[:, -10:]
+
+    def loss_fn(poison=False):
+        logp, _ = trainer.logprobs(ids, attn, 10, targets, 1.0)
+        loss = -logp.mean()
+        return (loss * float("inf") if poison else loss), {}
+
+    scale0 = trainer.scaler.scale
+    before = [p.detach().clone() for p in trainer.params]
+    out = trainer.step(lambda: loss_fn(poison=True))
+    assert math.isnan(out["train/grad_norm"]) and out["train/skipped"] == 1.0
+    assert trainer.scaler.scale == scale0 / 2 and trainer.scaler.skipped == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.params))  # the step was skipped
+    out = trainer.step(loss_fn)
+    assert math.isfinite(out["train/grad_norm"]) and out["train/skipped"] == 0.0
+    assert any(not torch.equal(a, b) for a, b in zip(before, trainer.params))  # and training goes on
+
+
+def test_scaled_gradients_equal_unscaled(tiny_model):
+    """Scaling then unscaling gives the fp32 gradient of the unscaled loss (no underflow here)."""
+    model, tok, task = tiny_model
+    ids = torch.tensor([tok(it.prompt + task.trace(it))["input_ids"] for it in task.split("train", 4)])
+    grads = []
+    for enabled in (False, True):
+        t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3, grad_clip=1e9))
+        t.scaler = LossScaler(enabled=enabled, init_scale=2.0**10)
+        t.opt.step = lambda: None  # keep the parameters; look at the gradients only
+        t.step(lambda: (-t.logprobs(ids, torch.ones_like(ids), 10, ids[:, -10:], 1.0)[0].mean(), {}))
+        grads.append(torch.cat([p.grad.flatten() for p in t.params]))
+    assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-9)
