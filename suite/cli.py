@@ -18,6 +18,11 @@ from rich.console import Console
 USAGE = __doc__
 
 
+def _console() -> Console:
+    """Rich console; wide lines when writing to a file or a pipe (CI logs, sweep cell logs)."""
+    return Console(width=None if sys.stdout.isatty() else 200)
+
+
 def _configs(args: list[str]):
     import torch
 
@@ -32,7 +37,7 @@ def cmd_run(args: list[str]) -> int:
     from suite.train import run
 
     cfg = _configs(args)
-    run_dir = run(cfg)
+    run_dir = run(cfg, _console())
     return _print_summary(run_dir)
 
 
@@ -40,7 +45,7 @@ def _print_summary(run_dir: Path) -> int:
     import json
 
     s = json.loads((run_dir / "summary.json").read_text())
-    Console().print(f"{run_dir}: verdict [bold]{s['verdict']}[/], peak accuracy {s['accuracy/peak']:.3f} at step "
+    _console().print(f"{run_dir}: verdict [bold]{s['verdict']}[/], peak accuracy {s['accuracy/peak']:.3f} at step "
                     f"{s['accuracy/peak_step']}, final {s['accuracy/final']:.3f}, "
                     f"step-0 k3 KL {s.get('mismatch/step0/kl_k3', float('nan')):.2e}")
     return 0
@@ -51,7 +56,7 @@ def cmd_perfectible(args: list[str]) -> int:
     from suite.train import prepare_data
 
     cfg = _configs(args)
-    console = Console()
+    console = _console()
     _, data_dir = prepare_data(cfg, console)
     _, prov = perfectible.load(data_dir)
     console.print(perfectible.describe(prov))
@@ -61,22 +66,17 @@ def cmd_perfectible(args: list[str]) -> int:
 
 def cmd_main(args: list[str]) -> int:
     """The embedded sanity test in fp32, bf16 and fp16 (one seed), ending in the outcome table."""
-    from suite import report
-    from suite.train import run
+    from suite import report, sweep
 
-    precisions = ["fp32", "bf16", "fp16"]
-    console = Console()
+    console = _console()
     t0 = time.time()
-    base = [a for a in args if not a.startswith("precision=")]
-    cfgs = [_configs(base + [f"precision={p}"]) for p in precisions]  # validate all before any compute
-    dirs = []
-    for cfg in cfgs:
-        console.rule(f"{cfg.task} / {cfg.algorithm} / {cfg.precision} / seed {cfg.seed}")
-        try:
-            dirs.append(run(cfg, console))
-        except Exception as e:  # one failing run never takes the others down
-            console.print(f"[red]run failed: {type(e).__name__}: {e}[/]")
-    root = Path(cfgs[0].out) / cfgs[0].name
+    cells = sweep.plan(args, {"precision": ["fp32", "bf16", "fp16"]})  # validates every cell first
+    # Build the shared policy and perfectible set once, before the cells start side by side.
+    from suite.train import prepare_data
+
+    prepare_data(cells[0].cfg, console)
+    sweep.launch_local(cells, sweep.default_jobs(cells[0].cfg.threads), console)
+    root = Path(cells[0].cfg.out) / cells[0].cfg.name
     console.print(report.outcome_table(root))
     console.print(f"wall time {time.time() - t0:.0f} s; results in {root}")
     return 0
@@ -85,7 +85,7 @@ def cmd_main(args: list[str]) -> int:
 def cmd_table(args: list[str]) -> int:
     from suite import report
 
-    Console().print(report.outcome_table(Path(args[0] if args else "results/default")))
+    _console().print(report.outcome_table(Path(args[0] if args else "results/default")))
     return 0
 
 

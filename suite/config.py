@@ -53,7 +53,9 @@ class PerfectibleConfig:
     pool: Optional[int] = None
     """Train-split prompts screened. None: the tier's value."""
     max_prompts: Optional[int] = None
-    """Cap on kept prompts used for training (first ones in pool order). None: keep all."""
+    """Cap on kept prompts used for training (the first ones in pool order). None: the tier's value
+    (small: 256, so that 200 steps of 16 prompts are ~12 epochs, the many-epoch regime of the
+    published test); 0 keeps every kept prompt."""
 
 
 @dataclass
@@ -119,11 +121,12 @@ class RunConfig:
 # The one scale dial. Model size, prompt counts and budget; the rest of the recipe is shared.
 TIERS: dict[str, dict[str, Any]] = {
     "smoke": {"steps": 4, "prompts_per_step": 4, "samples_per_prompt": 4, "optim.lr": 1e-4, "perfectible.pool": 64,
+              "perfectible.max_prompts": 0,
               "policy": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=192)},
-    "small": {"steps": 150, "prompts_per_step": 16, "samples_per_prompt": 8, "optim.lr": 1e-4,
-              "perfectible.pool": 1024, "policy": dict(hidden=128, layers=3, heads=4, kv_heads=2, mlp=384)},
+    "small": {"steps": 200, "prompts_per_step": 16, "samples_per_prompt": 8, "optim.lr": 1e-4,
+              "perfectible.pool": 1024, "perfectible.max_prompts": 256, "policy": dict(hidden=128, layers=3, heads=4, kv_heads=2, mlp=384)},
     "full": {"steps": 400, "prompts_per_step": 32, "samples_per_prompt": 8, "optim.lr": 1e-4,
-             "perfectible.pool": 2048, "policy": dict(hidden=192, layers=4, heads=6, kv_heads=2, mlp=512)},
+             "perfectible.pool": 2048, "perfectible.max_prompts": 512, "policy": dict(hidden=192, layers=4, heads=6, kv_heads=2, mlp=512)},
 }
 ENGINES = ("torch",)
 
@@ -250,8 +253,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("perfectible.lo", cfg.perfectible.lo <= cfg.perfectible.hi,
          f"lo ({cfg.perfectible.lo}) must be <= hi ({cfg.perfectible.hi})"),
         ("perfectible.pool", cfg.perfectible.pool >= 1, "must be >= 1"),
-        ("perfectible.max_prompts", cfg.perfectible.max_prompts is None or cfg.perfectible.max_prompts >= 1,
-         "must be >= 1 or null"),
+        ("perfectible.max_prompts", cfg.perfectible.max_prompts >= 0, "must be >= 0 (0 = all)"),
         ("policy.hidden", cfg.policy.hidden % cfg.policy.heads == 0, "must be divisible by policy.heads"),
         ("policy.heads", cfg.policy.heads % cfg.policy.kv_heads == 0, "must be divisible by policy.kv_heads"),
         ("policy.layers", cfg.policy.layers >= 1, "must be >= 1"),

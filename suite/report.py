@@ -27,7 +27,9 @@ def outcome_table(root: Path) -> Table:
     for col in ("run", "verdict", "peak acc (step)", "final acc", "first pass step", "step-0 |dp| mean",
                 "step-0 k3 KL", "step-0 |seq log-ratio|", "final k3 KL", "skipped", "time s"):
         t.add_column(col)
-    for s in load_summaries(root):
+    rows = load_summaries(root)
+    t.caption = _ratio_caption(rows)
+    for s in rows:
         t.add_row(s["run"], s["verdict"], f"{_fmt(s['accuracy/peak'])} ({s['accuracy/peak_step']})",
                   _fmt(s["accuracy/final"]), str(s["accuracy/first_pass_step"]),
                   _fmt(s.get("mismatch/step0/prob_diff/mean"), ".2e"), _fmt(s.get("mismatch/step0/kl_k3"), ".2e"),
@@ -35,3 +37,20 @@ def outcome_table(root: Path) -> Table:
                   _fmt(s.get("mismatch/final/kl_k3"), ".2e"), str(s.get("train/skipped_steps")),
                   _fmt(s.get("time/total_s"), ".0f"))
     return t
+
+
+def _ratio_caption(rows: list[dict]) -> str:
+    """bf16/fp16 ratios of the step-0 mismatch, when both flows are present (same task, algorithm, seed)."""
+    by = {(r["task"], r["algorithm"], r["seed"], r["precision"]): r for r in rows}
+    parts = []
+    for (task, algo, seed, prec), r in sorted(by.items()):
+        other = by.get((task, algo, seed, "fp16"))
+        if prec != "bf16" or other is None:
+            continue
+        ratios = []
+        for key, label in (("prob_diff/mean", "|dp|"), ("kl_k3", "k3 KL"), ("seq_log_ratio/mean_abs", "|seq lr|")):
+            a, b = r.get(f"mismatch/step0/{key}"), other.get(f"mismatch/step0/{key}")
+            if a is not None and b:
+                ratios.append(f"{label} {a / b:.1f}x")
+        parts.append(f"step-0 mismatch bf16/fp16 ({algo}, seed {seed}): " + ", ".join(ratios))
+    return "\n".join(parts)

@@ -168,33 +168,33 @@ def run(cfg, console: Console | None = None) -> Path:
         console.print(f"{run_dir}: already complete")
         return run_dir
 
-    model_dir, data_dir = prepare_data(cfg, console)
-    items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
-    if len(items) < cfg.prompts_per_step:
-        raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
-    model, tok = load_policy(model_dir)
-    backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype), "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype)}
-    trainer = Trainer(model, flow, backends["trainer"], cfg.optim)
-    engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"])
-    start = load_checkpoint(run_dir, trainer)
-    for name in ("metrics.jsonl", "timing.jsonl"):
-        if (run_dir / name).exists():
-            truncate_jsonl(run_dir / name, start)
-    engine.sync(trainer.model.state_dict())
-    atomic_write_json(run_dir / "env.json", env_info({
-        "precision": flow.describe(), "gemm_backend": backends, "engine": cfg.engine,
-        "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
-        "task": {"name": task.name, "version": task.version},
-        "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
-                    "provenance": prov},
-        "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())},
-    }))
-
-    G, T = cfg.samples_per_prompt, cfg.sampling.temperature
     error = None
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TimeElapsedColumn(), console=console, transient=True)
     try:
+        model_dir, data_dir = prepare_data(cfg, console)
+        items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
+        if len(items) < cfg.prompts_per_step:
+            raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
+        model, tok = load_policy(model_dir)
+        backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype), "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype)}
+        trainer = Trainer(model, flow, backends["trainer"], cfg.optim)
+        engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"])
+        start = load_checkpoint(run_dir, trainer)
+        for name in ("metrics.jsonl", "timing.jsonl"):
+            if (run_dir / name).exists():
+                truncate_jsonl(run_dir / name, start)
+        engine.sync(trainer.model.state_dict())
+        atomic_write_json(run_dir / "env.json", env_info({
+            "precision": flow.describe(), "gemm_backend": backends, "engine": cfg.engine,
+            "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
+            "task": {"name": task.name, "version": task.version},
+            "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
+                        "provenance": prov},
+            "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())},
+        }))
+
+        G, T = cfg.samples_per_prompt, cfg.sampling.temperature
+        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                            TimeElapsedColumn(), console=console, transient=True)
         with progress:
             bar = progress.add_task(run_dir.name, total=cfg.steps, completed=start)
             for step in range(start + 1, cfg.steps + 1):
