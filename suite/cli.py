@@ -78,7 +78,10 @@ def cmd_main(args: list[str]) -> int:
     sweep.launch_local(cells, sweep.default_jobs(cells[0].cfg.threads), console)
     root = Path(cells[0].cfg.out) / cells[0].cfg.name
     console.print(report.outcome_table(root))
-    console.print(f"wall time {time.time() - t0:.0f} s; results in {root}")
+    from suite.results import atomic_write_text
+
+    atomic_write_text(root / "outcomes.md", report.outcome_markdown(root))
+    console.print(f"wall time {time.time() - t0:.0f} s; results in {root}, table in {root / 'outcomes.md'}")
     return 0
 
 

@@ -126,15 +126,16 @@ class TorchEngine:
         """
         B, S = ids.shape
         x = self.w["model.embed_tokens.weight"][ids]  # (B, S, H) in sampler dtype
-        freqs = pos[..., None].float() * self.inv_freq  # (B, S, D/2) fp32, as HF
-        emb = torch.cat((freqs, freqs), dim=-1)
-        cos, sin = emb.cos().to(self.dtype)[:, None], emb.sin().to(self.dtype)[:, None]
+        # Rotary tables for every position, computed once per generate call (fp32 as HF, then cast).
+        cos, sin = self._rope[0][pos][:, None], self._rope[1][pos][:, None]  # (B, 1, S, D)
         T = t0 + S
-        causal = torch.ones(S, T, dtype=torch.bool).tril(diagonal=t0)
-        mask = causal[None] & key_valid[:, None, :T]  # (B, S, T)
-        # A pad query would see no key at all (NaN softmax); let it see itself. Its output is
-        # never used, but a NaN in its V row would poison every real query (0 * NaN = NaN).
-        mask = mask | _diag(S, T, t0)[None]
+        if S == 1:  # decode: the new token sees every real key so far
+            mask = key_valid[:, None, :T]
+        else:  # prefill: causal, real keys only
+            causal = torch.ones(S, T, dtype=torch.bool).tril(diagonal=t0)
+            # A pad query would see no key at all (NaN softmax); let it see itself. Its output is
+            # never used, but a NaN in its V row would poison every real query (0 * NaN = NaN).
+            mask = (causal[None] & key_valid[:, None, :T]) | _diag(S, T, t0)[None]  # (B, S, T)
         for i in range(self.cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             h = _rms_norm(x, self.w[p + "input_layernorm.weight"], self.eps)
@@ -177,6 +178,10 @@ class TorchEngine:
         logps = torch.zeros(B, max_new_tokens)
         mask = torch.zeros(B, max_new_tokens)
         done = torch.zeros(B, dtype=torch.bool)
+        positions = torch.arange(P + max_new_tokens).float()
+        freqs = positions[:, None] * self.inv_freq  # (P+N, D/2) fp32, as LlamaRotaryEmbedding
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
         logits = self._forward(ids, pos, cache, 0, valid)
         last_pos = pos[:, -1]
         for t in range(max_new_tokens):
@@ -184,9 +189,9 @@ class TorchEngine:
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
             tok = _sample(logp, top_p, generator)
             live = ~done
-            tokens[live, t] = tok[live]
-            logps[live, t] = logp.gather(1, tok[:, None])[live, 0]
-            mask[live, t] = 1.0
+            tokens[:, t] = torch.where(live, tok, PAD)
+            logps[:, t] = torch.where(live, logp.gather(1, tok[:, None])[:, 0], 0.0)
+            mask[:, t] = live.float()
             done |= tok == EOS
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
