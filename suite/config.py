@@ -81,7 +81,9 @@ class RunConfig:
     task: str = "arith"
     """Task name (files in tasks/, registry in suite/tasks.py)."""
     precision: str = "fp32"
-    """Precision flow: one row of the table in suite/precision.py (fp32, bf16, fp16)."""
+    """Precision flow: one row of the table in suite/precision.py (fp32, bf16, fp16, bf16_fp32rollout, ...)."""
+    lm_head_fp32: bool = False
+    """Compute the output head in fp32 in the sampler and the trainer together (ScaleRL, MiniMax-M1)."""
     algorithm: str = "grpo"
     """Algorithm: one entry of the table in suite/algos.py."""
     seed: int = 0

@@ -71,9 +71,11 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class TorchEngine:
     """Batched sampling with a KV cache from a copy of the weights held in ``dtype``."""
 
-    def __init__(self, config, dtype: torch.dtype, backend: str = "native", device: str = "cpu"):
+    def __init__(self, config, dtype: torch.dtype, backend: str = "native", device: str = "cpu",
+                 lm_head_fp32: bool = False):
         self.cfg = config
         self.dtype = dtype
+        self.lm_head_fp32 = lm_head_fp32
         self.backend = backend
         self.device = device
         self.n_heads = config.num_attention_heads
@@ -90,8 +92,10 @@ class TorchEngine:
     def sync(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the trainer's current weights, cast to the sampler dtype (no disk round trip)."""
         w = {k: v.detach().to(self.device, self.dtype, copy=True) for k, v in state_dict.items()}
-        if "lm_head.weight" not in w:  # tied embeddings
-            w["lm_head.weight"] = w["model.embed_tokens.weight"]
+        head = state_dict.get("lm_head.weight", state_dict["model.embed_tokens.weight"])  # tied embeddings
+        w["lm_head.weight"] = head.detach().to(self.device, self.dtype, copy=True)
+        # The fp32 output head (option lm_head_fp32) is the master weight itself, not a rounded copy.
+        self.head32 = head.detach().to(self.device, torch.float32, copy=True) if self.lm_head_fp32 else None
         for i in range(self.cfg.num_hidden_layers):  # fuse as vLLM's QKVParallelLinear / MergedColumnParallelLinear
             p = f"model.layers.{i}."
             for fused, parts in (("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
@@ -155,6 +159,8 @@ class TorchEngine:
             gate, up = self._lin(h, p + "mlp.gate_up_proj").chunk(2, dim=-1)
             x = x + self._lin(F.silu(gate) * up, p + "mlp.down_proj")
         x = _rms_norm(x[:, -1], self.w["model.norm.weight"], self.eps)
+        if self.head32 is not None:
+            return F.linear(x.float(), self.head32)  # (B, V) fp32
         return self._lin(x, "lm_head")  # (B, V) in sampler dtype
 
     # ---- sampling ------------------------------------------------------------------------

@@ -49,7 +49,13 @@ a slice every scale is per-row of A / per-column of B) and the fp32 partial prod
 summed: DeepGEMM's "promote to fp32 every K block". Layout rules of ``_scaled_mm``: A
 row-major (M, K), B column-major (K, N) (i.e. ``b.t()`` of a contiguous (N, K) tensor),
 K and N multiples of 16; scale_a (M, 1), scale_b (1, N), fp32. Both paths give the same
-numbers up to accumulation order.
+numbers up to accumulation order (and the emulation's fp32 rounding of q * scale).
+
+Cost of the emulation on CPU: the GEMMs are ordinary fp32 GEMMs; the overhead is the
+elementwise work (amax, divide, clamp, fp32 <-> fp8 casts, which torch does slowly on CPU),
+about 1.4x an fp32 ``F.linear`` in the forward and ~3x forward + backward, where the
+gradient is quantised twice (1x128 and 128x1) and x re-quantised. Weight-gradient operands
+are grouped along tokens in their own (token-major) layout, never transposed in memory.
 """
 
 from __future__ import annotations
@@ -77,18 +83,26 @@ def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
     return x.clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
 
 
-def _tiles(x: torch.Tensor, group: int) -> torch.Tensor:
-    """(..., L) -> (..., G, group), G = ceil(L/group), zero-padded: zeros never change an amax."""
-    L = x.shape[-1]
-    G = math.ceil(L / group)
+def _tiles(x: torch.Tensor, dim: int, group: int) -> torch.Tensor:
+    """x -> (pre, G, group, post): ``dim`` cut into G = ceil(L/group) groups, zero-padded
+    (zeros never change an amax). A reshape, so no transpose copy whatever ``dim`` is."""
+    dim = dim % x.dim()
+    L, G = x.shape[dim], math.ceil(x.shape[dim] / group)
+    t = x.reshape(math.prod(x.shape[:dim]), L, math.prod(x.shape[dim + 1 :]))
     if G * group != L:
-        x = F.pad(x, (0, G * group - L))
-    return x.reshape(*x.shape[:-1], G, group)
+        t = F.pad(t, (0, 0, 0, G * group - L))
+    return t.reshape(t.shape[0], G, group, t.shape[2])
 
 
-def _untile(t: torch.Tensor, L: int) -> torch.Tensor:
-    """(..., G, group) -> (..., L): drop the padding again."""
-    return t.flatten(-2)[..., :L]
+def _untile(t: torch.Tensor, shape: torch.Size, dim: int) -> torch.Tensor:
+    """(pre, G, group, post) -> ``shape``: drop the padding again."""
+    return t.flatten(1, 2)[:, : shape[dim]].reshape(shape)
+
+
+def _scale_shape(shape: torch.Size, dim: int, group: int) -> list[int]:
+    out = list(shape)
+    out[dim] = math.ceil(shape[dim] / group)
+    return out
 
 
 def quantize_groupwise(x: torch.Tensor, group: int = BLOCK, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
@@ -96,22 +110,18 @@ def quantize_groupwise(x: torch.Tensor, group: int = BLOCK, dim: int = -1) -> tu
 
     x (..., K) with dim=-1 -> q float8 (..., K), scales fp32 (..., ceil(K/group))  [1x128]
     x (T, K)   with dim=0  -> q float8 (T, K),   scales fp32 (ceil(T/group), K)    [128x1]
-    The scales keep x's layout with the grouped dimension shrunk by ``group``. The work is
-    done on a contiguous copy with ``dim`` last (strided elementwise ops are ~5x slower);
-    for dim=0, q is returned as a transposed view, so ``q.T`` is contiguous.
+    The scales keep x's layout with the grouped dimension shrunk by ``group``.
     """
-    xt = x.float().movedim(dim, -1).contiguous()  # (..., L)
-    tiles = _tiles(xt, group)  # (..., G, group)
-    scales = _scale_from_amax(tiles.abs().amax(dim=-1))  # (..., G)
-    q = _untile(_to_e4m3(tiles / scales[..., None]), xt.shape[-1])
-    return q.movedim(-1, dim), scales.movedim(-1, dim)
+    tiles = _tiles(x.float(), dim, group)  # (pre, G, group, post)
+    scales = _scale_from_amax(tiles.abs().amax(dim=2))  # (pre, G, post)
+    q = _untile(_to_e4m3(tiles / scales[:, :, None]), x.shape, dim)
+    return q, scales.reshape(_scale_shape(x.shape, dim, group))
 
 
 def dequantize_groupwise(q: torch.Tensor, scales: torch.Tensor, group: int = BLOCK, dim: int = -1) -> torch.Tensor:
     """Inverse of ``quantize_groupwise`` (same ``group`` and ``dim``): fp32, q's shape."""
-    qt = q.movedim(dim, -1)
-    x = _tiles(qt.float(), group) * scales.movedim(dim, -1)[..., None]
-    return _untile(x, qt.shape[-1]).movedim(-1, dim)
+    tiles = _tiles(q.float(), dim, group)  # (pre, G, group, post)
+    return _untile(tiles * scales.reshape(tiles.shape[0], tiles.shape[1], 1, tiles.shape[3]), q.shape, dim)
 
 
 def quantize_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -198,8 +208,18 @@ def _has_fp8_tensor_cores(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.get_device_capability(t.device) >= (8, 9)
 
 
-def _gemm(qa, sa, qb, sb) -> torch.Tensor:
-    """fp32 A @ B.T for two FP8 operands with 1x128 scales along the shared K; dispatches once."""
+def _gemm(qa, sa, qb, sb, reduce_dim: int = -1) -> torch.Tensor:
+    """fp32 product of two FP8 operands whose scales are 1x128 groups along the reduced dim.
+
+    reduce_dim=-1: A (M, K), B (N, K), scales (M|N, Kg) -> A @ B.T   (forward, input grad)
+    reduce_dim=0:  A (K, M), B (K, N), scales (Kg, M|N) -> A.T @ B   (weight grad, K = tokens)
+    The reduce_dim=0 form keeps the token-major tensors in their own layout on CPU, where a
+    transpose copy costs more than the GEMM.
+    """
+    if reduce_dim == 0:
+        if _has_fp8_tensor_cores(qa):
+            return _gemm(qa.t(), sa.t(), qb.t(), sb.t())
+        return dequantize_groupwise(qa, sa, dim=0).T @ dequantize_groupwise(qb, sb, dim=0)
     K, N = qa.shape[1], qb.shape[0]
     if _has_fp8_tensor_cores(qa) and K % 16 == 0 and N % 16 == 0:
         return _fp8_gemm_cuda(qa, sa, qb, sb)
@@ -239,7 +259,7 @@ class FP8Linear(torch.autograd.Function):
             # x is re-quantised from its saved FP8 copy (the high-precision x was not kept)
             qg0, sg0 = quantize_groupwise(g, dim=0)  # (M, N), (Mg, N)
             qx0, sx0 = quantize_groupwise(dequantize_groupwise(qx, sx), dim=0)  # (M, K), (Mg, K)
-            grad_w = _gemm(qg0.t(), sg0.t(), qx0.t(), sx0.t())  # (N, K) fp32 master grad
+            grad_w = _gemm(qg0, sg0, qx0, sx0, reduce_dim=0)  # (N, K) fp32 master grad
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g.float().sum(0)  # (N,) fp32
         return grad_x, grad_w, grad_b, None

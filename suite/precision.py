@@ -70,6 +70,8 @@ FLOWS: dict[str, Flow] = {
         Flow("fp32", "fp32", "fp32", False, "reference: both engines in fp32"),
         Flow("bf16", "bf16", "bf16", False, "the common default; 7 mantissa bits, collapses in the published test"),
         Flow("fp16", "fp16", "fp16", True, "the fix of arXiv 2510.26788: 10 mantissa bits plus dynamic loss scaling"),
+        Flow("bf16_fp32rollout", "bf16", "fp32", False, "paper ablation: bf16 trainer, fp32 sampler; stable but slow"),
+        Flow("bf16_fp16rollout", "bf16", "fp16", False, "paper ablation: bf16 trainer, fp16 sampler"),
     ]
 }
 
@@ -150,6 +152,22 @@ def _hf_lowp_attention(module, query, key, value, attention_mask, dropout=0.0, s
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     out = lowp_attention(query, key, value, keep[..., :T], scale, dtype)
     return out.transpose(1, 2).contiguous(), None
+
+
+def fp32_lm_head(model: torch.nn.Module) -> None:
+    """Compute the model's output head in fp32 whatever the autocast dtype (in place).
+
+    ScaleRL / MiniMax-M1 / TRL ``cast_lm_head_to_fp32``: the logits, hence every log-prob, come
+    from an fp32 GEMM on fp32 weights. Applied to sampler and trainer together, one-sided
+    makes the mismatch worse (REFERENCE section 8).
+    """
+    head = model.get_output_embeddings()
+
+    def forward(x, head=head):
+        with torch.autocast(x.device.type, enabled=False):
+            return F.linear(x.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+
+    head.forward = forward
 
 
 def emulate_autocast(model: torch.nn.Module, dtype: torch.dtype) -> None:

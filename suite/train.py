@@ -153,10 +153,19 @@ def load_checkpoint(run_dir: Path, trainer) -> int:
 
 
 # ---- the run ---------------------------------------------------------------------------------
-def run(cfg, console: Console | None = None) -> Path:
-    """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated."""
+def build_engines(cfg, model):
+    """Trainer and sampler of a run, both configured from the precision table and nothing else."""
     from suite.trainer import Trainer
 
+    flow = resolve(cfg.precision)
+    backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype), "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype)}
+    trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32)
+    engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32)
+    return trainer, engine, backends
+
+
+def run(cfg, console: Console | None = None) -> Path:
+    """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated."""
     console = console or Console()
     torch.set_num_threads(cfg.threads)
     flow, algo, task = resolve(cfg.precision), get_algorithm(cfg.algorithm), get_task(cfg.task)
@@ -175,16 +184,14 @@ def run(cfg, console: Console | None = None) -> Path:
         if len(items) < cfg.prompts_per_step:
             raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
         model, tok = load_policy(model_dir)
-        backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype), "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype)}
-        trainer = Trainer(model, flow, backends["trainer"], cfg.optim)
-        engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"])
+        trainer, engine, backends = build_engines(cfg, model)
         start = load_checkpoint(run_dir, trainer)
         for name in ("metrics.jsonl", "timing.jsonl"):
             if (run_dir / name).exists():
                 truncate_jsonl(run_dir / name, start)
         engine.sync(trainer.model.state_dict())
         atomic_write_json(run_dir / "env.json", env_info({
-            "precision": flow.describe(), "gemm_backend": backends, "engine": cfg.engine,
+            "precision": flow.describe(), "gemm_backend": backends, "lm_head_fp32": cfg.lm_head_fp32, "engine": cfg.engine,
             "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
             "task": {"name": task.name, "version": task.version},
             "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from suite.precision import Flow, emulate_autocast
+from suite.precision import Flow, emulate_autocast, fp32_lm_head
 
 
 class LossScaler:
@@ -65,7 +65,7 @@ class LossScaler:
 class Trainer:
     """Holds the fp32 master model, its optimizer and loss scaler."""
 
-    def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg):
+    def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False):
         self.model = model.float()
         self.flow = flow
         self.backend = backend
@@ -74,6 +74,8 @@ class Trainer:
             emulate_autocast(self.model, self.dtype)
         else:
             self.model.config._attn_implementation = "sdpa"
+        if lm_head_fp32:
+            fp32_lm_head(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
                                      weight_decay=optim_cfg.weight_decay)

@@ -74,16 +74,32 @@ def test_top_p_keeps_the_nucleus(tiny_model):
 
 
 @pytest.mark.parametrize("name", list(FLOWS))
-def test_sampler_dtype_is_the_tables(tiny_model, name):
-    """Whatever the flow, every sampler weight is held in the table's sampler dtype."""
-    model, _, _ = tiny_model
+@pytest.mark.parametrize("lm_head_fp32", [False, True])
+def test_run_engines_follow_the_table(tiny_model, name, lm_head_fp32):
+    """The engines a run builds hold exactly the table's dtypes (the sampler never picks its own)."""
+    from suite import config
+    from suite.train import build_engines
+
+    model, tok, task = tiny_model
     flow = resolve(name)
-    engine = TorchEngine(model.config, flow.sampler_dtype, gemm_backend("auto", flow.sampler_dtype))
-    engine.sync(model.state_dict())
+    cfg = config.load(["tier=smoke", f"precision={name}", f"lm_head_fp32={lm_head_fp32}"])
+    trainer, engine, _ = build_engines(cfg, copy.deepcopy(model))
+    engine.sync(trainer.model.state_dict())
+    assert engine.dtype == flow.sampler_dtype and trainer.dtype == flow.trainer_dtype
+    assert trainer.scaler.enabled == flow.loss_scaling
     assert {v.dtype for v in engine.w.values()} == {flow.sampler_dtype}
     if engine.backend == "emulated":  # the fp32 copies hold exactly the rounded values
         for k, v in engine.w32.items():
             assert torch.equal(v, engine.w[k].float())
+    # Both sides produce fp32 logits from an fp32 head, or neither does.
+    ids = torch.tensor([tok(it.prompt)["input_ids"] for it in task.split("train", 2)])
+    with torch.no_grad(), trainer._autocast():
+        logits = trainer.model(input_ids=ids).logits
+    roll = engine.generate(ids.tolist(), 3, 1.0, 1.0, torch.Generator().manual_seed(0))
+    assert (engine.head32 is not None) == lm_head_fp32
+    expect = torch.float32 if lm_head_fp32 else flow.trainer_dtype
+    assert logits.dtype == expect
+    assert torch.isfinite(roll.logprobs).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

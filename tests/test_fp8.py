@@ -273,3 +273,10 @@ def test_cuda_fp8_linear_matches_cpu_emulation():
     y_cpu = FP8Linear.apply(x, w, b, torch.float32)
     y_gpu = FP8Linear.apply(x.cuda(), w.cuda(), b.cuda(), torch.float32).cpu()
     torch.testing.assert_close(y_gpu, y_cpu, rtol=1e-3, atol=1e-3)
+    grads = []
+    for dev in ("cpu", "cuda"):
+        xd, wd = x.to(dev).requires_grad_(), w.to(dev).requires_grad_()
+        FP8Linear.apply(xd, wd, None, torch.float32).square().sum().backward()
+        grads.append((xd.grad.cpu(), wd.grad.cpu()))
+    for g_cpu, g_gpu in zip(*grads):
+        torch.testing.assert_close(g_gpu, g_cpu, rtol=1e-3, atol=1e-3)
