@@ -72,8 +72,14 @@ class TorchEngine:
     """Batched sampling with a KV cache from a copy of the weights held in ``dtype``."""
 
     def __init__(self, config, dtype: torch.dtype, backend: str = "native", device: str = "cpu",
-                 lm_head_fp32: bool = False):
+                 lm_head_fp32: bool = False, functional_cache: bool = False, quant: str | None = None):
         self.cfg = config
+        # quant="fp8": every decoder linear holds block-scaled E4M3 weights, quantised from the
+        # trainer's master weights at each sync, and quantises its input per 1x128 group.
+        self.quant = quant
+        # functional_cache: grow K/V by concatenation instead of writing a preallocated cache, so the
+        # same code can run under autograd (the `exact` flow trains through this very forward).
+        self.functional_cache = functional_cache
         self.dtype = dtype
         self.lm_head_fp32 = lm_head_fp32
         self.backend = backend
@@ -87,16 +93,40 @@ class TorchEngine:
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
         self.w: dict[str, torch.Tensor] = {}
         self.w32: dict[str, torch.Tensor] = {}
+        self.head32: torch.Tensor | None = None
+        self.wq: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     # ---- weights -------------------------------------------------------------------------
     def sync(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the trainer's current weights, cast to the sampler dtype (no disk round trip)."""
-        w = {k: v.detach().to(self.device, self.dtype, copy=True) for k, v in state_dict.items()}
+        w = self.cast_weights(state_dict, detach=True)
+        self.wq = {}
+        if self.quant == "fp8":
+            from suite.fp8 import quantize_blockwise
+
+            master = self.cast_weights(state_dict, detach=True, dtype=torch.float32)
+            for k in [k for k in w if k.endswith(("_proj.weight",))]:
+                self.wq[k] = quantize_blockwise(master[k])  # (fp8 (N, K), fp32 block scales)
+                del w[k]
         head = state_dict.get("lm_head.weight", state_dict["model.embed_tokens.weight"])  # tied embeddings
-        w["lm_head.weight"] = head.detach().to(self.device, self.dtype, copy=True)
         # The fp32 output head (option lm_head_fp32) is the master weight itself, not a rounded copy.
         self.head32 = head.detach().to(self.device, torch.float32, copy=True) if self.lm_head_fp32 else None
-        for i in range(self.cfg.num_hidden_layers):  # fuse as vLLM's QKVParallelLinear / MergedColumnParallelLinear
+        bad = {str(v.dtype) for v in w.values() if v.dtype != self.dtype}
+        assert not bad, f"sampler weights in {bad}, expected {self.dtype}"
+        self.w = w
+        # Emulated GEMMs read an fp32 copy of the *rounded* weights (exactly the same values).
+        self.w32 = {k: v.float() for k, v in w.items() if v.dim() == 2} if self.backend == "emulated" else {}
+
+    def cast_weights(self, state_dict: dict[str, torch.Tensor], detach: bool,
+                     dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+        """Weights in the engine's dtype and layout (fused QKV and gate/up, as vLLM's
+        QKVParallelLinear / MergedColumnParallelLinear). Without ``detach`` the casts stay in the
+        autograd graph, so gradients reach the fp32 masters (the ``exact`` flow's trainer)."""
+        dtype = dtype or self.dtype
+        w = {k: (v.detach() if detach else v).to(self.device, dtype, copy=detach) for k, v in state_dict.items()}
+        if "lm_head.weight" not in w:  # tied embeddings
+            w["lm_head.weight"] = w["model.embed_tokens.weight"]
+        for i in range(self.cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             for fused, parts in (("self_attn.qkv_proj", ("q_proj", "k_proj", "v_proj")),
                                  ("mlp.gate_up_proj", ("gate_proj", "up_proj"))):
@@ -105,17 +135,18 @@ class TorchEngine:
                     names = [p + pre + part + "." + kind for part in parts]
                     if names[0] in w:
                         w[p + fused + "." + kind] = torch.cat([w.pop(n) for n in names])
-        bad = {str(v.dtype) for v in w.values() if v.dtype != self.dtype}
-        assert not bad, f"sampler weights in {bad}, expected {self.dtype}"
-        self.w = w
-        # Emulated GEMMs read an fp32 copy of the *rounded* weights (exactly the same values).
-        self.w32 = {k: v.float() for k, v in w.items() if v.dim() == 2} if self.backend == "emulated" else {}
+        return w
 
     def _lin(self, x, name):
-        b = self.w.get(name + ".bias")
+        if name + ".weight" in self.wq:
+            from suite.fp8 import fp8_linear_inference
+
+            qw, sw = self.wq[name + ".weight"]
+            return fp8_linear_inference(x, qw, sw, self.w.get(name + ".bias"), self.dtype)
+        w, b = self.w[name + ".weight"], self.w.get(name + ".bias")
         if self.backend == "emulated":
-            return lowp_linear(x, self.w[name + ".weight"], b, self.dtype, w32=self.w32[name + ".weight"])
-        return F.linear(x, self.w[name + ".weight"], b)
+            return lowp_linear(x, w, b, self.dtype, w32=self.w32.get(name + ".weight"))
+        return F.linear(x, w, b)
 
     def _attn(self, q, k, v, keep):
         if self.backend == "emulated":
@@ -150,10 +181,15 @@ class TorchEngine:
             v = qkv[..., nq + nk:].view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            kc, vc = cache[i]
-            kc[:, :, t0:T] = k
-            vc[:, :, t0:T] = v
-            a = self._attn(q, kc[:, :, :T], vc[:, :, :T], mask[:, None])
+            if self.functional_cache:
+                kc, vc = cache[i]
+                cache[i] = (kc, vc) = (k, v) if kc is None else (torch.cat([kc, k], 2), torch.cat([vc, v], 2))
+            else:
+                kc, vc = cache[i]
+                kc[:, :, t0:T] = k
+                vc[:, :, t0:T] = v
+                kc, vc = kc[:, :, :T], vc[:, :, :T]
+            a = self._attn(q, kc, vc, mask[:, None])
             x = x + self._lin(a.transpose(1, 2).reshape(B, S, -1), p + "self_attn.o_proj")
             h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.eps)
             gate, up = self._lin(h, p + "mlp.gate_up_proj").chunk(2, dim=-1)
@@ -164,32 +200,35 @@ class TorchEngine:
         return self._lin(x, "lm_head")  # (B, V) in sampler dtype
 
     # ---- sampling ------------------------------------------------------------------------
+    def _start(self, ids: torch.Tensor, valid_prompt: torch.Tensor, n_new: int):
+        """Prefill left-padded prompts ids (B, P); return (logits (B, V), cache, key_valid, last_pos)."""
+        B, P = ids.shape
+        valid = torch.ones(B, P + n_new, dtype=torch.bool)  # generated slots are always real keys
+        valid[:, :P] = valid_prompt
+        pos = (valid[:, :P].long().cumsum(1) - 1).clamp(min=0)
+        if self.functional_cache:
+            cache = [(None, None) for _ in range(self.cfg.num_hidden_layers)]
+        else:
+            shape = (B, self.n_kv, P + n_new, self.head_dim)
+            cache = [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+                     for _ in range(self.cfg.num_hidden_layers)]
+        freqs = torch.arange(P + n_new).float()[:, None] * self.inv_freq  # (P+N, D/2) fp32, as HF
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self._rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+        return self._forward(ids, pos, cache, 0, valid), cache, valid, pos[:, -1]
+
+    # ---- sampling ------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                  generator: torch.Generator) -> Rollout:
         """Sample one response per prompt (prompts are left padded into one batch)."""
-        B, P = len(prompts), max(map(len, prompts))
-        ids = torch.full((B, P), PAD, dtype=torch.long)
-        valid = torch.zeros(B, P + max_new_tokens, dtype=torch.bool)
-        for b, p in enumerate(prompts):
-            ids[b, P - len(p):] = torch.tensor(p)
-            valid[b, P - len(p):] = True
-        valid[:, P:] = True  # generated slots are always real keys
-        pos = (valid[:, :P].long().cumsum(1) - 1).clamp(min=0)
-        shape = (B, self.n_kv, P + max_new_tokens, self.head_dim)
-        cache = [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
-                 for _ in range(self.cfg.num_hidden_layers)]
-
+        ids, valid_prompt = left_pad(prompts)
+        B, P = ids.shape
         tokens = torch.full((B, max_new_tokens), PAD, dtype=torch.long)
         logps = torch.zeros(B, max_new_tokens)
         mask = torch.zeros(B, max_new_tokens)
         done = torch.zeros(B, dtype=torch.bool)
-        positions = torch.arange(P + max_new_tokens).float()
-        freqs = positions[:, None] * self.inv_freq  # (P+N, D/2) fp32, as LlamaRotaryEmbedding
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self._rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
-        logits = self._forward(ids, pos, cache, 0, valid)
-        last_pos = pos[:, -1]
+        logits, cache, valid, last_pos = self._start(ids, valid_prompt, max_new_tokens)
         for t in range(max_new_tokens):
             # fp32 log-softmax of the low-precision logits, after temperature (vLLM "processed").
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
@@ -205,6 +244,45 @@ class TorchEngine:
             logits = self._forward(tok[:, None], last_pos[:, None], cache, P + t, valid)
         return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens[:, : t + 1], mask=mask[:, : t + 1],
                        logprobs=logps[:, : t + 1], truncated=(~done).tolist())
+
+    def score(self, ids: torch.Tensor, valid_prompt: torch.Tensor, tokens: torch.Tensor, temperature: float,
+              weights: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies (B, R) of ``tokens`` by replaying the decode loop, teacher-forced.
+
+        The same ops in the same order as ``generate`` on the same batch, so with the same weights
+        the result is bitwise the sampler's (the ``exact`` flow). ``weights`` (from
+        ``cast_weights(..., detach=False)``) replace the synced ones, keeping autograd.
+        """
+        saved = self.w, self.w32, self.head32
+        if weights is not None:
+            self.w, self.w32 = weights, {}
+            self.head32 = weights.get("lm_head.fp32") if self.lm_head_fp32 else None
+        try:
+            B, P = ids.shape
+            R = tokens.shape[1]
+            logits, cache, valid, last_pos = self._start(ids, valid_prompt, R)
+            logps, ents = [], []
+            for t in range(R):
+                logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+                logps.append(logp.gather(1, tokens[:, t:t + 1])[:, 0])
+                ents.append(-(logp.exp() * logp).sum(-1))
+                if t < R - 1:
+                    last_pos = last_pos + 1
+                    logits = self._forward(tokens[:, t:t + 1], last_pos[:, None], cache, P + t, valid)
+            return torch.stack(logps, 1), torch.stack(ents, 1)
+        finally:
+            self.w, self.w32, self.head32 = saved
+
+
+def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts -> ids (B, P) left padded with PAD, and the mask of real tokens (B, P)."""
+    B, P = len(prompts), max(map(len, prompts))
+    ids = torch.full((B, P), PAD, dtype=torch.long)
+    valid = torch.zeros(B, P, dtype=torch.bool)
+    for b, p in enumerate(prompts):
+        ids[b, P - len(p):] = torch.tensor(p)
+        valid[b, P - len(p):] = True
+    return ids, valid
 
 
 def _diag(S: int, T: int, t0: int) -> torch.Tensor:

@@ -53,7 +53,7 @@ numbers up to accumulation order (and the emulation's fp32 rounding of q * scale
 
 Cost of the emulation on CPU: the GEMMs are ordinary fp32 GEMMs; the overhead is the
 elementwise work (amax, divide, clamp, fp32 <-> fp8 casts, which torch does slowly on CPU),
-about 1.4x an fp32 ``F.linear`` in the forward and ~3x forward + backward, where the
+about 1-2x an fp32 ``F.linear`` in the forward and ~4x forward + backward, where the
 gradient is quantised twice (1x128 and 128x1) and x re-quantised. Weight-gradient operands
 are grouped along tokens in their own (token-major) layout, never transposed in memory.
 """
@@ -273,3 +273,19 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
     parameters' dtype, so keep fp32 master weights).
     """
     return FP8Linear.apply(x, w, b, out_dtype)
+
+
+def fp8_linear_inference(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, b: torch.Tensor | None = None,
+                         out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The sampler's FP8 linear on weights quantised once per sync: the forward of ``FP8Linear``.
+
+    qw (N, K) fp8 and sw (ceil(N/128), ceil(K/128)) come from ``quantize_blockwise`` of the
+    same master weight the trainer quantises, so in the unified flow both engines see the same
+    FP8 weights and the same activation quantiser (Jet-RL).
+    """
+    K, N = x.shape[-1], qw.shape[0]
+    qx, sx = quantize_groupwise(x.reshape(-1, K))
+    y = _gemm(qx, sx, qw, _block_scales_per_row(sw, N))  # (M, N) fp32
+    if b is not None:
+        y = y + b.float()
+    return y.to(out_dtype).reshape(*x.shape[:-1], N)

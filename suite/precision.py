@@ -38,7 +38,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          # fp8: FP8 GEMMs in every decoder linear layer; everything else (attention, norms, the
+          # output head, activations between operators) in bf16, as DeepSeek-V3 and Jet-RL do.
+          "fp8": torch.bfloat16}
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class Flow:
     sampler: str  # dtype of the sampler's weights, activations and KV cache
     loss_scaling: bool  # dynamic loss scaling (needed for fp16 gradients)
     note: str
+    exact: bool = False  # trainer scores with the sampler's own kernels on the sampler's shapes
 
     @property
     def trainer_dtype(self) -> torch.dtype:
@@ -58,6 +62,14 @@ class Flow:
     @property
     def sampler_dtype(self) -> torch.dtype:
         return DTYPES[self.sampler]
+
+    @property
+    def trainer_quant(self) -> str | None:
+        return "fp8" if self.trainer == "fp8" else None
+
+    @property
+    def sampler_quant(self) -> str | None:
+        return "fp8" if self.sampler == "fp8" else None
 
     def describe(self) -> dict:
         """The resolved precision, as recorded in env.json and the config."""
@@ -72,6 +84,12 @@ FLOWS: dict[str, Flow] = {
         Flow("fp16", "fp16", "fp16", True, "the fix of arXiv 2510.26788: 10 mantissa bits plus dynamic loss scaling"),
         Flow("bf16_fp32rollout", "bf16", "fp32", False, "paper ablation: bf16 trainer, fp32 sampler; stable but slow"),
         Flow("bf16_fp16rollout", "bf16", "fp16", False, "paper ablation: bf16 trainer, fp16 sampler"),
+        Flow("fp8", "fp8", "fp8", False, "Jet-RL unified FP8 flow (arXiv 2601.14243): the same block-scaled E4M3 "
+             "quantiser in the sampler and in the trainer's forward and backward GEMMs"),
+        Flow("bf16_fp8rollout", "bf16", "fp8", False, "the common baseline (verl, slime, NeMo-RL, OpenRLHF): "
+             "bf16 trainer, sampler FP8-quantised at every weight sync"),
+        Flow("exact", "bf16", "bf16", False, "bitwise on-policy: the trainer replays the sampler's decode loop "
+             "(same kernels, same shapes); mismatch exactly 0, at the cost of a sequential training forward", True),
     ]
 }
 
@@ -154,6 +172,21 @@ def _hf_lowp_attention(module, query, key, value, attention_mask, dropout=0.0, s
     return out.transpose(1, 2).contiguous(), None
 
 
+def fp8_decoder_linears(model: torch.nn.Module) -> None:
+    """Route every linear layer but the output head through Jet-RL's FP8 linear (in place).
+
+    Forward, input-gradient and weight-gradient GEMMs all run on block-scaled FP8 operands
+    (suite/fp8.py); outputs are bf16, master weights and their gradients stay fp32.
+    """
+    from suite.fp8 import fp8_linear
+
+    head = model.get_output_embeddings()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Linear) and m is not head:
+            m.forward = functools.partial(lambda mod, x: fp8_linear(x, mod.weight, mod.bias, torch.bfloat16), m)
+            m._suite_gemm = "fp8"  # recorded so tests and env.json can see what each layer computes
+
+
 def fp32_lm_head(model: torch.nn.Module) -> None:
     """Compute the model's output head in fp32 whatever the autocast dtype (in place).
 
@@ -168,6 +201,7 @@ def fp32_lm_head(model: torch.nn.Module) -> None:
             return F.linear(x.float(), head.weight.float(), None if head.bias is None else head.bias.float())
 
     head.forward = forward
+    head._suite_gemm = "fp32"
 
 
 def emulate_autocast(model: torch.nn.Module, dtype: torch.dtype) -> None:
@@ -185,5 +219,6 @@ def emulate_autocast(model: torch.nn.Module, dtype: torch.dtype) -> None:
     for m in model.modules():
         if isinstance(m, torch.nn.Linear):
             m.forward = functools.partial(lambda mod, x: lowp_linear(x, mod.weight, mod.bias, dtype), m)
+            m._suite_gemm = f"emulated-{dtype}"
         m._suite_dtype = dtype
     model.config._attn_implementation = "suite_lowp"

@@ -1,20 +1,43 @@
-"""Run many cells (one RL run each) side by side on this machine.
+"""Sweeps: a named grid of cells (one RL run each), expanded and launched with Hydra.
 
-Each cell is a separate ``suite run`` process with its own overrides, so a crash in one cell
-never takes the others down; its output goes to ``<run_dir>/log.txt`` and a failure is
-recorded there and in its ``summary.json`` (verdict ``incomplete`` with the error). Cells
-already complete are skipped by ``suite run`` itself; partial cells resume from their last
-checkpoint. ``jobs`` processes run at once (default: cores / threads per cell).
+``suite sweep grid=sanity [key=value ...] [hydra/launcher=NAME hydra.launcher.KEY=VALUE ...]``
+
+1. **Plan.** The grid (``suite/grids.py``) becomes Hydra overrides, one sweep per axis
+   (``precision=fp32,bf16,fp16``); the command line replaces any axis or field with Hydra's
+   syntax (``seed=0,1,2``, ``tier=smoke``). Hydra's basic sweeper expands the product, and
+   every cell is validated (``config.load``) before anything runs, together with the
+   launcher's config and the run directories (two cells writing one directory, or a
+   directory holding another config, are refused): bad input costs no compute.
+2. **Skip.** Cells already complete are left out; partial and failed ones run again and
+   resume from their last checkpoint. A second invocation runs only what is missing.
+3. **Launch.** The remaining cells go to a Hydra launcher plugin (``hydra/launcher=basic``,
+   sequential, the default; ``joblib``; ``submitit_local``; ``submitit_slurm``; ``ray``)
+   with ``run_cell`` as the task function: one cell in the job's process, its output in
+   ``<run_dir>/log.txt``. A crash is recorded by ``train.run`` (``error.txt`` and an
+   ``incomplete`` summary) and returned as a status, never raised, so the other jobs go on.
+   ``launcher=local`` instead runs each cell as its own ``suite run`` process (``jobs`` at a
+   time): a cell killed outright (OOM killer, segfault) is recorded too, which a joblib
+   worker cannot promise, so it is the local-parallel choice.
+4. **Report.** The outcome table of the grid, then one line per failed cell with its error.
+
+Hydra's own files (``multirun.yaml``, each job's ``.hydra/`` and log, submitit's folders) go
+to ``<out>/<name>/.hydra/<time>/``; Hydra never changes directory (``train.run`` uses the
+relative ``out``).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import traceback
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
@@ -23,30 +46,288 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from suite import config as cfgmod
 from suite.results import run_dir_name
 
+log = logging.getLogger(__name__)
 
+CONFIG_NAME = "suite_run"  # the RunConfig node in Hydra's ConfigStore (as in config.from_overrides)
+SWEEP_OPTIONS = ("grid", "launcher", "jobs", "dry_run")  # ours; everything else is Hydra's or RunConfig's
+LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")  # run on this machine: shared data is built first
+USAGE = """usage: suite sweep grid=NAME [key=value ...] [hydra/launcher=NAME hydra.launcher.KEY=VALUE ...]
+                   [launcher=local jobs=N] [dry_run=true]
+
+Any config field can be set or swept with Hydra syntax (seed=0,1,2 precision=bf16,fp16 tier=smoke);
+a value given for an axis replaces the grid's. See docs/sweeps.md.
+
+grids:
+"""
+
+
+def _register_config() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name=CONFIG_NAME, node=cfgmod.RunConfig)
+
+
+_register_config()  # at import: a Hydra job process (joblib, submitit) unpickles run_cell, imports this
+
+
+# ---- cells -------------------------------------------------------------------------------------
 @dataclass
 class Cell:
     overrides: list[str]
     cfg: cfgmod.RunConfig
 
     @property
+    def root(self) -> Path:
+        return Path(self.cfg.out) / self.cfg.name
+
+    @property
     def run_dir(self) -> Path:
         c = self.cfg
-        return Path(c.out) / c.name / run_dir_name(c.task, c.algorithm, c.precision, c.seed)
+        return self.root / run_dir_name(c.task, c.algorithm, c.precision, c.seed)
 
 
-def plan(base: list[str], axes: dict[str, list[str]]) -> list[Cell]:
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def hydra_value(v) -> str:
+    """A Python value as a Hydra override value: numbers and plain words as they are, other strings quoted."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return str(v).lower()
+    s = str(v)
+    if isinstance(v, (int, float)) or re.fullmatch(r"[\w.\-/:]+", s):
+        return s
+    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def expand(overrides: list[str]) -> list[Cell]:
+    """Hydra's basic-sweeper expansion of ``overrides`` (``k=a,b`` sweeps), each cell validated."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+        jobs = BasicSweeper.split_arguments(parsed, None)[0]
+    except HydraException as e:
+        raise ValueError(f"overrides: {str(e).splitlines()[0]}") from None
+    swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
+    cells = []
+    for job in jobs:
+        try:
+            cells.append(Cell(job, cfgmod.load(job)))
+        except ValueError as e:
+            where = " ".join(o for o in job if o.split("=", 1)[0] in swept)
+            raise ValueError(f"{e}{f' (in the cell {where})' if where else ''}") from None
+    return cells
+
+
+def plan(base: list[str], axes: dict[str, list]) -> list[Cell]:
     """Cartesian product of ``axes`` on top of ``base``; every cell validated before any compute."""
-    cells = [[]]
-    for key, values in axes.items():
-        cells = [c + [f"{key}={v}"] for c in cells for v in values]
-    out = []
-    for extra in cells:
-        overrides = [o for o in base if o.split("=", 1)[0] not in axes] + extra
-        out.append(Cell(overrides, cfgmod.load(overrides)))
-    return out
+    rest = [o for o in base if _key(o) not in axes]
+    return expand(rest + [f"{k}={','.join(hydra_value(v) for v in vs)}" for k, vs in axes.items()])
 
 
+def state(cell: Cell) -> str:
+    """complete | failed (an incomplete summary with an error) | partial (steps done, no verdict) | new."""
+    s = read_summary(cell)
+    if s and s.get("verdict") != "incomplete":
+        return "complete"
+    if s and s.get("error"):
+        return "failed"
+    return "partial" if _steps_done(cell) else "new"
+
+
+def check_run_dirs(cells: list[Cell]) -> None:
+    """Refuse, before compute, two cells sharing a run directory or a directory of another config."""
+    from suite.results import config_hash
+    from suite.train import _diff
+
+    seen: dict[Path, Cell] = {}
+    for cell in cells:
+        other = seen.setdefault(cell.run_dir, cell)
+        if other is not cell:
+            a, b = (" ".join(sorted(set(c.overrides) - set(d.overrides))) for c, d in ((other, cell), (cell, other)))
+            raise ValueError(f"cells '{a}' and '{b}' would share the run directory {cell.run_dir}: a swept field "
+                             f"that is not in the run name (task, algorithm, precision, seed) needs a name=... per value")
+        path = cell.run_dir / "config.json"
+        if path.exists():
+            old = json.loads(path.read_text())
+            new = cfgmod.to_dict(cell.cfg)
+            if old.get("config_hash") != config_hash(new):
+                raise ValueError(f"{cell.run_dir} holds a run of a different config ({_diff(old.get('config', {}), new)}); "
+                                 f"choose another name=..., or delete that directory")
+
+
+# ---- the grid and the command line -------------------------------------------------------------
+@dataclass
+class Sweep:
+    grid: dict
+    cells: list[Cell]
+    hydra_overrides: list[str]
+    options: dict = field(default_factory=dict)
+
+    @property
+    def launcher(self) -> str:
+        if self.options.get("launcher"):
+            return self.options["launcher"]
+        chosen = [o.split("=", 1)[1] for o in self.hydra_overrides if _key(o) == "hydra/launcher"]
+        return chosen[-1] if chosen else "basic"
+
+
+def plan_grid(args: list[str]) -> Sweep:
+    """``grid=NAME`` plus command-line overrides -> validated cells (nothing runs, nothing is written)."""
+    from suite import grids
+
+    options, fields, hydra_ovs = {}, [], []
+    for a in args:
+        if a in ("-m", "--multirun"):  # a sweep is always a multirun
+            continue
+        if "=" not in a:
+            raise ValueError(f"'{a}': expected key=value (grid=NAME, a config field, or hydra/...).")
+        k = _key(a)
+        if k in SWEEP_OPTIONS:
+            options[k] = a.split("=", 1)[1]
+        elif k == "hydra" or k.startswith(("hydra.", "hydra/")):
+            hydra_ovs.append(a)
+        else:
+            fields.append(a)
+    if "grid" not in options:
+        raise ValueError(f"grid: required (grid=NAME). Grids: {', '.join(grids.GRIDS)}.")
+    if options.get("launcher") not in (None, "local"):
+        raise ValueError(f"launcher: unknown value '{options['launcher']}'. Allowed: local (our subprocess "
+                         f"launcher); for Hydra's launchers use hydra/launcher=NAME.")
+    if options.get("launcher") == "local" and any(_key(o).startswith(("hydra/launcher", "hydra.launcher")) for o in hydra_ovs):
+        raise ValueError("launcher=local runs its own processes: drop hydra/launcher=... and hydra.launcher.*, "
+                         "or drop launcher=local")
+    grid = grids.get(options["grid"])
+
+    # The grid's axes become sweeps in place; the command line replaces any of them, and any field.
+    given = {_key(o): o for o in fields}
+    overrides = [o for o in grid["overrides"] if _key(o) not in given]
+    if "name" not in given:
+        overrides.append(f"name={grid['name']}")
+    for k, values in grid["axes"].items():
+        overrides.append(given.pop(k) if k in given else f"{k}={','.join(hydra_value(v) for v in values)}")
+    overrides += [o for o in fields if _key(o) in given]
+
+    cells = expand(overrides)
+    check_run_dirs(cells)
+    sweep = Sweep(grid, cells, hydra_ovs, options)
+    if sweep.launcher != "local":
+        hydra_config(sweep)  # an unknown launcher or launcher field is refused here, before compute
+    return sweep
+
+
+def hydra_config(sweep: Sweep, sweep_dir: Path | None = None):
+    """Hydra's multirun config (hydra node included) for this sweep's launcher; ValueError if it does not compose."""
+    from hydra import initialize
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from hydra.types import RunMode
+
+    with initialize(version_base=None, config_path=None, job_name="sweep"):
+        try:
+            return GlobalHydra.instance().hydra.compose_config(
+                CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), run_mode=RunMode.MULTIRUN,
+                with_log_configuration=False)
+        except HydraException as e:
+            raise ValueError(f"hydra: {e}") from None
+
+
+def _hydra_overrides(sweep: Sweep, sweep_dir: Path | None) -> list[str]:
+    """Hydra's outputs under <out>/<name>/.hydra/<time>/<cell>/, no chdir; the user's settings win."""
+    ours = {"hydra.sweep.dir": hydra_value(str(sweep_dir or sweep.cells[0].root / ".hydra" / "plan")),
+            "hydra.sweep.subdir": "${task}__${algorithm}__${precision}__s${seed}",
+            "hydra.job.chdir": "false"}
+    given = {_key(o) for o in sweep.hydra_overrides}
+    return [f"{k}={v}" for k, v in ours.items() if k not in given] + sweep.hydra_overrides
+
+
+def _new_sweep_dir(root: Path) -> Path:
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    path, n = root / ".hydra" / stamp, 1
+    while path.exists():
+        n += 1
+        path = root / ".hydra" / f"{stamp}_{n}"
+    return path
+
+
+# ---- the Hydra path: a launcher plugin runs run_cell once per cell -----------------------------
+def run_cell(job_cfg) -> dict:
+    """Hydra task function: run one cell in this process. A failure is recorded and returned, not raised."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    from suite.train import run
+
+    cfg = cfgmod.validate(cfgmod.resolve(OmegaConf.to_object(job_cfg)))
+    cell = Cell(list(HydraConfig.get().overrides.task), cfg)
+    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    log.info(f"{cell.run_dir.name}: started; log in {cell.run_dir / 'log.txt'}")
+    error = None
+    with (cell.run_dir / "log.txt").open("a") as f:
+        console = Console(file=f, width=200)
+        console.print(f"sweep: cell started at {time.time():.3f} (pid {os.getpid()}, "
+                      f"hydra job {HydraConfig.get().job.num}, {HydraConfig.get().runtime.output_dir})")
+        try:
+            run(cfg, console)
+        except Exception as e:  # train.run has written error.txt and an incomplete summary
+            error = f"{type(e).__name__}: {e}"
+            console.print(traceback.format_exc())
+        console.print(f"sweep: cell finished at {time.time():.3f}" + (f" with {error}" if error else ""))
+    s = read_summary(cell) or {}
+    result = {"run": str(cell.run_dir), "verdict": s.get("verdict"), "error": error}
+    (log.error if error else log.info)(f"{cell.run_dir.name}: {error or s.get('verdict')}")
+    return result
+
+
+def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
+    """Hand ``cells`` to the configured Hydra launcher plugin; return its JobReturns.
+
+    This is ``Hydra.multirun`` with the sweeper's expansion done (and filtered) beforehand:
+    compose the multirun config, instantiate the launcher, launch one job per cell."""
+    from hydra import initialize
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import OmegaConf
+
+    with initialize(version_base=None, config_path=None, job_name="sweep"):
+        hydra = GlobalHydra.instance().hydra
+        cfg = hydra.compose_config(CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), run_mode=RunMode.MULTIRUN)
+        callbacks = Callbacks(cfg)
+        callbacks.on_multirun_start(config=cfg, config_name=CONFIG_NAME)
+        launcher = Plugins.instance().instantiate_launcher(
+            config=cfg, hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+            task_function=run_cell)
+        Path(str(cfg.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, Path(str(cfg.hydra.sweep.dir)) / "multirun.yaml")
+        returns = launcher.launch([c.overrides for c in cells], initial_job_idx=0)
+        callbacks.on_multirun_end(config=cfg, config_name=CONFIG_NAME)
+    return list(returns)
+
+
+def sbatch_script(launcher_cfg: dict, n_jobs: int) -> str:
+    """The sbatch file that hydra-submitit-launcher would submit for ``n_jobs`` cells (a job array when
+    n_jobs > 1), rendered with submitit's own template; nothing is submitted and Slurm need not exist.
+
+    Mirrors ``BaseSubmititLauncher.launch`` -> ``AutoExecutor.update_parameters`` ->
+    ``SlurmExecutor``: generic names (timeout_min, mem_gb, ...) become sbatch names (time, mem, ...)."""
+    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
+
+    params = {k: v for k, v in launcher_cfg.items() if k not in ("_target_", "submitit_folder", "max_num_timeout")}
+    executor = object.__new__(SlurmExecutor)  # only for its parameter conversion; __init__ looks for srun
+    params = executor._convert_parameters(params)
+    folder = launcher_cfg["submitit_folder"]
+    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(folder)])
+    return _make_sbatch_string(command=command, folder=folder, map_count=n_jobs if n_jobs > 1 else None, **params)
+
+
+# ---- our own local launcher: one `suite run` process per cell ----------------------------------
 def _steps_done(cell: Cell) -> int:
     path = cell.run_dir / "metrics.jsonl"
     return sum(1 for _ in path.open()) if path.exists() else 0
@@ -64,15 +345,15 @@ def launch_local(cells: list[Cell], jobs: int, console: Console) -> dict[str, in
             while pending and len(running) < jobs:
                 cell = pending.pop(0)
                 cell.run_dir.mkdir(parents=True, exist_ok=True)
-                log = (cell.run_dir / "log.txt").open("a")
+                logf = (cell.run_dir / "log.txt").open("a")
                 proc = subprocess.Popen([sys.executable, "-m", "suite.cli", "run", *cell.overrides],
-                                        stdout=log, stderr=subprocess.STDOUT, env=env)
-                running[proc] = (cell, log)
+                                        stdout=logf, stderr=subprocess.STDOUT, env=env)
+                running[proc] = (cell, logf)
             time.sleep(1.0)
-            for proc, (cell, log) in list(running.items()):
+            for proc, (cell, logf) in list(running.items()):
                 progress.update(bars[str(cell.run_dir)], completed=_steps_done(cell))
                 if proc.poll() is not None:
-                    log.close()
+                    logf.close()
                     codes[str(cell.run_dir)] = proc.returncode
                     del running[proc]
                     if proc.returncode != 0:
@@ -106,3 +387,91 @@ def default_jobs(threads: int) -> int:
 def read_summary(cell: Cell) -> dict | None:
     path = cell.run_dir / "summary.json"
     return json.loads(path.read_text()) if path.exists() else None
+
+
+# ---- main --------------------------------------------------------------------------------------
+def prebuild(cells: list[Cell], console: Console) -> None:
+    """Build each distinct policy and perfectible set once, before cells start side by side.
+
+    A failure here is only reported: the cells that need that data fail on it and record it."""
+    from suite.train import prepare_data
+
+    for cell in cells:
+        try:
+            prepare_data(cell.cfg, console)
+        except Exception as e:
+            console.print(f"[yellow]could not prepare the data of {cell.run_dir.name}: {type(e).__name__}: {e}[/]")
+
+
+def report_sweep(cells: list[Cell], console: Console) -> list[Cell]:
+    """The outcome table of each result root, then one line per cell that is not complete; returns those."""
+    from suite import report
+
+    for root in dict.fromkeys(c.root for c in cells):
+        console.print(report.outcome_table(root))
+    failed = [c for c in cells if state(c) != "complete"]
+    for c in failed:
+        s = read_summary(c) or {}
+        why = s.get("error") or "no result (the job did not run, or was killed before writing one)"
+        err = c.run_dir / "error.txt"
+        console.print(f"[red]FAILED[/] {c.run_dir}: {why}" + (f" (traceback: {err})" if err.exists() else ""))
+    return failed
+
+
+def main(args: list[str]) -> int:
+    """``suite sweep``: plan and validate the grid, run what is missing, print the table.
+
+    Returns 0 when every cell is complete, 1 when some failed; raises ValueError on bad input."""
+    from suite import grids
+
+    console = Console(width=None if sys.stdout.isatty() else 200)
+    if not args or args[0] in ("-h", "--help", "help"):
+        console.print(USAGE + grids.describe(), markup=False, highlight=False)
+        return 0
+    t0 = time.time()
+    sweep = plan_grid(args)
+    cells = sweep.cells
+    states = {c.run_dir: state(c) for c in cells}
+    todo = [c for c in cells if states[c.run_dir] != "complete"]
+    counts = ", ".join(f"{sum(s == k for s in states.values())} {k}" for k in ("complete", "partial", "failed", "new"))
+    console.print(f"sweep {sweep.grid['name']}: {len(cells)} cells ({counts}); running {len(todo)} with "
+                  f"launcher {sweep.launcher}; results in {cells[0].root}")
+
+    if sweep.options.get("dry_run", "false").lower() in ("1", "true", "yes"):
+        for c in cells:
+            console.print(f"  {states[c.run_dir]:<8} {c.run_dir}  {' '.join(c.overrides)}", markup=False)
+        if sweep.launcher != "local":
+            from omegaconf import OmegaConf
+
+            hcfg = hydra_config(sweep, _new_sweep_dir(cells[0].root))
+            launcher = OmegaConf.to_container(hcfg.hydra.launcher, resolve=True)
+            console.print(f"hydra launcher config:\n{OmegaConf.to_yaml(launcher)}", markup=False)
+            if str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
+                console.print(f"sbatch script (dry run, not submitted):\n{sbatch_script(launcher, len(todo) or 1)}",
+                              markup=False, highlight=False)
+        return 0
+
+    if todo:
+        if sweep.launcher == "local" or sweep.launcher in LOCAL_LAUNCHERS:
+            prebuild(todo, console)
+        if sweep.launcher == "local":
+            jobs = int(sweep.options.get("jobs") or default_jobs(todo[0].cfg.threads))
+            launch_local(todo, jobs, console)
+        else:
+            sweep_dir = _new_sweep_dir(cells[0].root)
+            console.print(f"hydra outputs in {sweep_dir}")
+            try:
+                launch_hydra(sweep, todo, sweep_dir)
+            except Exception as e:  # e.g. a Slurm job killed, a joblib worker lost: report what finished
+                console.print(f"[red]the launcher stopped: {type(e).__name__}: {e}[/]")
+    failed = report_sweep(cells, console)
+    console.print(f"{len(cells) - len(failed)}/{len(cells)} cells complete; wall time {time.time() - t0:.0f} s")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except ValueError as e:
+        print(f"suite sweep: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -160,7 +160,8 @@ def build_engines(cfg, model):
     flow = resolve(cfg.precision)
     backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype), "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype)}
     trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32)
-    engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32)
+    engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32,
+                         functional_cache=flow.exact, quant=flow.sampler_quant)
     return trainer, engine, backends
 
 

@@ -19,7 +19,8 @@ import math
 
 import torch
 
-from suite.precision import Flow, emulate_autocast, fp32_lm_head
+from suite.engine import TorchEngine
+from suite.precision import Flow, emulate_autocast, fp8_decoder_linears, fp32_lm_head
 
 
 class LossScaler:
@@ -74,8 +75,15 @@ class Trainer:
             emulate_autocast(self.model, self.dtype)
         else:
             self.model.config._attn_implementation = "sdpa"
+        if flow.trainer_quant == "fp8":
+            fp8_decoder_linears(self.model)
         if lm_head_fp32:
             fp32_lm_head(self.model)
+        self.lm_head_fp32 = lm_head_fp32
+        # The exact flow (bitwise on-policy, vLLM + TorchTitan style): score with the sampler's
+        # own forward, replaying its decode loop, so trainer and sampler run identical kernels.
+        self.replay = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
+                                   functional_cache=True) if flow.exact else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
                                      weight_decay=optim_cfg.weight_decay)
@@ -94,6 +102,12 @@ class Trainer:
         ids/attn (B, P+R); the logits at position t predict token t+1. log_softmax runs in fp32
         on the compute-dtype logits divided by the sampling temperature, exactly as the sampler.
         """
+        if self.replay is not None:
+            weights = self.replay.cast_weights(dict(self.model.named_parameters()), detach=False)
+            if self.lm_head_fp32:
+                weights["lm_head.fp32"] = self.model.get_output_embeddings().weight
+            prompt = ids[:, :-n_resp]
+            return self.replay.score(prompt, attn[:, :-n_resp].bool(), targets, temperature, weights)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits

@@ -88,9 +88,22 @@ def test_run_engines_follow_the_table(tiny_model, name, lm_head_fp32):
     assert engine.dtype == flow.sampler_dtype and trainer.dtype == flow.trainer_dtype
     assert trainer.scaler.enabled == flow.loss_scaling
     assert {v.dtype for v in engine.w.values()} == {flow.sampler_dtype}
+    linears = {k for k in trainer.model.state_dict() if k.endswith("_proj.weight")}
+    if flow.sampler == "fp8":  # every decoder linear, and nothing else, holds E4M3 weights
+        assert {k for k in engine.wq} == {k for k in engine.cast_weights(trainer.model.state_dict(), True)
+                                          if k.endswith("_proj.weight")}
+        assert all(q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 for q, s in engine.wq.values())
+        assert not any(k.endswith("_proj.weight") for k in engine.w)
+    else:
+        assert engine.wq == {}
     if engine.backend == "emulated":  # the fp32 copies hold exactly the rounded values
         for k, v in engine.w32.items():
             assert torch.equal(v, engine.w[k].float())
+    head = trainer.model.get_output_embeddings()
+    body = [m for m in trainer.model.modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    assert len(body) == len(linears)
+    assert all((getattr(m, "_suite_gemm", None) == "fp8") == (flow.trainer == "fp8") for m in body)
+    assert (getattr(head, "_suite_gemm", None) == "fp32") == lm_head_fp32
     # Both sides produce fp32 logits from an fp32 head, or neither does.
     ids = torch.tensor([tok(it.prompt)["input_ids"] for it in task.split("train", 2)])
     with torch.no_grad(), trainer._autocast():
@@ -131,3 +144,34 @@ def test_emulated_autocast_matches_native_autocast(tiny_model):
     err_native = (native - ref).abs().mean()
     err_emulated = (emulated - ref).abs().mean()
     assert 0.5 < err_emulated / err_native < 2.0  # same error magnitude against fp32
+
+
+@pytest.mark.parametrize("lm_head_fp32", [False, True])
+def test_exact_flow_has_zero_mismatch_and_trains(tiny_model, lm_head_fp32):
+    """`exact`: the trainer's log-probs are bitwise the sampler's, and gradients still flow."""
+    from suite import config
+    from suite.mismatch import mismatch_metrics
+    from suite.train import build_engines
+
+    model, tok, task = tiny_model
+    cfg = config.load(["tier=smoke", "precision=exact", f"lm_head_fp32={lm_head_fp32}"])
+    trainer, engine, _ = build_engines(cfg, copy.deepcopy(model))
+    engine.sync(trainer.model.state_dict())
+    roll = engine.generate(_prompts(tok, task, 16), 30, 1.0, 1.0, torch.Generator().manual_seed(0))
+    ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
+    with torch.no_grad():
+        logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+    assert torch.equal(logp * roll.mask, roll.logprobs)
+    m = mismatch_metrics(logp, roll.logprobs, roll.mask)
+    assert m["mismatch/kl_k3"] == 0.0 and m["mismatch/prob_diff/max"] == 0.0
+    assert m["mismatch/seq_log_ratio/max_abs"] == 0.0
+    logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+    (-(logp * roll.mask).sum()).backward()
+    grads = {n: p.grad for n, p in trainer.model.named_parameters()}
+    assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "layers.0" in n or "lm_head" in n)
+    # The same weights through the ordinary trainer forward are *not* bitwise equal: that is the mismatch.
+    bf16 = config.load(["tier=smoke", "precision=bf16"])
+    t2, e2, _ = build_engines(bf16, copy.deepcopy(model))
+    with torch.no_grad():
+        logp2, _ = t2.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+    assert not torch.equal(logp2 * roll.mask, roll.logprobs)

@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 
 from suite.fp8 import (
-    BLOCK,
     E4M3_MAX,
     FP8,
     FP8Linear,
