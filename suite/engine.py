@@ -95,6 +95,7 @@ class TorchEngine:
         self.w32: dict[str, torch.Tensor] = {}
         self.head32: torch.Tensor | None = None
         self.wq: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.fp8_master: dict[str, torch.Tensor] = {}
 
     # ---- weights -------------------------------------------------------------------------
     def sync(self, state_dict: dict[str, torch.Tensor]) -> None:
@@ -138,6 +139,10 @@ class TorchEngine:
         return w
 
     def _lin(self, x, name):
+        if name + ".weight" in self.fp8_master:  # training: quantise the master inside autograd (Jet-RL)
+            from suite.fp8 import fp8_linear
+
+            return fp8_linear(x, self.fp8_master[name + ".weight"], self.w.get(name + ".bias"), self.dtype)
         if name + ".weight" in self.wq:
             from suite.fp8 import fp8_linear_inference
 
@@ -154,10 +159,11 @@ class TorchEngine:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=self.n_kv != self.n_heads)
 
     # ---- model ---------------------------------------------------------------------------
-    def _forward(self, ids, pos, cache, t0, key_valid):
+    def _forward(self, ids, pos, cache, t0, key_valid, all_positions: bool = False):
         """Run ids (B, S) at positions pos (B, S); write K/V at cache slots t0..t0+S-1.
 
-        key_valid (B, t0+S) marks real (non-pad) keys. Returns logits of the last position (B, V).
+        key_valid (B, t0+S) marks real (non-pad) keys. Returns logits of the last position (B, V),
+        or of every position (B, S, V) with ``all_positions``.
         """
         B, S = ids.shape
         x = self.w["model.embed_tokens.weight"][ids]  # (B, S, H) in sampler dtype
@@ -194,10 +200,10 @@ class TorchEngine:
             h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.eps)
             gate, up = self._lin(h, p + "mlp.gate_up_proj").chunk(2, dim=-1)
             x = x + self._lin(F.silu(gate) * up, p + "mlp.down_proj")
-        x = _rms_norm(x[:, -1], self.w["model.norm.weight"], self.eps)
+        x = _rms_norm(x if all_positions else x[:, -1], self.w["model.norm.weight"], self.eps)
         if self.head32 is not None:
-            return F.linear(x.float(), self.head32)  # (B, V) fp32
-        return self._lin(x, "lm_head")  # (B, V) in sampler dtype
+            return F.linear(x.float(), self.head32)  # (B, [S,] V) fp32
+        return self._lin(x, "lm_head")  # (B, [S,] V) in sampler dtype
 
     # ---- sampling ------------------------------------------------------------------------
     def _start(self, ids: torch.Tensor, valid_prompt: torch.Tensor, n_new: int):
@@ -245,6 +251,58 @@ class TorchEngine:
         return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens[:, : t + 1], mask=mask[:, : t + 1],
                        logprobs=logps[:, : t + 1], truncated=(~done).tolist())
 
+    def training_weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Weights for a differentiable forward from the trainer's fp32 masters (casts kept in the
+        graph); FP8 layers get their fp32 master, quantised inside ``fp8_linear``."""
+        w = self.cast_weights(params, detach=False)
+        if self.lm_head_fp32:
+            w["lm_head.fp32"] = params.get("lm_head.weight", params["model.embed_tokens.weight"])
+        if self.quant == "fp8":
+            master = self.cast_weights(params, detach=False, dtype=torch.float32)
+            for k in [k for k in w if k.endswith("_proj.weight")]:
+                w["fp8:" + k] = master[k]
+                del w[k]
+        return w
+
+    def _use(self, weights):
+        """Swap in training weights (or restore the synced ones when ``weights`` is the saved tuple)."""
+        saved = self.w, self.w32, self.head32, self.fp8_master
+        if isinstance(weights, tuple):
+            self.w, self.w32, self.head32, self.fp8_master = weights
+        elif weights is not None:
+            self.fp8_master = {k[4:]: v for k, v in weights.items() if k.startswith("fp8:")}
+            self.w = {k: v for k, v in weights.items() if not k.startswith("fp8:")}
+            self.w32 = {}
+            self.head32 = weights.get("lm_head.fp32") if self.lm_head_fp32 else None
+        return saved
+
+    def score_full(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
+                   temperature: float, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies (B, R) from ONE full-sequence pass of this engine's own forward.
+
+        The unified FP8 flow's trainer: the sampler's computation is a subgraph of it (same
+        code, same quantisers, same dtypes), only the shapes differ (Jet-RL, arXiv 2601.14243).
+        ids/attn (B, P+R) left-padded prompt + right-padded response.
+        """
+        saved = self._use(weights)
+        try:
+            valid = attn.bool()
+            valid[:, -n_resp:] = True  # as in generate: every generated slot is a real key
+            pos = (attn.cumsum(1) - 1).clamp(min=0)
+            freqs = torch.arange(ids.shape[1]).float()[:, None] * self.inv_freq
+            emb = torch.cat((freqs, freqs), dim=-1)
+            self._rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
+            cache = [(None, None) for _ in range(self.cfg.num_hidden_layers)]
+            self_fc, self.functional_cache = self.functional_cache, True
+            try:
+                logits = self._forward(ids, pos, cache, 0, valid, all_positions=True)  # (B, P+R, V)
+            finally:
+                self.functional_cache = self_fc
+            logp_all = torch.log_softmax(logits[:, -n_resp - 1:-1].float() / temperature, dim=-1)
+            return logp_all.gather(-1, targets[..., None])[..., 0], -(logp_all.exp() * logp_all).sum(-1)
+        finally:
+            self._use(saved)
+
     def score(self, ids: torch.Tensor, valid_prompt: torch.Tensor, tokens: torch.Tensor, temperature: float,
               weights: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies (B, R) of ``tokens`` by replaying the decode loop, teacher-forced.
@@ -253,10 +311,7 @@ class TorchEngine:
         the result is bitwise the sampler's (the ``exact`` flow). ``weights`` (from
         ``cast_weights(..., detach=False)``) replace the synced ones, keeping autograd.
         """
-        saved = self.w, self.w32, self.head32
-        if weights is not None:
-            self.w, self.w32 = weights, {}
-            self.head32 = weights.get("lm_head.fp32") if self.lm_head_fp32 else None
+        saved = self._use(weights)
         try:
             B, P = ids.shape
             R = tokens.shape[1]
@@ -271,7 +326,7 @@ class TorchEngine:
                     logits = self._forward(tokens[:, t:t + 1], last_pos[:, None], cache, P + t, valid)
             return torch.stack(logps, 1), torch.stack(ents, 1)
         finally:
-            self.w, self.w32, self.head32 = saved
+            self._use(saved)
 
 
 def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -75,7 +75,7 @@ class Trainer:
             emulate_autocast(self.model, self.dtype)
         else:
             self.model.config._attn_implementation = "sdpa"
-        if flow.trainer_quant == "fp8":
+        if flow.trainer_quant == "fp8":  # kept for the HF module too (e.g. evaluation code paths)
             fp8_decoder_linears(self.model)
         if lm_head_fp32:
             fp32_lm_head(self.model)
@@ -84,6 +84,11 @@ class Trainer:
         # own forward, replaying its decode loop, so trainer and sampler run identical kernels.
         self.replay = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
                                    functional_cache=True) if flow.exact else None)
+        # The unified FP8 flow (Jet-RL): the trainer's forward runs the sampler's own code (bf16
+        # activations, the same FP8 quantisers) on the full sequence, so the sampler's computation
+        # is a subgraph of it; only GEMM shapes differ.
+        self.unified = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
+                                    quant="fp8") if flow.trainer_quant == "fp8" else None)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
                                      weight_decay=optim_cfg.weight_decay)
@@ -103,11 +108,11 @@ class Trainer:
         on the compute-dtype logits divided by the sampling temperature, exactly as the sampler.
         """
         if self.replay is not None:
-            weights = self.replay.cast_weights(dict(self.model.named_parameters()), detach=False)
-            if self.lm_head_fp32:
-                weights["lm_head.fp32"] = self.model.get_output_embeddings().weight
-            prompt = ids[:, :-n_resp]
-            return self.replay.score(prompt, attn[:, :-n_resp].bool(), targets, temperature, weights)
+            weights = self.replay.training_weights(dict(self.model.named_parameters()))
+            return self.replay.score(ids[:, :-n_resp], attn[:, :-n_resp].bool(), targets, temperature, weights)
+        if self.unified is not None:
+            weights = self.unified.training_weights(dict(self.model.named_parameters()))
+            return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
