@@ -151,6 +151,9 @@ def lowp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torc
         v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
     s = torch.matmul(q.to(dtype).float(), k.to(dtype).float().transpose(-1, -2)) * scale  # (B, H, S, T)
     if keep is not None:
+        # A fully masked row (a left-pad query) would softmax to NaN, and 0 * NaN in the next
+        # PV product poisons real rows: let such rows attend everywhere (HF's "torch fix").
+        keep = keep | ~keep.any(dim=-1, keepdim=True)
         s = s.masked_fill(~keep, -math.inf)
     p = torch.softmax(s, dim=-1).to(dtype).float()
     return torch.matmul(p, v.to(dtype).float()).to(dtype)
