@@ -154,7 +154,9 @@ class TorchEngine:
         return F.linear(x, w, b)
 
     def _attn(self, q, k, v, keep):
-        if self.backend == "emulated":
+        # Plain math attention (grouped, no K/V copies) for fp32 and for emulated low precision:
+        # at decode time (one query row) it is ~5x cheaper on CPU than the flash kernel.
+        if self.backend == "emulated" or self.dtype == torch.float32:
             return lowp_attention(q, k, v, keep, self.head_dim ** -0.5, self.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=self.n_kv != self.n_heads)
 

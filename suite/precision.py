@@ -146,17 +146,20 @@ def lowp_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torc
     Scores and softmax in fp32; the probabilities are rounded to ``dtype`` before the PV
     GEMM (FlashAttention-2 does the same); the output is rounded to ``dtype``.
     """
-    if k.shape[1] != q.shape[1]:  # grouped-query attention: share each KV head
-        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-        v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-    s = torch.matmul(q.to(dtype).float(), k.to(dtype).float().transpose(-1, -2)) * scale  # (B, H, S, T)
+    B, H, S, D = q.shape
+    Hkv, T = k.shape[1], k.shape[2]
+    # Grouped-query attention without copying K/V: the G = H / Hkv query heads that share a KV
+    # head are stacked along the query axis, (B, Hkv, G*S, D) @ (B, Hkv, D, T).
+    qg = q.to(dtype).float().reshape(B, Hkv, (H // Hkv) * S, D)
+    s = torch.matmul(qg, k.to(dtype).float().transpose(-1, -2)) * scale  # (B, Hkv, G*S, T)
+    s = s.view(B, Hkv, H // Hkv, S, T)
     if keep is not None:
         # A fully masked row (a left-pad query) would softmax to NaN, and 0 * NaN in the next
         # PV product poisons real rows: let such rows attend everywhere (HF's "torch fix").
         keep = keep | ~keep.any(dim=-1, keepdim=True)
-        s = s.masked_fill(~keep, -math.inf)
-    p = torch.softmax(s, dim=-1).to(dtype).float()
-    return torch.matmul(p, v.to(dtype).float()).to(dtype)
+        s = s.masked_fill(~keep[:, :, None], -math.inf)  # keep (B, 1, S, T) -> (B, 1, 1, S, T)
+    p = torch.softmax(s, dim=-1).to(dtype).float().view(B, Hkv, -1, T)
+    return torch.matmul(p, v.to(dtype).float()).view(B, H, S, D).to(dtype)
 
 
 def _hf_lowp_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
