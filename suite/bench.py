@@ -91,7 +91,7 @@ def sampler_vs_generate(cfg, repeats: int) -> list[dict]:
 
 
 def main(args: list[str]) -> int:
-    console = Console()
+    console = Console(width=200)
     steps = 11
     base = cfgmod.load(args)
     torch.set_num_threads(base.threads)
@@ -115,4 +115,52 @@ def main(args: list[str]) -> int:
         t2.add_row(r["dtype"], r["engine_backend"], str(r["batch"]), f"{r['ours_s']:.3f}", f"{r['hf_s']:.3f}",
                    f"{r['ours_tok_s']:.0f}", f"{r['hf_tok_s']:.0f}", f"{r['speedup']:.1f}x")
     console.print(t2)
+    return 0
+
+
+def mismatch_main(args: list[str]) -> int:
+    """``suite mismatch``: step-0 mismatch of every precision flow on one identical rollout batch.
+
+    Same policy, same prompts, same sampling seed; each flow's sampler draws the batch and its
+    trainer scores it at the same parameters (no update). Measured, never tuned.
+    """
+    import copy
+
+    from suite.mismatch import mismatch_metrics
+    from suite.perfectible import load
+    from suite.policy import load_policy
+    from suite.precision import FLOWS
+    from suite.train import batch_tensors, build_engines, prepare_data
+
+    console = Console(width=200)
+    base = cfgmod.load(args)
+    torch.set_num_threads(base.threads)
+    model_dir, data_dir = prepare_data(base, console)
+    items, _ = load(data_dir, base.perfectible.max_prompts)
+    model, tok = load_policy(model_dir)
+    prompts = [tok(it.prompt)["input_ids"] for it in items[:base.prompts_per_step] for _ in range(base.samples_per_prompt)]
+    table = Table(title=f"step-0 mismatch, {len(prompts)} responses, same prompts and seed for every flow")
+    for col in ("flow", "mean abs dp", "max abs dp", "k3 KL", "mean abs seq log-ratio", "max abs log-prob diff",
+                "k3 / bf16", "sample s", "score s"):
+        table.add_column(col)
+    rows = {}
+    for name in FLOWS:
+        cfg = cfgmod.load(args + [f"precision={name}"])
+        trainer, engine, _ = build_engines(cfg, copy.deepcopy(model))
+        engine.sync(trainer.model.state_dict())
+        t0 = time.perf_counter()
+        roll = engine.generate(prompts, cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_p,
+                               torch.Generator().manual_seed(cfg.seed))
+        t1 = time.perf_counter()
+        ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
+        with torch.no_grad():
+            logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, cfg.sampling.temperature)
+        rows[name] = (mismatch_metrics(logp, roll.logprobs, roll.mask), t1 - t0, time.perf_counter() - t1)
+    ref = rows.get("bf16", (None,))[0]
+    for name, (m, ts, tl) in rows.items():
+        ratio = m["mismatch/kl_k3"] / ref["mismatch/kl_k3"] if ref and ref["mismatch/kl_k3"] else float("nan")
+        table.add_row(name, f"{m['mismatch/prob_diff/mean']:.2e}", f"{m['mismatch/prob_diff/max']:.2e}",
+                      f"{m['mismatch/kl_k3']:.2e}", f"{m['mismatch/seq_log_ratio/mean_abs']:.2e}",
+                      f"{m['mismatch/logprob_diff/max']:.2e}", f"{ratio:.3g}", f"{ts:.2f}", f"{tl:.2f}")
+    console.print(table)
     return 0

@@ -1,7 +1,8 @@
 """The ``suite`` command: ``suite <subcommand> [key=value ...]``.
 
 Subcommands: run (one RL run), perfectible (build a perfectible set), main (the embedded
-sanity test over precision flows, then a table), table (print a results table), bench.
+sanity test over precision flows, then a table), table (print a results table), bench (step
+time split; engine vs HF generate), mismatch (step-0 mismatch of every precision flow).
 Every subcommand validates its config before any compute; a bad value is one line naming
 the field, exit code 2.
 """
@@ -98,7 +99,14 @@ def cmd_bench(args: list[str]) -> int:
     return bench.main(args)
 
 
-COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench}
+def cmd_mismatch(args: list[str]) -> int:
+    from suite import bench
+
+    return bench.mismatch_main(args)
+
+
+COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
+            "mismatch": cmd_mismatch}
 
 
 def main(argv: list[str] | None = None) -> int:
