@@ -2,7 +2,8 @@
 
 Subcommands: run (one RL run), perfectible (build a perfectible set), main (the embedded
 sanity test over precision flows, then a table), table (print a results table), bench (step
-time split; engine vs HF generate), mismatch (step-0 mismatch of every precision flow).
+time split; engine vs HF generate), mismatch (step-0 mismatch of every precision flow),
+sweep (a named grid as a Hydra multirun: ``suite sweep grid=sanity launcher=local jobs=2``).
 Every subcommand validates its config before any compute; a bad value is one line naming
 the field, exit code 2.
 """
@@ -99,6 +100,12 @@ def cmd_bench(args: list[str]) -> int:
     return bench.main(args)
 
 
+def cmd_sweep(args: list[str]) -> int:
+    from suite import sweep
+
+    return sweep.main(args)
+
+
 def cmd_mismatch(args: list[str]) -> int:
     from suite import bench
 
@@ -106,7 +113,7 @@ def cmd_mismatch(args: list[str]) -> int:
 
 
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
-            "mismatch": cmd_mismatch}
+            "mismatch": cmd_mismatch, "sweep": cmd_sweep}
 
 
 def main(argv: list[str] | None = None) -> int:

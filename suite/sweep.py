@@ -202,6 +202,8 @@ def plan_grid(args: list[str]) -> Sweep:
     if options.get("launcher") == "local" and any(_key(o).startswith(("hydra/launcher", "hydra.launcher")) for o in hydra_ovs):
         raise ValueError("launcher=local runs its own processes: drop hydra/launcher=... and hydra.launcher.*, "
                          "or drop launcher=local")
+    if not re.fullmatch(r"[1-9]\d*", options.get("jobs", "1")):
+        raise ValueError(f"jobs: must be a whole number >= 1, got '{options['jobs']}'.")
     grid = grids.get(options["grid"])
 
     # The grid's axes become sweeps in place; the command line replaces any of them, and any field.
@@ -228,7 +230,7 @@ def hydra_config(sweep: Sweep, sweep_dir: Path | None = None):
     from hydra.errors import HydraException
     from hydra.types import RunMode
 
-    with initialize(version_base=None, config_path=None, job_name="sweep"):
+    with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)):
         try:
             return GlobalHydra.instance().hydra.compose_config(
                 CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), run_mode=RunMode.MULTIRUN,
@@ -244,6 +246,11 @@ def _hydra_overrides(sweep: Sweep, sweep_dir: Path | None) -> list[str]:
             "hydra.job.chdir": "false"}
     given = {_key(o) for o in sweep.hydra_overrides}
     return [f"{k}={v}" for k, v in ours.items() if k not in given] + sweep.hydra_overrides
+
+
+def _job_name(sweep: Sweep) -> str:
+    """Hydra's job name: the Slurm job name and each job's log file (``<job name>.log``)."""
+    return f"suite_{sweep.grid['name']}"
 
 
 def _new_sweep_dir(root: Path) -> Path:
@@ -296,16 +303,19 @@ def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
     from hydra.types import HydraContext, RunMode
     from omegaconf import OmegaConf
 
-    with initialize(version_base=None, config_path=None, job_name="sweep"):
+    with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)):
         hydra = GlobalHydra.instance().hydra
-        cfg = hydra.compose_config(CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), run_mode=RunMode.MULTIRUN)
+        cfg = hydra.compose_config(CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), run_mode=RunMode.MULTIRUN,
+                                   with_log_configuration=True)
         callbacks = Callbacks(cfg)
         callbacks.on_multirun_start(config=cfg, config_name=CONFIG_NAME)
         launcher = Plugins.instance().instantiate_launcher(
             config=cfg, hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
             task_function=run_cell)
-        Path(str(cfg.hydra.sweep.dir)).mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(cfg, Path(str(cfg.hydra.sweep.dir)) / "multirun.yaml")
+        out = Path(str(cfg.hydra.sweep.dir))
+        out.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(cfg, out / "multirun.yaml")
+        log.info(f"hydra outputs in {out}")
         returns = launcher.launch([c.overrides for c in cells], initial_job_idx=0)
         callbacks.on_multirun_end(config=cfg, config_name=CONFIG_NAME)
     return list(returns)
@@ -319,7 +329,8 @@ def sbatch_script(launcher_cfg: dict, n_jobs: int) -> str:
     ``SlurmExecutor``: generic names (timeout_min, mem_gb, ...) become sbatch names (time, mem, ...)."""
     from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
 
-    params = {k: v for k, v in launcher_cfg.items() if k not in ("_target_", "submitit_folder", "max_num_timeout")}
+    params = {k: v for k, v in launcher_cfg.items()  # None means "not set" to submitit
+              if v is not None and k not in ("_target_", "submitit_folder", "max_num_timeout")}
     executor = object.__new__(SlurmExecutor)  # only for its parameter conversion; __init__ looks for srun
     params = executor._convert_parameters(params)
     folder = launcher_cfg["submitit_folder"]
@@ -414,7 +425,8 @@ def report_sweep(cells: list[Cell], console: Console) -> list[Cell]:
         s = read_summary(c) or {}
         why = s.get("error") or "no result (the job did not run, or was killed before writing one)"
         err = c.run_dir / "error.txt"
-        console.print(f"[red]FAILED[/] {c.run_dir}: {why}" + (f" (traceback: {err})" if err.exists() else ""))
+        console.print(f"[red]FAILED[/] {c.run_dir}: {why}" + (f" (traceback: {err})" if err.exists() else ""),
+                      soft_wrap=True)
     return failed
 
 
@@ -434,21 +446,23 @@ def main(args: list[str]) -> int:
     states = {c.run_dir: state(c) for c in cells}
     todo = [c for c in cells if states[c.run_dir] != "complete"]
     counts = ", ".join(f"{sum(s == k for s in states.values())} {k}" for k in ("complete", "partial", "failed", "new"))
-    console.print(f"sweep {sweep.grid['name']}: {len(cells)} cells ({counts}); running {len(todo)} with "
+    console.print(f"sweep {sweep.grid['name']}: {len(cells)} cells ({counts}); {len(todo)} to run with "
                   f"launcher {sweep.launcher}; results in {cells[0].root}")
 
     if sweep.options.get("dry_run", "false").lower() in ("1", "true", "yes"):
         for c in cells:
-            console.print(f"  {states[c.run_dir]:<8} {c.run_dir}  {' '.join(c.overrides)}", markup=False)
+            console.print(f"  {states[c.run_dir]:<8} {c.run_dir}  {' '.join(c.overrides)}", markup=False,
+                          highlight=False, soft_wrap=True)
         if sweep.launcher != "local":
             from omegaconf import OmegaConf
 
             hcfg = hydra_config(sweep, _new_sweep_dir(cells[0].root))
             launcher = OmegaConf.to_container(hcfg.hydra.launcher, resolve=True)
-            console.print(f"hydra launcher config:\n{OmegaConf.to_yaml(launcher)}", markup=False)
+            console.print(f"hydra launcher config:\n{OmegaConf.to_yaml(launcher)}", markup=False, highlight=False,
+                          soft_wrap=True)
             if str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
                 console.print(f"sbatch script (dry run, not submitted):\n{sbatch_script(launcher, len(todo) or 1)}",
-                              markup=False, highlight=False)
+                              markup=False, highlight=False, soft_wrap=True)
         return 0
 
     if todo:
@@ -458,10 +472,8 @@ def main(args: list[str]) -> int:
             jobs = int(sweep.options.get("jobs") or default_jobs(todo[0].cfg.threads))
             launch_local(todo, jobs, console)
         else:
-            sweep_dir = _new_sweep_dir(cells[0].root)
-            console.print(f"hydra outputs in {sweep_dir}")
             try:
-                launch_hydra(sweep, todo, sweep_dir)
+                launch_hydra(sweep, todo, _new_sweep_dir(cells[0].root))
             except Exception as e:  # e.g. a Slurm job killed, a joblib worker lost: report what finished
                 console.print(f"[red]the launcher stopped: {type(e).__name__}: {e}[/]")
     failed = report_sweep(cells, console)

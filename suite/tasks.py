@@ -13,6 +13,7 @@ Length matters: the training-inference mismatch is per token, so a sequence's lo
 from __future__ import annotations
 
 import difflib
+import functools
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +94,9 @@ class ArithTask:
 REGISTRY = {"arith": ArithTask}
 
 
+@functools.lru_cache(maxsize=None)
 def get_task(name: str):
-    """Load a task by name from its file in ``tasks/``."""
+    """Load a task by name from its file in ``tasks/`` (cached: a task object is read-only)."""
     if name not in REGISTRY:
         close = difflib.get_close_matches(str(name), REGISTRY, n=1)
         hint = f" Did you mean '{close[0]}'?" if close else ""
