@@ -18,7 +18,6 @@ import io
 import json
 import time
 import traceback
-from dataclasses import asdict
 from pathlib import Path
 
 import torch

@@ -6,7 +6,6 @@ import math
 import os
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
