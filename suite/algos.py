@@ -21,12 +21,13 @@ Shapes: B sequences, T response positions (right-padded), P prompts x G samples 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
+
+from suite.names import did_you_mean
 
 # Log-ratios are clamped to +-20 before exp: a sequence log-ratio sums thousands of
 # per-token terms and in BF16 reaches hundreds, where exp overflows to inf and inf * 0 in
@@ -51,15 +52,10 @@ _CORRECTIONS: dict[str, tuple[str, str] | None] = {
 CORRECTIONS = tuple(_CORRECTIONS)
 
 
-def _did_you_mean(word: str, choices) -> str:
-    match = difflib.get_close_matches(word, list(choices), n=1)
-    return f"; did you mean {match[0]!r}?" if match else ""
-
-
 def _check_choice(field_name: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise ValueError(
-            f"Algorithm.{field_name}={value!r} is not one of {allowed}{_did_you_mean(str(value), allowed)}"
+            f"Algorithm.{field_name}={value!r} is not one of {allowed}{did_you_mean(str(value), allowed)}"
         )
 
 
@@ -159,13 +155,13 @@ def get_algorithm(name: str, **overrides) -> Algorithm:
     """The table entry `name`, with dataclass fields replaced by `overrides` (validated)."""
     if name not in ALGORITHMS:
         raise ValueError(
-            f"unknown algorithm {name!r}{_did_you_mean(name, ALGORITHMS)} (known: {', '.join(ALGORITHMS)})"
+            f"unknown algorithm {name!r}{did_you_mean(name, ALGORITHMS)} (known: {', '.join(ALGORITHMS)})"
         )
     settable = [f.name for f in dataclasses.fields(Algorithm) if f.init]
     for key in overrides:
         if key not in settable:
             raise ValueError(
-                f"unknown Algorithm field {key!r}{_did_you_mean(key, settable)} (settable: {', '.join(settable)})"
+                f"unknown Algorithm field {key!r}{did_you_mean(key, settable)} (settable: {', '.join(settable)})"
             )
     return dataclasses.replace(ALGORITHMS[name], **overrides)
 
@@ -185,7 +181,7 @@ def compute_advantages(rewards: Tensor, mode: str) -> Tensor:
         return centered
     if mode == "std":
         return centered / (r.std(dim=-1, correction=0, keepdim=True) + STD_EPS)
-    raise ValueError(f"advantage mode {mode!r} is not one of {ADVANTAGE_MODES}{_did_you_mean(mode, ADVANTAGE_MODES)}")
+    raise ValueError(f"advantage mode {mode!r} is not one of {ADVANTAGE_MODES}{did_you_mean(mode, ADVANTAGE_MODES)}")
 
 
 # ---------------------------------------------------------------------------- aggregation
@@ -213,7 +209,7 @@ def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, norm_len: int) -> Tenso
         if not norm_len > 0:
             raise ValueError(f"norm_len must be > 0 for seq-mean-token-sum-norm, got {norm_len!r}")
         return (tok_sum / norm_len).mean()
-    raise ValueError(f"aggregation {mode!r} is not one of {AGG_MODES}{_did_you_mean(mode, AGG_MODES)}")
+    raise ValueError(f"aggregation {mode!r} is not one of {AGG_MODES}{did_you_mean(mode, AGG_MODES)}")
 
 
 # ---------------------------------------------------------------------------- surrogates

@@ -124,11 +124,9 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE)
         return 0
     if argv[0] not in COMMANDS:
-        import difflib
+        from suite.names import unknown
 
-        close = difflib.get_close_matches(argv[0], COMMANDS, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        print(f"suite: unknown command '{argv[0]}'.{hint} Commands: {', '.join(COMMANDS)}", file=sys.stderr)
+        print(f"suite: {unknown('command', argv[0], COMMANDS)}", file=sys.stderr)
         return 2
     try:
         return COMMANDS[argv[0]](argv[1:])

@@ -11,11 +11,12 @@ Command line: ``suite run task=arith precision=bf16 algorithm=grpo seed=0 optim.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
+
+from suite.names import did_you_mean, unknown
 
 
 @dataclass
@@ -133,15 +134,9 @@ TIERS: dict[str, dict[str, Any]] = {
 ENGINES = ("torch",)
 
 
-def _did_you_mean(value: str, choices) -> str:
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    return f" Did you mean '{close[0]}'?" if close else ""
-
-
 def _choice(fieldname: str, value: str, choices) -> None:
     if value not in choices:
-        raise ValueError(f"{fieldname}: unknown value '{value}'.{_did_you_mean(value, choices)} "
-                         f"Allowed: {', '.join(choices)}.")
+        raise unknown(fieldname, value, choices)
 
 
 def from_overrides(overrides: list[str]) -> RunConfig:
@@ -168,7 +163,7 @@ def _explain(err: Exception, overrides: list[str]) -> str:
         keys = _field_names(parent)
         if leaf not in keys:
             where = f" in '{parent}'" if parent else ""
-            return (f"{key}: unknown config field{where}.{_did_you_mean(leaf, keys)} "
+            return (f"{key}: unknown config field{where}.{did_you_mean(leaf, keys)} "
                     f"Fields: {', '.join(keys) or '(none: ' + parent + ' is not a config group)'}.")
     for ov in overrides:
         key = ov.split("=", 1)[0].lstrip("+~")

@@ -10,8 +10,9 @@ edit here. Any axis or field can be replaced on the command line (``seed=0,1,2``
 
 from __future__ import annotations
 
-import difflib
 from typing import Any
+
+from suite.names import lookup
 
 
 def _flows() -> list[str]:
@@ -66,11 +67,7 @@ GRIDS: dict[str, dict[str, Any]] = {
 
 def get(name: str) -> dict[str, Any]:
     """The grid ``name`` with every axis resolved to a list; unknown names get a "did you mean"."""
-    if name not in GRIDS:
-        close = difflib.get_close_matches(name, list(GRIDS), n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"grid: unknown grid '{name}'.{hint} Grids: {', '.join(GRIDS)}.")
-    g = GRIDS[name]
+    g = lookup("grid", name, GRIDS)
     axes = {k: list(v() if callable(v) else v) for k, v in g["axes"].items()}
     return {"name": name, "doc": g["doc"], "axes": axes, "overrides": list(g["overrides"])}
 

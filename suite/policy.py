@@ -55,7 +55,14 @@ def cache_root() -> Path:
 
 def build_tokenizer(alphabet: str):
     """A character-level ``PreTrainedTokenizerFast``: one token per character, BOS prepended."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from tokenizers import (
+        Regex,
+        Tokenizer,
+        decoders,
+        models,
+        pre_tokenizers,
+        processors,
+    )
     from transformers import PreTrainedTokenizerFast
 
     vocab = {tok: i for i, tok in enumerate(SPECIALS + list(alphabet))}

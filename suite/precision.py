@@ -29,7 +29,6 @@ run cannot silently sample in bf16 (the OpenRLHF failure STYLE.md mentions).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import math
 from dataclasses import asdict, dataclass
@@ -37,6 +36,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+
+from suite.names import lookup
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
           # fp8: FP8 GEMMs in every decoder linear layer; everything else (attention, norms, the
@@ -96,11 +97,7 @@ FLOWS: dict[str, Flow] = {
 
 def resolve(name: str) -> Flow:
     """Look a flow up by name; unknown names get a "did you mean"."""
-    if name in FLOWS:
-        return FLOWS[name]
-    close = difflib.get_close_matches(str(name), FLOWS, n=1)
-    hint = f" Did you mean '{close[0]}'?" if close else ""
-    raise ValueError(f"precision: unknown flow '{name}'.{hint} Known flows: {', '.join(FLOWS)}.")
+    return lookup("precision", name, FLOWS)
 
 
 # ---- GEMM backend ------------------------------------------------------------------------

@@ -12,13 +12,14 @@ Length matters: the training-inference mismatch is per token, so a sequence's lo
 
 from __future__ import annotations
 
-import difflib
 import functools
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+
+from suite.names import lookup
 
 TASK_DIR = Path(__file__).resolve().parent.parent / "tasks"
 
@@ -97,9 +98,6 @@ REGISTRY = {"arith": ArithTask}
 @functools.lru_cache(maxsize=None)
 def get_task(name: str):
     """Load a task by name from its file in ``tasks/`` (cached: a task object is read-only)."""
-    if name not in REGISTRY:
-        close = difflib.get_close_matches(str(name), REGISTRY, n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"task: unknown task '{name}'.{hint} Known tasks: {', '.join(REGISTRY)}.")
+    cls = lookup("task", name, REGISTRY)
     spec = yaml.safe_load((TASK_DIR / f"{name}.yaml").read_text())
-    return REGISTRY[name](spec)
+    return cls(spec)

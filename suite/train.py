@@ -22,17 +22,39 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from suite import config as cfgmod
 from suite import perfectible
 from suite.algos import compute_advantages, get_algorithm, policy_loss
-from suite.engine import TorchEngine
+from suite.engine import TorchEngine, left_pad
 from suite.mismatch import mismatch_metrics
-from suite.policy import PAD, PolicySpec, cache_root, ensure_policy, load_policy, policy_key
+from suite.policy import (
+    PolicySpec,
+    cache_root,
+    ensure_policy,
+    load_policy,
+    policy_key,
+)
 from suite.precision import gemm_backend, resolve
-from suite.results import (append_jsonl, atomic_write_bytes, atomic_write_json, atomic_write_text, config_hash,
-                           env_info, read_jsonl, run_dir_name, summarize, truncate_jsonl)
+from suite.results import (
+    append_jsonl,
+    atomic_write_bytes,
+    atomic_write_json,
+    atomic_write_text,
+    config_hash,
+    env_info,
+    read_jsonl,
+    run_dir_name,
+    summarize,
+    truncate_jsonl,
+)
 from suite.tasks import get_task
 
 
@@ -84,13 +106,8 @@ def step_prompts(n: int, step: int, per_step: int, seed: int) -> list[int]:
 
 def batch_tensors(prompt_ids: list[list[int]], tokens: torch.Tensor, mask: torch.Tensor):
     """Left-padded prompts + right-padded responses -> ids, attention mask (B, P+R)."""
-    B, P = len(prompt_ids), max(map(len, prompt_ids))
-    ids = torch.full((B, P), PAD, dtype=torch.long)
-    attn = torch.zeros(B, P, dtype=torch.long)
-    for b, p in enumerate(prompt_ids):
-        ids[b, P - len(p):] = torch.tensor(p)
-        attn[b, P - len(p):] = 1
-    return torch.cat([ids, tokens], 1), torch.cat([attn, mask.long()], 1)
+    ids, valid = left_pad(prompt_ids)
+    return torch.cat([ids, tokens], 1), torch.cat([valid.long(), mask.long()], 1)
 
 
 # ---- run directory, checkpoints -------------------------------------------------------------

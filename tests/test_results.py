@@ -12,8 +12,18 @@ import pytest
 
 from suite import results
 from suite.results import (
-    SCHEMA_VERSION, VERDICT_RULE, append_jsonl, atomic_write_json, atomic_write_text, config_hash,
-    env_info, load_run, read_jsonl, run_dir_name, summarize, truncate_jsonl,
+    SCHEMA_VERSION,
+    VERDICT_RULE,
+    append_jsonl,
+    atomic_write_json,
+    atomic_write_text,
+    config_hash,
+    env_info,
+    load_run,
+    read_jsonl,
+    run_dir_name,
+    summarize,
+    truncate_jsonl,
 )
 
 
