@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from suite.fp8 import fp8_linear, fp8_linear_inference, quantize_blockwise
 from suite.policy import EOS, PAD
 from suite.precision import lowp_attention, lowp_linear
 
@@ -103,8 +104,6 @@ class TorchEngine:
         w = self.cast_weights(state_dict, detach=True)
         self.wq = {}
         if self.quant == "fp8":
-            from suite.fp8 import quantize_blockwise
-
             master = self.cast_weights(state_dict, detach=True, dtype=torch.float32)
             for k in [k for k in w if k.endswith(("_proj.weight",))]:
                 self.wq[k] = quantize_blockwise(master[k])  # (fp8 (N, K), fp32 block scales)
@@ -140,12 +139,8 @@ class TorchEngine:
 
     def _lin(self, x, name):
         if name + ".weight" in self.fp8_master:  # training: quantise the master inside autograd (Jet-RL)
-            from suite.fp8 import fp8_linear
-
             return fp8_linear(x, self.fp8_master[name + ".weight"], self.w.get(name + ".bias"), self.dtype)
         if name + ".weight" in self.wq:
-            from suite.fp8 import fp8_linear_inference
-
             qw, sw = self.wq[name + ".weight"]
             return fp8_linear_inference(x, qw, sw, self.w.get(name + ".bias"), self.dtype)
         w, b = self.w[name + ".weight"], self.w.get(name + ".bias")
