@@ -112,8 +112,23 @@ def cmd_mismatch(args: list[str]) -> int:
     return bench.mismatch_main(args)
 
 
+def cmd_report(args: list[str]) -> int:
+    """suite report RESULTS_DIR [--out DIR]: the reproducibility report of a results directory."""
+    from suite import report
+
+    return report.cli(args)
+
+
+def cmd_leaderboard(args: list[str]) -> int:
+    """suite leaderboard RESULTS_DIR... [--out DIR]: the static leaderboard site."""
+    from suite import leaderboard
+
+    return leaderboard.cli(args)
+
+
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
-            "mismatch": cmd_mismatch, "sweep": cmd_sweep}
+            "mismatch": cmd_mismatch, "sweep": cmd_sweep,
+            "report": cmd_report, "leaderboard": cmd_leaderboard}
 
 
 def main(argv: list[str] | None = None) -> int:

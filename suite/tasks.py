@@ -36,12 +36,12 @@ class Item:
 class ArithTask:
     """Column-wise addition of two zero-padded numbers (``tasks/arith.yaml``)."""
 
-    name = "arith"
     # The characters the embedded tokenizer must cover (see policy.py).
     alphabet = "0123456789+=,#"
 
     def __init__(self, spec: dict):
         self.spec = spec
+        self.name = str(spec["name"])
         self.version = int(spec["version"])
         self.digits = int(spec["digits"])
         self._test_n = int(spec["n_test"])
@@ -92,7 +92,7 @@ class ArithTask:
         return 1.0 if final.isdigit() and int(final) == int(item.answer) else 0.0
 
 
-REGISTRY = {"arith": ArithTask}
+REGISTRY = {"arith": ArithTask, "arith3": ArithTask, "arith4": ArithTask}
 
 
 @functools.lru_cache(maxsize=None)

@@ -36,3 +36,31 @@ def tiny_model():
     tok = build_tokenizer(task.alphabet)
     model = build_model(PolicySpec(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128), vocab_size=len(tok))
     return model, tok, task
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's Chromium, headless, driven by Playwright (no browser download; see scripts/setup.sh)."""
+    import shutil
+
+    from playwright.sync_api import sync_playwright
+
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail("chromium is not installed: run scripts/setup.sh (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, headless=True, args=["--no-sandbox"])
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """A fresh page whose console errors and page errors are collected in ``page.errors``."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = ctx.new_page()
+    pg.errors = []
+    pg.on("console", lambda m: pg.errors.append(m.text) if m.type == "error" else None)
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    yield pg
+    ctx.close()
