@@ -3,7 +3,8 @@
 Prints (1) the RL step time split (sampling / trainer log-probs / update / other) with sampler
 and trainer tokens per second, as medians over a short real run of the embedded default in
 every precision flow (the cost of ``exact`` and of FP8 relative to bf16 included), and (2) the same rollout batch sampled by the built-in engine and by
-Hugging Face ``generate`` (same weights, same dtype, same lengths), with the speed ratio.
+Hugging Face ``generate`` (same weights, same dtype, same lengths), with the speed ratio; with
+``engine=vllm`` also by vLLM, with its start-up time (and (1) runs the flows vLLM supports here).
 Figures are measured on this machine each time; nothing here is asserted.
 """
 
@@ -45,8 +46,10 @@ def step_split(cfg, console: Console) -> dict:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "step"}
 
 
-def sampler_vs_generate(cfg, repeats: int) -> list[dict]:
-    """Tokens/s of the built-in engine and of HF ``generate`` on one identical batch."""
+def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm_engines: dict | None = None) -> list[dict]:
+    """Tokens/s of the built-in engine and of HF ``generate`` on one identical batch, and of vLLM
+    (with its start-up time) when ``cfg.engine == "vllm"``. ``vllm_engines`` ({dtype name: engine})
+    reuses engines already started (tests); otherwise one is started, timed and closed per dtype."""
     from suite.policy import load_policy
     from suite.tasks import get_task
     from suite.train import prepare_data
@@ -58,7 +61,7 @@ def sampler_vs_generate(cfg, repeats: int) -> list[dict]:
     prompts = [tok(it.prompt)["input_ids"] for it in items for _ in range(cfg.samples_per_prompt)]
     n_new = cfg.sampling.max_new_tokens
     out = []
-    for name in ("fp32", "bf16", "fp16"):
+    for name in dtypes:
         flow = resolve(name)
         backend = gemm_backend(cfg.gemm, flow.sampler_dtype)
         engine = TorchEngine(model.config, flow.sampler_dtype, backend)
@@ -84,10 +87,51 @@ def sampler_vs_generate(cfg, repeats: int) -> list[dict]:
         t_ours = _median_time(ours, repeats)
         t_hf = _median_time(theirs, max(1, repeats // 2))
         model.float()
-        out.append({"dtype": name, "engine_backend": backend, "batch": len(prompts),
-                    "ours_tok_s": tokens["ours"] / t_ours, "hf_tok_s": tokens["hf"] / t_hf,
-                    "ours_s": t_ours, "hf_s": t_hf, "speedup": t_hf / t_ours * tokens["ours"] / max(tokens["hf"], 1)})
+        row = {"dtype": name, "engine_backend": backend, "batch": len(prompts),
+               "ours_tok_s": tokens["ours"] / t_ours, "hf_tok_s": tokens["hf"] / t_hf,
+               "ours_s": t_ours, "hf_s": t_hf, "speedup": t_hf / t_ours * tokens["ours"] / max(tokens["hf"], 1)}
+        if cfg.engine == "vllm":
+            row.update(_vllm_speed(cfg, name, model, prompts, n_new, repeats, (vllm_engines or {}).get(name)))
+        out.append(row)
     return out
+
+
+def _vllm_speed(cfg, name: str, model, prompts, n_new: int, repeats: int, engine=None) -> dict:
+    """vLLM tokens/s on the same batch (same weights, synced in memory), and its start-up time."""
+    from suite.vllm_engine import VllmEngine
+
+    own = engine is None
+    if own:
+        engine = VllmEngine(model.name_or_path, resolve(name), cfg.vllm, seed=cfg.seed)
+    try:
+        engine.sync(model.state_dict())
+        tokens = {}
+
+        def theirs():
+            tokens["vllm"] = engine.generate(prompts, n_new, 1.0, 1.0, torch.Generator().manual_seed(0)).n_tokens
+
+        t = _median_time(theirs, repeats)
+        return {"vllm_s": t, "vllm_tok_s": tokens["vllm"] / t, "vllm_startup_s": engine.startup_s}
+    finally:
+        if own:
+            engine.close()
+
+
+def sampler_table(rows: list[dict]) -> Table:
+    """The rollout-speed table of ``suite bench`` (with vLLM columns when the rows have them)."""
+    vllm = "vllm_tok_s" in rows[0]
+    t2 = Table(title="one rollout batch: built-in engine vs Hugging Face generate" + (" vs vLLM" if vllm else "")
+                     + " (same weights, dtype, batch)")
+    cols = ["dtype", "engine gemm", "batch", "engine s", "HF generate s", "engine tok/s", "HF tok/s", "speed-up"]
+    for col in cols + (["vLLM s", "vLLM tok/s", "vLLM start-up s"] if vllm else []):
+        t2.add_column(col)
+    for r in rows:
+        cells = [r["dtype"], r["engine_backend"], str(r["batch"]), f"{r['ours_s']:.3f}", f"{r['hf_s']:.3f}",
+                 f"{r['ours_tok_s']:.0f}", f"{r['hf_tok_s']:.0f}", f"{r['speedup']:.1f}x"]
+        if vllm:
+            cells += [f"{r['vllm_s']:.3f}", f"{r['vllm_tok_s']:.0f}", f"{r['vllm_startup_s']:.1f}"]
+        t2.add_row(*cells)
+    return t2
 
 
 def main(args: list[str]) -> int:
@@ -102,7 +146,12 @@ def main(args: list[str]) -> int:
         table.add_column(col)
     from suite.precision import FLOWS
 
-    for name in FLOWS:  # every flow: the cost of exact and of the FP8 emulation is part of the answer
+    flows = list(FLOWS)
+    if base.engine == "vllm":  # the flows this device's vLLM can run (the others are refused in validate)
+        from suite.vllm_engine import supported_flows
+
+        flows = supported_flows()
+    for name in flows:  # every flow: the cost of exact and of the FP8 emulation is part of the answer
         cfg = cfgmod.load(args + [f"precision={name}", f"steps={steps}", "name=bench"])
         t = step_split(cfg, console)
         table.add_row(name, gemm_backend(cfg.gemm, resolve(name).trainer_dtype), f"{t['time/step_s']:.3f}",
@@ -110,13 +159,7 @@ def main(args: list[str]) -> int:
                       f"{t['time/other_s']:.3f}", f"{t['throughput/sampler_tok_s']:.0f}",
                       f"{t['throughput/trainer_tok_s']:.0f}")
     console.print(table)
-    t2 = Table(title="one rollout batch: built-in engine vs Hugging Face generate (same weights, dtype, batch)")
-    for col in ("dtype", "engine gemm", "batch", "engine s", "HF generate s", "engine tok/s", "HF tok/s", "speed-up"):
-        t2.add_column(col)
-    for r in sampler_vs_generate(base, repeats=5):
-        t2.add_row(r["dtype"], r["engine_backend"], str(r["batch"]), f"{r['ours_s']:.3f}", f"{r['hf_s']:.3f}",
-                   f"{r['ours_tok_s']:.0f}", f"{r['hf_tok_s']:.0f}", f"{r['speedup']:.1f}x")
-    console.print(t2)
+    console.print(sampler_table(sampler_vs_generate(base, repeats=5)))
     return 0
 
 
@@ -128,11 +171,10 @@ def mismatch_main(args: list[str]) -> int:
     """
     import copy
 
-    from suite.mismatch import mismatch_metrics
     from suite.perfectible import load
     from suite.policy import load_policy
     from suite.precision import FLOWS
-    from suite.train import batch_tensors, build_engines, prepare_data
+    from suite.train import build_engines, prepare_data
 
     console = Console(width=200)
     base = cfgmod.load(args)
@@ -146,19 +188,21 @@ def mismatch_main(args: list[str]) -> int:
                 "k3 / bf16", "sample s", "score s"):
         table.add_column(col)
     rows = {}
-    for name in FLOWS:
-        cfg = cfgmod.load(args + [f"precision={name}"])
+    flows = list(FLOWS)
+    if base.engine == "vllm":  # vLLM rows next to the built-in engine's, for the flows vLLM runs here
+        from suite.vllm_engine import supported_flows
+
+        flows = [f"{n} ({e})" for n in supported_flows() for e in ("torch", "vllm")]
+    for label in flows:
+        name, _, eng = label.partition(" (")
+        cfg = cfgmod.load(args + [f"precision={name}"] + ([f"engine={eng[:-1]}"] if eng else []))
         trainer, engine, _ = build_engines(cfg, copy.deepcopy(model))
-        engine.sync(trainer.model.state_dict())
-        t0 = time.perf_counter()
-        roll = engine.generate(prompts, cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_p,
-                               torch.Generator().manual_seed(cfg.seed))
-        t1 = time.perf_counter()
-        ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
-        with torch.no_grad():
-            logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, cfg.sampling.temperature)
-        rows[name] = (mismatch_metrics(logp, roll.logprobs, roll.mask), t1 - t0, time.perf_counter() - t1)
-    ref = rows.get("bf16", (None,))[0]
+        try:
+            rows[label] = step0_mismatch(cfg, trainer, engine, prompts)
+        finally:
+            if hasattr(engine, "close"):
+                engine.close()
+    ref = rows.get("bf16", rows.get("bf16 (torch)", (None,)))[0]
     for name, (m, ts, tl) in rows.items():
         ratio = m["mismatch/kl_k3"] / ref["mismatch/kl_k3"] if ref and ref["mismatch/kl_k3"] else float("nan")
         table.add_row(name, f"{m['mismatch/prob_diff/mean']:.2e}", f"{m['mismatch/prob_diff/max']:.2e}",
@@ -166,3 +210,20 @@ def mismatch_main(args: list[str]) -> int:
                       f"{m['mismatch/logprob_diff/max']:.2e}", f"{ratio:.3g}", f"{ts:.2f}", f"{tl:.2f}")
     console.print(table)
     return 0
+
+
+def step0_mismatch(cfg, trainer, engine, prompts) -> tuple[dict, float, float]:
+    """Sample ``prompts`` with ``engine`` at the trainer's parameters, score them with ``trainer``:
+    (mismatch metrics, sampling seconds, scoring seconds). No update in between."""
+    from suite.mismatch import mismatch_metrics
+    from suite.train import batch_tensors
+
+    engine.sync(trainer.model.state_dict())
+    t0 = time.perf_counter()
+    roll = engine.generate(prompts, cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_p,
+                           torch.Generator().manual_seed(cfg.seed))
+    t1 = time.perf_counter()
+    ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
+    with torch.no_grad():
+        logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, cfg.sampling.temperature)
+    return mismatch_metrics(logp, roll.logprobs, roll.mask), t1 - t0, time.perf_counter() - t1

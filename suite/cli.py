@@ -1,9 +1,10 @@
 """The ``suite`` command: ``suite <subcommand> [key=value ...]``.
 
-Subcommands: run (one RL run), perfectible (build a perfectible set), main (the embedded
-sanity test over precision flows, then a table), table (print a results table), bench (step
+Subcommands: run (one RL run), perfectible (build a perfectible set), main (the main job: the
+``sanity`` grid, then its table, report and leaderboard), table (print a results table), bench (step
 time split; engine vs HF generate), mismatch (step-0 mismatch of every precision flow),
-sweep (a named grid as a Hydra multirun: ``suite sweep grid=sanity launcher=local jobs=2``).
+sweep (a named grid as a Hydra multirun: ``suite sweep grid=sanity launcher=local jobs=2``),
+report (the reproducibility report of a results directory), leaderboard (the static site).
 Every subcommand validates its config before any compute; a bad value is one line naming
 the field, exit code 2.
 """
@@ -67,30 +68,29 @@ def cmd_perfectible(args: list[str]) -> int:
 
 
 def cmd_main(args: list[str]) -> int:
-    """The embedded sanity test in fp32, bf16 and fp16 (one seed), ending in the outcome table."""
-    from suite import report, sweep
-
-    console = _console()
-    t0 = time.time()
-    cells = sweep.plan(args, {"precision": ["fp32", "bf16", "fp16"]})  # validates every cell first
-    # Build the shared policy and perfectible set once, before the cells start side by side.
-    from suite.train import prepare_data
-
-    prepare_data(cells[0].cfg, console)
-    sweep.launch_local(cells, sweep.default_jobs(cells[0].cfg.threads), console)
-    root = Path(cells[0].cfg.out) / cells[0].cfg.name
-    console.print(report.outcome_table(root))
+    """The main job: the ``sanity`` grid (every precision flow x grpo, grpo_token_tis, pg_seq_is,
+    one seed) on the embedded default, side by side on the local cores; then the grid table,
+    the report and the leaderboard. Extra ``key=value`` arguments go to every cell."""
+    from suite import leaderboard, report, sweep
     from suite.results import atomic_write_text
 
+    t0 = time.time()
+    root = sweep.plan_grid(["grid=sanity", *args]).cells[0].root  # validates every cell first
+    code = sweep.main(["grid=sanity", "launcher=local", *args])
     atomic_write_text(root / "outcomes.md", report.outcome_markdown(root))
-    console.print(f"wall time {time.time() - t0:.0f} s; results in {root}, table in {root / 'outcomes.md'}")
-    return 0
+    out = report.write_report(root)
+    site = leaderboard.build([root], Path("leaderboard"))
+    console = _console()
+    console.print(f"main job wall time {time.time() - t0:.0f} s\n  results     {root}\n  table       {root / 'outcomes.md'}"
+                  f"\n  report      {out / 'index.html'}\n  leaderboard {Path(site) / 'index.html' if Path(site).is_dir() else site}",
+                  soft_wrap=True, highlight=False)
+    return code
 
 
 def cmd_table(args: list[str]) -> int:
     from suite import report
 
-    _console().print(report.outcome_table(Path(args[0] if args else "results/default")))
+    _console().print(report.outcome_table(Path(args[0] if args else "results/sanity")))
     return 0
 
 

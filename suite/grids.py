@@ -43,9 +43,9 @@ GRIDS: dict[str, dict[str, Any]] = {
         "overrides": [],
     },
     "sanity-full": {
-        "doc": "the sanity grid at tier=full with three seeds (for the leaderboard)",
+        "doc": "the sanity grid with three seeds and twice the steps (the complete picture, ~2 h on 2 cores)",
         "axes": {"precision": _flows, "algorithm": SANITY_ALGORITHMS, "seed": [0, 1, 2]},
-        "overrides": ["tier=full"],
+        "overrides": ["steps=200"],
     },
     "precision-ablation": {
         "doc": "every precision flow with plain GRPO, three seeds: precision alone decides",

@@ -1,28 +1,182 @@
-"""Tables and reports: pure functions of result bundles."""
+"""Tables and reproducibility reports: pure functions of result bundles (suite/results.py).
+
+``suite report RESULTS_DIR [--out DIR]`` writes a self-contained folder (default
+``RESULTS_DIR/report/``): ``index.html`` and ``report.md`` with the same content, and
+``figures/*.png`` + ``*.svg``. RESULTS_DIR holds run directories
+(``<task>__<algorithm>__<precision>__s<seed>/``), directly or one level down
+(``results/<name>/<run>/``). The report contains, in order: warnings (cells that differ in
+more than the grid axes, dirty checkouts, unreadable files, commands that do not reproduce
+a config hash), the verdict table per cell (task, algorithm, precision) over seeds,
+training curves, mismatch over training and at step 0, fp16 loss scaling, IS diagnostics,
+the published sanity-test comparison (task ``sanity_r1d`` only), failed and incomplete
+runs with their errors, every run, and provenance (environment, config hashes, the exact
+``suite run`` command of every run). docs/report.md explains how to read it.
+
+This module loads the runs, assembles the document and writes the files; suite/render.py
+holds the cells, tables and HTML/Markdown, suite/provenance.py the rerun commands and their
+config-hash check (shared with the leaderboard). Nothing is timestamped: the same result
+files give the same report.
+"""
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.table import Table
 
-from suite.results import VERDICT_RULE
+from suite import provenance, render
+from suite.render import IS_PLOT, MISMATCH_PLOT, fmt, ratio_caption
+from suite.results import (
+    PEAK_WINDOW,
+    RUN_FILES,
+    SCHEMA_VERSION,
+    VERDICT_RULE,
+    read_jsonl,
+    summarize,
+)
+
+RUN_NAME = re.compile(r"^(?P<task>.+?)__(?P<algorithm>.+?)__(?P<precision>.+?)__s(?P<seed>\d+)$")
 
 
-def load_summaries(root: Path) -> list[dict]:
+# ---------------------------------------------------------------------------- loading
+@dataclass
+class Run:
+    """One run directory as read back; `summary` is always there (recomputed if summary.json is missing)."""
+
+    dir: Path
+    label: str  # the directory name, prefixed with its parent's when runs are nested
+    task: str
+    algorithm: str
+    precision: str
+    seed: int
+    summary: dict
+    config: dict | None = None
+    config_hash: str | None = None
+    env: dict | None = None
+    metrics: list[dict] = field(default_factory=list)
+    error: str | None = None  # one line
+    detail: str | None = None  # the tail of error.txt (or log.txt of a run that left no summary)
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        return self.summary.get("verdict") or "incomplete"
+
+    @property
+    def status(self) -> str:
+        """The verdict, with incomplete runs that recorded an error shown as failed."""
+        return "failed" if self.verdict == "incomplete" and self.error else self.verdict
+
+
+def _is_run_dir(d: Path) -> bool:
+    return bool(RUN_NAME.match(d.name)) and any((d / f).is_file() for f in (*RUN_FILES, "error.txt"))
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Run directories in `root` and one level below it (hidden directories skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
     out = []
-    for path in sorted(Path(root).glob("*/summary.json")):
-        s = json.loads(path.read_text())
-        s["_dir"] = str(path.parent)
-        out.append(s)
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if _is_run_dir(d):
+            out.append(d)
+        else:
+            out += [c for c in sorted(d.iterdir()) if c.is_dir() and _is_run_dir(c)]
     return out
 
 
-def _fmt(x, spec=".3f"):
-    return "-" if x is None else format(x, spec)
+def _read_json(path: Path, problems: list[str], versioned: bool = False):
+    if not path.is_file():
+        problems.append(f"{path.name} missing")
+        return None
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        problems.append(f"{path.name} unreadable ({e})")
+        return None
+    if versioned:
+        v = obj.get("schema_version") if isinstance(obj, dict) else None
+        if not isinstance(v, int) or v > SCHEMA_VERSION:
+            problems.append(f"{path.name} has schema_version={v!r}, this code reads <= {SCHEMA_VERSION}; ignored")
+            return None
+    return obj
 
 
+def _tail(path: Path, lines: int = 20) -> str | None:
+    if not path.is_file():
+        return None
+    return "\n".join(path.read_text(encoding="utf-8", errors="replace").rstrip().splitlines()[-lines:])
+
+
+def load_bundle(run_dir: Path, root: Path) -> Run:
+    """Read one run directory without raising on missing or broken files (they become `problems`)."""
+    problems: list[str] = []
+    cfg_file = _read_json(run_dir / "config.json", problems)
+    cfg = cfg_file.get("config") if isinstance(cfg_file, dict) else None
+    summary = _read_json(run_dir / "summary.json", problems, versioned=True)
+    env = _read_json(run_dir / "env.json", problems, versioned=True)
+    metrics = []
+    try:
+        metrics = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+        if (run_dir / "timing.jsonl").is_file():
+            timing = {r.get("step"): r for r in read_jsonl(run_dir / "timing.jsonl")}
+            metrics = [{**r, **timing.get(r.get("step"), {})} for r in metrics]
+    except ValueError as e:
+        problems.append(str(e))
+    detail = _tail(run_dir / "error.txt")
+    error = (summary or {}).get("error") or (detail.splitlines()[-1] if detail else None)
+    if summary is None:
+        # Killed before summary.json was written: the summary is a pure function of the metrics.
+        if cfg:
+            summary = summarize(metrics, total_steps=cfg.get("steps") or max(1, len(metrics)),
+                                threshold=cfg.get("threshold", 0.95),
+                                error=error or (None if metrics else "no metrics were written"))
+        else:
+            summary = {"verdict": "incomplete", "steps_done": len(metrics)}
+        detail = detail or _tail(run_dir / "log.txt")
+        problems.append("summary recomputed from metrics.jsonl" if cfg else "no summary and no config")
+    m = RUN_NAME.match(run_dir.name)
+    ident = {**m.groupdict(), **{k: (cfg or {}).get(k) for k in ("task", "algorithm", "precision", "seed") if cfg},
+             **{k: summary[k] for k in ("task", "algorithm", "precision", "seed") if summary.get(k) is not None}}
+    label = run_dir.name if run_dir.parent == root else f"{run_dir.parent.name}/{run_dir.name}"
+    return Run(dir=run_dir, label=label, task=str(ident["task"]), algorithm=str(ident["algorithm"]),
+               precision=str(ident["precision"]), seed=int(ident["seed"]), summary=summary, config=cfg,
+               config_hash=(cfg_file or {}).get("config_hash") or summary.get("config_hash"), env=env,
+               metrics=metrics, error=error, detail=detail, problems=problems)
+
+
+def load_runs(root: Path) -> list[Run]:
+    """Every run under `root`; ValueError (one line) when there is none."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such directory")
+    dirs = find_run_dirs(root)
+    if not dirs:
+        raise ValueError(f"{root}: no run directories found (expected <task>__<algorithm>__<precision>__s<seed>/ "
+                         f"holding config.json/summary.json/metrics.jsonl, directly or one level down)")
+    return [load_bundle(d, root) for d in dirs]
+
+
+def load_summaries(root: Path) -> list[dict]:
+    """summary.json of every run under `root` (nested one level too), with `_dir`; [] when there are none."""
+    out = []
+    for d in find_run_dirs(root):
+        if (d / "summary.json").is_file():
+            s = json.loads((d / "summary.json").read_text())
+            s["_dir"] = str(d)
+            out.append(s)
+    return out
+
+
+# ---------------------------------------------------------------------------- the outcome table (sweeps, suite main)
 COLUMNS = ("run", "verdict", "peak acc (step)", "final acc", "first pass step", "step-0 mean abs dp",
            "step-0 k3 KL", "step-0 mean abs seq log-ratio", "final k3 KL", "skipped steps", "time s")
 
@@ -31,17 +185,18 @@ def outcome_rows(root: Path) -> list[list[str]]:
     """One row per run: verdict, peak and final accuracy, step-0 and final mismatch."""
     out = []
     for s in load_summaries(root):
-        out.append([s["run"], s["verdict"], f"{_fmt(s['accuracy/peak'])} ({s['accuracy/peak_step']})",
-                    _fmt(s["accuracy/final"]), str(s["accuracy/first_pass_step"]),
-                    _fmt(s.get("mismatch/step0/prob_diff/mean"), ".2e"), _fmt(s.get("mismatch/step0/kl_k3"), ".2e"),
-                    _fmt(s.get("mismatch/step0/seq_log_ratio/mean_abs"), ".2e"),
-                    _fmt(s.get("mismatch/final/kl_k3"), ".2e"), str(s.get("train/skipped_steps")),
-                    _fmt(s.get("time/total_s"), ".0f")])
+        out.append([s.get("run", Path(s["_dir"]).name), s.get("verdict", "-"),
+                    f"{fmt(s.get('accuracy/peak'))} ({s.get('accuracy/peak_step')})",
+                    fmt(s.get("accuracy/final")), str(s.get("accuracy/first_pass_step")),
+                    fmt(s.get("mismatch/step0/prob_diff/mean"), ".2e"), fmt(s.get("mismatch/step0/kl_k3"), ".2e"),
+                    fmt(s.get("mismatch/step0/seq_log_ratio/mean_abs"), ".2e"),
+                    fmt(s.get("mismatch/final/kl_k3"), ".2e"), str(s.get("train/skipped_steps")),
+                    fmt(s.get("time/total_s"), ".0f")])
     return out
 
 
 def outcome_table(root: Path) -> Table:
-    t = Table(title=f"outcomes in {root}", caption=_ratio_caption(load_summaries(root)))
+    t = Table(title=f"outcomes in {root}", caption=ratio_caption(load_summaries(root)))
     for col in COLUMNS:
         t.add_column(col)
     for row in outcome_rows(root):
@@ -53,22 +208,178 @@ def outcome_markdown(root: Path) -> str:
     """The same table as Markdown (written next to the runs by ``suite main``)."""
     lines = [f"# Outcomes in `{root}`", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in outcome_rows(root)]
-    caption = _ratio_caption(load_summaries(root))
+    caption = ratio_caption(load_summaries(root))
     return "\n".join(lines + ["", caption, "", "Verdict rule: " + VERDICT_RULE, ""])
 
 
-def _ratio_caption(rows: list[dict]) -> str:
-    """bf16/fp16 ratios of the step-0 mismatch, when both flows are present (same task, algorithm, seed)."""
-    by = {(r["task"], r["algorithm"], r["seed"], r["precision"]): r for r in rows}
-    parts = []
-    for (task, algo, seed, prec), r in sorted(by.items()):
-        other = by.get((task, algo, seed, "fp16"))
-        if prec != "bf16" or other is None:
-            continue
-        ratios = []
-        for key, label in (("prob_diff/mean", "mean abs dp"), ("kl_k3", "k3 KL"), ("seq_log_ratio/mean_abs", "mean abs seq log-ratio")):
-            a, b = r.get(f"mismatch/step0/{key}"), other.get(f"mismatch/step0/{key}")
-            if a is not None and b:
-                ratios.append(f"{label} {a / b:.1f}x")
-        parts.append(f"step-0 mismatch bf16/fp16 ({algo}, seed {seed}): " + ", ".join(ratios))
-    return "\n".join(parts)
+# ---------------------------------------------------------------------------- the document
+# A list of blocks (suite/render.py), rendered twice (HTML, Markdown) so both files say the same.
+
+
+def _series(runs: list[Run], key: str) -> list[dict]:
+    out = []
+    for r in runs:
+        rows = [m for m in r.metrics if key in m and "step" in m]
+        if rows:
+            out.append({"task": r.task, "algorithm": r.algorithm, "precision": r.precision, "seed": r.seed,
+                        "complete": r.verdict != "incomplete", "steps": [m["step"] for m in rows],
+                        "values": [m[key] for m in rows], "skipped": [m.get("train/skipped_steps") for m in rows]})
+    return out
+
+
+def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
+    """Every section of the report, drawing the figures into `fig_dir` on the way."""
+    from suite import figures
+
+    flows = render.flow_order(r.precision for r in runs)
+    cells = render.group_cells(runs)
+    checks = {r.label: provenance.check(r.config, r.config_hash) for r in runs if r.config and r.config_hash}
+    answers = {r.label: str(checks[r.label]) if r.label in checks else "no hash recorded" for r in runs if r.config}
+    warnings = render.consistency_warnings(runs)
+    warnings += [f"{r.label}: {'; '.join(r.problems)}" for r in runs if r.problems]
+    warnings += [f"{label}: the rerun command does not reproduce its config hash ({a})"
+                 for label, a in answers.items() if not a.startswith("yes")]
+    added = sorted({c.added_text() for c in checks.values() if c.added and not c.problem})
+    warnings += [f"config fields were added to the code since some runs ({a}): their rerun commands reproduce "
+                 "every recorded field, but a rerun's config hash will differ" for a in added]
+    bad = [r for r in runs if r.verdict == "incomplete"]
+    tasks, algos = sorted({r.task for r in runs}), sorted({r.algorithm for r in runs})
+    doc: list[tuple] = [
+        ("p", f"{len(runs)} runs in {len(cells)} cells from {root}: tasks {', '.join(tasks)}; algorithms "
+              f"{', '.join(algos)}; precision flows {', '.join(flows)}; seeds "
+              f"{', '.join(map(str, sorted({r.seed for r in runs})))}. {len(bad)} run(s) incomplete or failed. "
+              "Every number below is computed from the run directories alone (suite report)."),
+        ("h", "Warnings", "warnings"),
+        ("warn", warnings) if warnings else ("p", "None: the runs differ only in the grid axes (precision, "
+                                                  "algorithm, seed), and every file was readable."),
+    ]
+
+    head, rows = render.verdict_table(runs)
+    doc += [("h", "Verdicts per cell", "verdicts"),
+            ("table", head, rows, "Counts over every run of the cell; accuracy statistics over its complete runs "
+             "only: mean ± sample std (ddof=1), 95% percentile-bootstrap CI of the mean (10,000 resamples, fixed "
+             "seed; with two seeds it is [min, max]), IQM = mean after dropping the lowest and highest quarter. "
+             "First pass step: mean over the runs that reached the threshold (reached / complete)."),
+            ("p", "Verdict rule: " + VERDICT_RULE)]
+
+    thresholds = {r.task: r.config.get("threshold", 0.95) for r in runs if r.config}
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    rewards = _series(runs, "reward/mean")
+    if rewards:
+        figures.reward_curves(rewards, flows, fig_dir / "reward_curves", PEAK_WINDOW, thresholds)
+        doc += [("h", "Training accuracy", "curves"),
+                ("fig", "reward_curves", f"Training accuracy (reward/mean), trailing mean over {PEAK_WINDOW} steps "
+                 "(the verdict rule's acc_t). One panel per algorithm, colour = precision flow.")]
+
+    doc += [("h", "Training-inference mismatch", "mismatch")]
+    mism = {k: _series(runs, k) for k in MISMATCH_PLOT}
+    mism = {k: v for k, v in mism.items() if v}
+    if mism:
+        figures.metric_grid(mism, MISMATCH_PLOT, flows, fig_dir / "mismatch_curves", PEAK_WINDOW)
+        doc.append(("fig", "mismatch_curves", "Mismatch between sampler and trainer log-probs of the sampled tokens, "
+                    "per RL step, log axis (suite/mismatch.py: k3 KL, max abs probability difference, mean abs "
+                    "per-sequence log-ratio)."))
+    points = [{"precision": r.precision, "metric": k, "value": r.summary.get("mismatch/step0/" + k[len("mismatch/"):])}
+              for r in runs for k in MISMATCH_PLOT]
+    points = [p for p in points if isinstance(p["value"], (int, float))]
+    if points:
+        figures.step0_bars(points, MISMATCH_PLOT, flows, fig_dir / "mismatch_step0")
+        head, rows = render.step0_table(runs)
+        doc += [("fig", "mismatch_step0", "Step-0 mismatch (first step, before any update) by precision flow."),
+                ("table", head, rows, ratio_caption([{**r.summary, "task": r.task, "algorithm": r.algorithm,
+                                                       "seed": r.seed, "precision": r.precision} for r in runs]))]
+    if not mism and not points:
+        doc.append(("p", "No mismatch metrics in these runs."))
+
+    head, rows = render.loss_scale_table(runs)
+    if rows:
+        figures.loss_scale(_series([r for r in runs if render.uses_loss_scaling(r)], "train/loss_scale"),
+                           fig_dir / "loss_scale")
+        doc += [("h", "fp16 loss scaling", "loss-scale"),
+                ("table", head, rows, "Dynamic loss scaling (GradScaler): a back-off halves the scale after an "
+                 "inf/NaN gradient and skips that optimizer step; a growth doubles it after a run of finite steps."),
+                ("fig", "loss_scale", "Loss scale (log2 axis) and cumulative skipped steps per run.")]
+
+    head, rows = render.is_table(runs)
+    if rows:
+        doc += [("h", "Importance-sampling diagnostics", "is"),
+                ("table", head, rows, "is/* metrics of suite/algos.py (mean [min, max] over all steps of all runs "
+                 "in the cell): raw IS weights before truncation or masking (REFERENCE section 8 warns outside "
+                 "[0.5, 2]), fraction truncated (TIS) or masked (MIS), normalised ESS of the applied weights "
+                 "(1 = uniform).")]
+        iss = {k: v for k, v in ((k, _series(runs, k)) for k in IS_PLOT) if v}
+        if iss:
+            figures.metric_grid(iss, IS_PLOT, flows, fig_dir / "is_diagnostics", PEAK_WINDOW, log=False)
+            doc.append(("fig", "is_diagnostics", "IS diagnostics over training (linear axis)."))
+
+    head, rows = render.sanity_table(runs)
+    if rows:
+        doc += [("h", "Published sanity test (arXiv 2510.26788)", "sanity"),
+                ("table", head, rows, "Published outcomes as summarised in REFERENCE.md section 1 (approximate "
+                 "figures from the paper, 1.5B model, 1,460 MATH problems). Consistent: our complete runs' "
+                 "verdicts fall in the set the published outcome implies.")]
+
+    if bad:
+        doc += [("h", "Failed and incomplete runs", "failed"),
+                ("table", ["run", "status", "steps", "error"],
+                 [[r.label, r.status, f"{r.summary.get('steps_done', len(r.metrics))}/{r.summary.get('total_steps', '?')}",
+                   r.error or "no error recorded (stopped early or still running)"] for r in bad], "")]
+        doc += [x for r in bad if r.detail for x in (("p", f"{r.label}: last lines of "
+                f"{'error.txt' if (r.dir / 'error.txt').is_file() else 'log.txt'}"), ("pre", r.detail))]
+
+    head, rows = render.run_table(runs)
+    doc += [("h", "Runs", "runs"), ("table", head, rows, "")]
+    head, rows = render.provenance_table(runs, answers)
+    doc += [("h", "Provenance", "provenance"), ("table", head, rows, "Config hash: suite.results.config_hash "
+             "of the resolved config (out and name excluded). The check recomposes the command below with "
+             "suite.config.load and compares hashes."),
+            ("table", *render.env_table(runs), "From env.json; 'differs' lists each value with its runs."),
+            ("p", "Commands that rerun every run (its axes, then the fields that differ from what those compose to):"),
+            ("pre", "\n".join(f"# {r.label}\n{provenance.rerun_command(r.config)}" for r in runs if r.config) or "(no configs)")]
+    return doc
+
+
+# ---------------------------------------------------------------------------- writing, CLI
+def write_report(results_dir: Path, out: Path | None = None) -> Path:
+    """Write the report of `results_dir` to `out` (default `<results_dir>/report/`) and return it.
+
+    Built in a temporary directory next to `out`, then swapped in by rename, so readers see
+    the old report or the new one. An existing `out` is replaced only if it is a report
+    (holds index.html) or empty: `--out` pointed at a results directory must not erase runs.
+    """
+    root = Path(results_dir)
+    runs = load_runs(root)
+    out = Path(out) if out is not None else root / "report"
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "index.html").is_file())):
+        raise ValueError(f"--out {out} exists and is not a report folder (no index.html); refusing to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; reports are meant to be shared like results
+        doc = build_document(runs, root, tmp / "figures")
+        title = f"Reproducibility report: {root.resolve().name}"
+        (tmp / "index.html").write_text(render.to_html(doc, title), encoding="utf-8")
+        (tmp / "report.md").write_text(render.to_markdown(doc, title), encoding="utf-8")
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.rename(out, old)
+        os.rename(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def cli(args: list[str]) -> int:
+    """``suite report RESULTS_DIR [--out DIR]``; bad input raises ValueError (exit code 2 in suite.cli)."""
+    p = argparse.ArgumentParser(prog="suite report", description="Reproducibility report of a results directory "
+                                "(HTML + Markdown + figures), computed from the run files alone.")
+    p.add_argument("results_dir", help="directory holding run directories (or one level of experiment folders)")
+    p.add_argument("--out", help="output folder (default: RESULTS_DIR/report)")
+    ns = p.parse_args(args)
+    out = write_report(Path(ns.results_dir), Path(ns.out) if ns.out else None)
+    print(f"report written to {out / 'index.html'} (also report.md and figures/)")
+    return 0

@@ -50,6 +50,7 @@ from rich.progress import (
 )
 
 from suite import config as cfgmod
+from suite.provenance import hydra_value
 from suite.results import run_dir_name
 
 log = logging.getLogger(__name__)
@@ -69,8 +70,12 @@ grids:
 
 def _register_config() -> None:
     from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
 
     ConfigStore.instance().store(name=CONFIG_NAME, node=cfgmod.RunConfig)
+    # Job directories are named like run directories; an unset task is the tier's (config.TIERS).
+    OmegaConf.register_new_resolver(
+        "suite_task", lambda task, tier: cfgmod.TIERS[tier]["task"] if task is None else task, replace=True)
 
 
 _register_config()  # at import: a Hydra job process (joblib, submitit) unpickles run_cell, imports this
@@ -94,18 +99,6 @@ class Cell:
 
 def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
-
-
-def hydra_value(v) -> str:
-    """A Python value as a Hydra override value: numbers and plain words as they are, other strings quoted."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return str(v).lower()
-    s = str(v)
-    if isinstance(v, (int, float)) or re.fullmatch(r"[\w.\-/:]+", s):
-        return s
-    return "'" + s.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def expand(overrides: list[str]) -> list[Cell]:
@@ -248,7 +241,7 @@ def hydra_config(sweep: Sweep, sweep_dir: Path | None = None):
 def _hydra_overrides(sweep: Sweep, sweep_dir: Path | None) -> list[str]:
     """Hydra's outputs under <out>/<name>/.hydra/<time>/<cell>/, no chdir; the user's settings win."""
     ours = {"hydra.sweep.dir": hydra_value(str(sweep_dir or sweep.cells[0].root / ".hydra" / "plan")),
-            "hydra.sweep.subdir": "${task}__${algorithm}__${precision}__s${seed}",
+            "hydra.sweep.subdir": "'${suite_task:${task},${tier}}__${algorithm}__${precision}__s${seed}'",
             "hydra.job.chdir": "false"}
     given = {_key(o) for o in sweep.hydra_overrides}
     return [f"{k}={v}" for k, v in ours.items() if k not in given] + sweep.hydra_overrides
@@ -352,7 +345,8 @@ def _steps_done(cell: Cell) -> int:
 
 def launch_local(cells: list[Cell], jobs: int, console: Console) -> dict[str, int]:
     """Run cells as subprocesses, ``jobs`` at a time; return each run dir's exit code."""
-    pending, running, codes = list(cells), {}, {}
+    # Longest first (exact and unified FP8 cost ~2x a step), so the last cells to finish are short ones.
+    pending, running, codes = sorted(cells, key=_relative_cost, reverse=True), {}, {}
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
@@ -382,6 +376,15 @@ def launch_local(cells: list[Cell], jobs: int, console: Console) -> dict[str, in
                         console.print(f"{cell.run_dir.name}: {s.get('verdict')}, peak accuracy "
                                       f"{s.get('accuracy/peak')} at step {s.get('accuracy/peak_step')}")
     return codes
+
+
+def _relative_cost(cell: Cell) -> float:
+    """Rough cost of a cell for scheduling: steps x samples, doubled for the flows with heavier kernels."""
+    from suite.precision import resolve
+
+    flow = resolve(cell.cfg.precision)
+    heavy = flow.exact or flow.trainer_quant == "fp8"
+    return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * (2.0 if heavy else 1.0)
 
 
 def _record_failure(cell: Cell, code: int) -> None:

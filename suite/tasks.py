@@ -5,7 +5,8 @@ A task is read from its versioned file in ``tasks/`` (like lm-eval's task YAMLs)
 supervised warm start) and ``reward(item, response, truncated)``. The registry answers a typo
 with "did you mean".
 
-The embedded task ``arith`` is column-wise addition written as a trace of about 50 tokens.
+The embedded tasks ``arith`` and ``arith3`` are column-wise addition of 5- and 3-digit numbers,
+written as a trace of 53 and 33 tokens.
 Length matters: the training-inference mismatch is per token, so a sequence's log-ratio
 (and its importance weight) accumulates over the trace (REFERENCE sections 1 and 8).
 """
@@ -92,7 +93,9 @@ class ArithTask:
         return 1.0 if final.isdigit() and int(final) == int(item.answer) else 0.0
 
 
-REGISTRY = {"arith": ArithTask, "arith3": ArithTask, "arith4": ArithTask}
+# arith: 5-digit sums, 53-token responses (the full tier); arith3: 3-digit sums, 33 tokens
+# (the small tier, the main job: the same trace format, sized for the 2-core time budget).
+REGISTRY = {"arith": ArithTask, "arith3": ArithTask}
 
 
 @functools.lru_cache(maxsize=None)

@@ -176,6 +176,13 @@ def build_engines(cfg, model):
     flow = resolve(cfg.precision)
     backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype), "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype)}
     trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32)
+    if cfg.engine == "vllm":  # vLLM starts from the policy's directory; sync() then loads the trainer's weights
+        from suite.vllm_engine import VllmEngine
+
+        if not model.name_or_path:
+            raise ValueError("engine=vllm: the policy must be loaded from a directory (load_policy), vLLM starts from it")
+        backends["sampler"] = "vllm"
+        return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed), backends
     engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32,
                          functional_cache=flow.exact, quant=flow.sampler_quant)
     return trainer, engine, backends

@@ -1,8 +1,18 @@
-"""The outcome table is a pure function of summary files."""
+"""Reports are pure functions of result bundles: the outcome table, the statistics and the
+reproducibility report, checked against hand computations on bundles written here."""
 
 import json
+import math
+from itertools import product
+from pathlib import Path
 
-from suite import report
+import numpy as np
+import pytest
+
+from suite import config, provenance, render, report, stats
+from suite.results import atomic_write_json, atomic_write_text, config_hash, summarize
+
+# ---------------------------------------------------------------------------- the outcome table
 
 
 def _write(root, precision, k3, dp, slr, verdict="pass"):
@@ -24,3 +34,259 @@ def test_markdown_table_and_bf16_fp16_ratios(tmp_path):
     assert "| arith__grpo__fp16__s0 | collapse |" in md
     assert "mean abs dp 5.0x, k3 KL 20.0x, mean abs seq log-ratio 5.0x" in md
     assert report.outcome_rows(tmp_path / "nothing") == []
+
+
+# ---------------------------------------------------------------------------- statistics
+
+
+def test_stats_by_hand():
+    assert stats.mean_std([1.0, 3.0]) == (2.0, math.sqrt(2.0))  # sample std: ((1)^2 + (1)^2) / (2 - 1)
+    assert stats.mean_std([0.5, None, float("nan")]) == (0.5, None)  # one value left: no std
+    assert stats.mean_std([]) == (None, None)
+    assert stats.iqm([1, 2, 3, 4, 100]) == 3.0  # floor(5/4) = 1 dropped at each end: mean(2, 3, 4)
+    assert stats.iqm([4, 1, 3, 2]) == 2.5  # mean(2, 3)
+    assert stats.iqm([0.2, 0.6]) == pytest.approx(0.4)  # n < 4: nothing dropped
+    np.testing.assert_allclose(stats.trailing_mean([1, 2, 3, 4], 2), [np.nan, 1.5, 2.5, 3.5])
+    np.testing.assert_allclose(stats.trailing_mean([1, np.nan, 3], 2), [np.nan, 1.0, 3.0])  # NaN skipped in a window
+
+
+def test_bootstrap_ci_matches_the_exact_bootstrap_distribution():
+    # With 2 values a < b the bootstrap mean is a with probability 1/4 > 2.5%: the interval is [a, b].
+    assert stats.bootstrap_ci([0.96, 1.0]) == (0.96, 1.0)
+    assert stats.bootstrap_ci([0.7]) is None
+    # n = 5: enumerate all 5^5 equally likely resamples; the Monte-Carlo quantiles must be close.
+    xs = [0.0, 0.1, 0.4, 0.8, 1.0]
+    means = np.sort([np.mean(r) for r in product(xs, repeat=5)])
+    exact = np.quantile(means, [0.025, 0.975])
+    lo, hi = stats.bootstrap_ci(xs)
+    assert lo == pytest.approx(exact[0], abs=0.02) and hi == pytest.approx(exact[1], abs=0.02)
+    assert stats.bootstrap_ci(xs) == (lo, hi)  # fixed seed: deterministic
+    assert stats.bootstrap_ci(xs, n_boot=20, seed=1) != stats.bootstrap_ci(xs, n_boot=20, seed=2)  # seed is used
+    lo_iqm, hi_iqm = stats.bootstrap_ci([1, 2, 3, 4, 100], stat="iqm")
+    assert 1 <= lo_iqm <= 3 <= hi_iqm <= 100
+
+
+# ---------------------------------------------------------------------------- fixture bundles
+TOTAL = 10
+SHA = "1111111111111111111111111111111111111111"
+
+
+def _bundle(root: Path, algo: str, prec: str, seed: int, rewards: list[float], *, error: str | None = None,
+            write_summary: bool = True, overrides=(), extra_summary=None, loss_scale=None, skipped=None,
+            is_rows: bool = False, sha: str = SHA, task: str = "arith") -> Path:
+    """A run directory as suite.train writes it, with known metrics (1-based steps)."""
+    cfg = config.to_dict(config.load([f"algorithm={algo}", f"precision={prec}", f"seed={seed}", "tier=smoke",
+                                      f"steps={TOTAL}", f"out={root.parent}", f"name={root.name}", *overrides]))
+    cfg["task"] = task  # sanity_r1d is not a registered task yet; its bundles are written as they will be
+    d = root / f"{task}__{algo}__{prec}__s{seed}"
+    d.mkdir(parents=True)
+    scale = 1e-6 if prec == "fp16" else 1e-4 if prec == "bf16" else 1e-12
+    rows = []
+    for i, r in enumerate(rewards):
+        row = {"step": i + 1, "reward/mean": r, "mismatch/kl_k3": scale * (1 + i), "mismatch/prob_diff/max": 10 * scale,
+               "mismatch/prob_diff/mean": scale, "mismatch/seq_log_ratio/mean_abs": 100 * scale,
+               "train/loss_scale": loss_scale[i] if loss_scale else 1.0,
+               "train/skipped_steps": skipped[i] if skipped else 0, "train/grad_norm": 0.5, "time/step_s": 1.0}
+        if is_rows:
+            row.update({"is/weight/mean": 1.0, "is/weight/min": 0.5 + 0.01 * i, "is/weight/max": 2.0 + i,
+                        "is/truncated_frac": 0.01 * i, "is/masked_frac": 0.0, "is/ess": 0.9})
+        rows.append(row)
+    atomic_write_json(d / "config.json", {"config_hash": config_hash(cfg), "config": cfg})
+    atomic_write_text(d / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    atomic_write_json(d / "env.json", {
+        "schema_version": 1, "git_sha": sha, "git_dirty": False, "python": "3.11.7", "cpu_model": "Test CPU",
+        "cpu_count": 2, "gpus": [], "torch_threads": 1, "packages": {"torch": "2.13.0"}, "hostname": "<b>host</b>",
+        "precision": {"name": prec, "loss_scaling": prec == "fp16"}, "task": {"name": task, "version": 1},
+        "dataset": {"sha256": "feedbeef", "prompts": 64}})
+    if error:
+        atomic_write_text(d / "error.txt", f"Traceback (most recent call last):\n  File \"x\"\n{error}\n")
+    if write_summary:
+        s = summarize(rows, total_steps=TOTAL, threshold=0.95, error=error)
+        s.update({"run": d.name, "task": task, "algorithm": algo, "precision": prec, "seed": seed, "tier": "smoke",
+                  "config_hash": config_hash(cfg), **(extra_summary or {})})
+        atomic_write_json(d / "summary.json", s)
+    return d
+
+
+FP16_S0 = [0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.0, 1.0, 1.0, 1.0]
+FP16_S1 = [0.5, 0.5, 0.6, 0.8, 0.9, 0.95, 0.95, 1.0, 1.0, 0.9]
+BF16_COLLAPSE = [0.6, 0.8, 0.9, 1.0, 1.0, 1.0, 0.6, 0.4, 0.3, 0.2]
+FP32_LEVELS = [0.97, 0.99, 0.96, 0.5]  # constant-reward runs: peak = final = the level
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory):
+    """4 fp32 seeds (3 pass, 1 unstable; seed 3 with another lr and git sha), 2 fp16 passes, bf16 with a
+    collapse and a failed run, bf16 + token TIS with a pass and a run killed before its summary."""
+    root = tmp_path_factory.mktemp("results") / "exp"
+    for seed, level in enumerate(FP32_LEVELS):
+        _bundle(root, "grpo", "fp32", seed, [level] * TOTAL,
+                **({"overrides": ["optim.lr=0.001"], "sha": "2" * 40} if seed == 3 else {}))
+    scale = [65536.0] * 3 + [32768.0] * 4 + [65536.0] * 3  # back-off at step 4, growth at step 8
+    _bundle(root, "grpo", "fp16", 0, FP16_S0, loss_scale=scale, skipped=[0, 0, 0, 1, 1, 1, 1, 1, 1, 1],
+            extra_summary={"eval/aime": 0.3})
+    _bundle(root, "grpo", "fp16", 1, FP16_S1, loss_scale=[65536.0] * TOTAL, extra_summary={"eval/aime": 0.5})
+    _bundle(root, "grpo", "bf16", 0, BF16_COLLAPSE)
+    _bundle(root, "grpo", "bf16", 1, [0.6, 0.7, 0.7], error="RuntimeError: boom <script>")
+    _bundle(root, "grpo_token_tis", "bf16", 0, [0.98] * TOTAL, is_rows=True)
+    _bundle(root, "grpo_token_tis", "bf16", 1, [0.6, 0.6, 0.7, 0.7], is_rows=True, write_summary=False)
+    out = report.write_report(root)
+    return root, out
+
+
+def _cells(root):
+    return {k: render.cell_stats(v, render.extra_keys(report.load_runs(root)))
+            for k, v in render.group_cells(report.load_runs(root)).items()}
+
+
+def test_golden_verdict_numbers_by_hand(golden):
+    root, _ = golden
+    cells = _cells(root)
+    fp32 = cells[("arith", "grpo", "fp32")]
+    assert fp32["counts"] == {"pass": 3, "collapse": 0, "unstable": 1, "incomplete": 0}
+    mean = (0.97 + 0.99 + 0.96 + 0.5) / 4  # 0.855
+    std = math.sqrt(sum((x - mean) ** 2 for x in FP32_LEVELS) / 3)  # 0.23699
+    for key in ("peak", "final"):
+        assert fp32[key]["mean"] == pytest.approx(mean) and fp32[key]["std"] == pytest.approx(std)
+        assert fp32[key]["iqm"] == pytest.approx((0.96 + 0.97) / 2)  # drop 0.5 and 0.99
+        lo, hi = fp32[key]["ci"]
+        assert 0.5 <= lo < mean < hi <= 0.99
+    assert fp32["first_pass"]["reached"] == 3 and fp32["first_pass"]["mean"] == 5.0  # first full window
+
+    fp16 = cells[("arith", "grpo", "fp16")]
+    assert fp16["counts"]["pass"] == 2
+    # Peaks: seed 0's 5-step mean reaches 1.0 at step 10; seed 1's is (0.9+0.95+0.95+1+1)/5 = 0.96 at step 9.
+    # Finals (last 5 steps): 1.0 and (0.95+0.95+1+1+0.9)/5 = 0.96. First pass: both at step 9 (0.98, 0.96).
+    for key in ("peak", "final"):
+        assert fp16[key]["values"] == pytest.approx([1.0, 0.96])
+        assert fp16[key]["mean"] == pytest.approx(0.98) and fp16[key]["std"] == pytest.approx(math.sqrt(2 * 0.02 ** 2))
+        assert fp16[key]["ci"] == pytest.approx((0.96, 1.0))  # two seeds: [min, max]
+    assert fp16["first_pass"] == {"values": [9, 9], "reached": 2, "mean": 9.0}
+    assert fp16["extra"]["eval/aime"] == pytest.approx((0.4, math.sqrt(0.02)))
+
+    bf16 = cells[("arith", "grpo", "bf16")]
+    assert bf16["counts"] == {"pass": 0, "collapse": 1, "unstable": 0, "incomplete": 1} and bf16["failed"] == 1
+    # Only the complete run counts: peak (0.8+0.9+1+1+1)/5 = 0.94 at step 6; final = mean of the last 5
+    # steps (1.0, 0.6, 0.4, 0.3, 0.2) = 0.5 <= 0.94 - 0.25: collapse.
+    assert bf16["peak"]["values"] == pytest.approx([0.94]) and bf16["peak"]["std"] is None
+    assert bf16["final"]["values"] == pytest.approx([0.5]) and bf16["final"]["ci"] is None
+
+    tis = cells[("arith", "grpo_token_tis", "bf16")]
+    assert tis["counts"] == {"pass": 1, "collapse": 0, "unstable": 0, "incomplete": 1} and tis["failed"] == 0
+
+
+def test_golden_report_tables(golden):
+    root, out = golden
+    assert out == root / "report"
+    md = (out / "report.md").read_text()
+    # The verdict table as rendered (the CI of four seeds is checked above, not spelled here).
+    assert "| arith | grpo | fp32 | 0,1,2,3 | 3 | 0 | 1 | 0 (0) | 0.855 ± 0.237 |" in md
+    assert "| 0.965 | 5.0 (3/4) | - |" in md  # final IQM, first pass, no eval/aime for fp32
+    assert ("| arith | grpo | fp16 | 0,1 | 2 | 0 | 0 | 0 (0) | 0.980 ± 0.028 | [0.960, 1.000] | 0.980 ± 0.028 "
+            "| [0.960, 1.000] | 0.980 | 9.0 (2/2) | 0.400 ± 0.141 |") in md
+    assert "| arith | grpo | bf16 | 0,1 | 0 | 1 | 0 | 1 (1) | 0.940 (n=1) | - | 0.500 (n=1) | - | 0.500 | - (0/1) |" in md
+    assert "eval/aime mean ± std" in md
+    # Failed and killed runs appear as such, with the error.
+    assert "| arith__grpo__bf16__s1 | failed | 3/10 | RuntimeError: boom <script> |" in md
+    assert "| arith__grpo_token_tis__bf16__s1 | incomplete | 4/10 |" in md
+    assert "arith__grpo_token_tis__bf16__s1: summary.json missing; summary recomputed from metrics.jsonl" in md
+    # fp16 loss scale: 65536 -> 32768 at step 4 (one back-off, one skipped step) -> 65536 at step 8.
+    assert "| arith__grpo__fp16__s0 | pass | 65536 | 32768 | 65536 | 1 | 1 | 1 | 0 |" in md
+    assert "| arith__grpo__fp16__s1 | pass | 65536 | 65536 | 65536 | 0 | 0 | 0 | 0 |" in md
+    # IS diagnostics of the token-TIS cell over 14 steps: is/weight/max = 2 + i, so max 11 (step 10 of seed 0).
+    row = next(ln for ln in md.splitlines() if ln.startswith("| arith | grpo_token_tis | bf16 | 14 |"))
+    assert "0.9 [0.9, 0.9]" in row and "[2, 11]" in row
+    # Warnings: the lr and git sha of seed 3 differ; nothing else does.
+    assert "config optim.lr differs between runs: 0.0001 (9 runs); 0.001 (arith__grpo__fp32__s3)" in md
+    assert f"environment git_sha differs between runs: {SHA} (9 runs); {'2' * 40} (arith__grpo__fp32__s3)" in md
+    assert "config tier differs" not in md and "packages.torch differs" not in md
+    assert "Published sanity test" not in md  # no sanity_r1d runs
+
+
+def test_rerun_commands_reproduce_config_hashes(golden):
+    root, out = golden
+    runs = report.load_runs(root)
+    for r in runs:
+        overrides = provenance.rerun_overrides(r.config)
+        assert config.load(overrides) is not None
+        assert config_hash(config.to_dict(config.load(overrides))) == r.config_hash, r.label
+        assert str(provenance.check(r.config, r.config_hash)) == "yes"
+    lr_run = next(r for r in runs if r.seed == 3)
+    assert "optim.lr=0.001" in provenance.rerun_overrides(lr_run.config) and "tier=smoke" in provenance.rerun_overrides(lr_run.config)
+    md = (out / "report.md").read_text()
+    assert "suite run task=arith algorithm=grpo precision=fp32 seed=3 tier=smoke" in md
+    # A config edited after its hash was recorded is caught.
+    changed = json.loads(json.dumps(lr_run.config)) | {"threshold": 0.5}
+    assert str(provenance.check(changed, lr_run.config_hash)).startswith("NO: composes to")
+
+
+@pytest.mark.parametrize("root, n", [("results/sanity", 24), ("tests/fixtures/results-2seeds", 6)])
+def test_committed_results_rerun_commands(root, n):
+    """Every committed run (the main job's grid; older real runs) recomposes to its recorded config."""
+    runs = report.load_runs(Path(__file__).parents[1] / root)
+    assert len(runs) == n
+    for r in runs:
+        assert str(provenance.check(r.config, r.config_hash)).startswith("yes"), r.label
+
+
+def test_html_is_escaped_and_self_contained(golden):
+    _, out = golden
+    page = (out / "index.html").read_text()
+    assert "RuntimeError: boom &lt;script&gt;" in page and "<script>" not in page
+    assert "&lt;b&gt;host&lt;/b&gt;" in page
+    assert "http://" not in page and "https://" not in page  # no network requests, no CDN
+    imgs = [ln for ln in page.split("<img ")[1:]]
+    assert imgs
+    for name in ("reward_curves", "mismatch_curves", "mismatch_step0", "loss_scale", "is_diagnostics"):
+        for ext in ("png", "svg"):
+            f = out / "figures" / f"{name}.{ext}"
+            assert f.is_file() and f.stat().st_size > 1000, f
+        assert f'src="figures/{name}.png"' in page
+
+
+def test_report_is_deterministic_and_replaced_atomically(golden, tmp_path):
+    root, out = golden
+    again = report.write_report(root, tmp_path / "again")
+    for f in sorted(p.relative_to(out) for p in out.rglob("*") if p.is_file()):
+        assert (again / f).read_bytes() == (out / f).read_bytes(), f
+    (again / "stale.txt").write_text("from an older report")
+    assert report.write_report(root, again) == again
+    assert not (again / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again"]  # no temp dirs left behind
+    with pytest.raises(ValueError, match="not a report folder"):
+        report.write_report(root, root)  # --out pointed at the results must not replace them
+
+
+def test_nested_runs_and_sanity_comparison(tmp_path):
+    root = tmp_path / "results"
+    exp = root / "sanity"
+    _bundle(exp, "grpo", "bf16", 0, BF16_COLLAPSE, task="sanity_r1d")
+    _bundle(exp, "pg_seq_is", "fp16", 0, FP16_S0, task="sanity_r1d")
+    _bundle(exp, "grpo_token_tis", "fp16", 0, [0.6] * TOTAL, task="sanity_r1d")  # unstable, published: pass
+    md = (report.write_report(root) / "report.md").read_text()
+    assert "sanity/sanity_r1d__grpo__bf16__s0" in md  # nested one level, labelled with its folder
+    assert "## Published sanity test (arXiv 2510.26788)" in md
+    assert "| BF16, GRPO (PPO-clip, Dr.GRPO) | collapses; peak train acc ~73% (VeRL) / ~84% (Oat) | grpo/bf16 | 1 collapse | 0.940 (n=1) | yes |" in md
+    assert "| FP16, PG-Seq-IS | ~99%, fast and stable | pg_seq_is/fp16 | 1 pass | 1.000 (n=1) | yes |" in md
+    assert "| FP16, other algorithms | all FP16 algorithms nearly coincide (~99%) | grpo_token_tis/fp16 | 1 unstable | 0.600 (n=1) | no |" in md
+    assert "| BF16, GSPO | grad norm NaN after ~1,200 steps (VeRL) | not run | - | - | - |" in md
+    # The task is not registered today, so the commands cannot be checked; the report says so.
+    assert "cannot compose today" in md
+
+
+def test_empty_and_foreign_directories_give_one_line_errors(tmp_path, capsys):
+    from suite.cli import main
+
+    with pytest.raises(ValueError, match="no run directories found"):
+        report.write_report(tmp_path)
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")  # an HF model folder is not a run
+    with pytest.raises(ValueError, match="no run directories found"):
+        report.write_report(tmp_path)
+    with pytest.raises(ValueError, match="no such directory"):
+        report.write_report(tmp_path / "missing")
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no run directories found" in err
+    assert not (tmp_path / "report").exists()

@@ -81,7 +81,7 @@ def test_grids_read_flows_and_algorithms_when_looked_up(monkeypatch):
     assert set(fp8["precision"]) == {f for f in precision.FLOWS if "fp8" in f} | {"bf16", "fp32"}
     assert fp8["algorithm"] == ["grpo", "grpo_token_tis"] and fp8["seed"] == [0, 1, 2]
     full = grids.get("sanity-full")
-    assert full["overrides"] == ["tier=full"] and full["axes"]["seed"] == [0, 1, 2]
+    assert full["overrides"] == ["steps=200"] and full["axes"]["seed"] == [0, 1, 2]
     assert grids.get("algorithms")["axes"] == {"algorithm": list(algos.ALGORITHMS), "precision": ["bf16", "fp16"],
                                                "seed": [0, 1]}
 

@@ -1,0 +1,385 @@
+"""What the reproducibility report shows, as text: pure functions of loaded runs (suite.report.Run).
+
+Runs are grouped into cells (task, algorithm, precision) with across-seed statistics
+(suite/stats.py); each table is a header and rows of strings; the warnings name what makes
+runs less comparable than the grid axes allow. suite/report.py assembles these into a
+document, a list of blocks, which ``to_html`` and ``to_markdown`` render so that both files
+say the same:
+  ("h", text, anchor) | ("p", text) | ("warn", [text]) | ("table", head, rows, caption) |
+  ("fig", stem, caption) | ("pre", text)
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import TYPE_CHECKING
+
+from suite import stats
+from suite.provenance import flatten
+from suite.results import LOCATION_KEYS
+
+if TYPE_CHECKING:
+    from suite.report import Run
+
+GRID_AXES = ("precision", "algorithm", "seed")  # what may differ between cells of one report
+VERDICTS = ("pass", "collapse", "unstable", "incomplete")
+# env.json fields that must agree across a results directory for its cells to be comparable.
+ENV_CHECKED = ("git_sha", "python", "cpu_model", "cpu_count", "gpus", "torch_threads", "engine",
+               "lm_head_fp32", "task.name", "task.version", "dataset.sha256", "dataset.prompts", "policy.params")
+MISMATCH_PLOT = {"mismatch/kl_k3": "k3 KL (sampler || trainer)", "mismatch/prob_diff/max": "max |p_trainer - p_sampler|",
+                 "mismatch/seq_log_ratio/mean_abs": "mean |sequence log-ratio|"}
+IS_PLOT = {"is/ess": "IS effective sample size (normalised)", "is/weight/max": "max raw IS weight"}
+EXTRA_PREFIXES = ("eval/", "transfer/")  # held-out evaluation and transfer index, when runs have them
+
+# Published outcomes of the sanity test (arXiv 2510.26788; REFERENCE.md section 1, numbers are
+# approximate write-ups of the paper). `algorithm` None matches any algorithm of that flow;
+# `expect` is the set of our verdicts consistent with the published outcome.
+PUBLISHED_SANITY = (
+    {"precision": "bf16", "algorithm": "grpo", "setting": "BF16, GRPO (PPO-clip, Dr.GRPO)",
+     "outcome": "collapses; peak train acc ~73% (VeRL) / ~84% (Oat)", "expect": ("collapse",)},
+    {"precision": "bf16", "algorithm": "grpo_token_tis", "setting": "BF16, GRPO + token TIS",
+     "outcome": "collapses later; peak ~82% / ~88%", "expect": ("collapse",)},
+    {"precision": "bf16", "algorithm": "gspo", "setting": "BF16, GSPO",
+     "outcome": "grad norm NaN after ~1,200 steps (VeRL)", "expect": ("collapse", "incomplete")},
+    {"precision": "bf16", "algorithm": "grpo_seq_mis", "setting": "BF16, GRPO + seq MIS",
+     "outcome": "stable but slow, peak ~95%", "expect": ("pass", "unstable")},
+    {"precision": "fp16", "algorithm": "pg_seq_is", "setting": "FP16, PG-Seq-IS",
+     "outcome": "~99%, fast and stable", "expect": ("pass",)},
+    {"precision": "fp16", "algorithm": None, "setting": "FP16, other algorithms",
+     "outcome": "all FP16 algorithms nearly coincide (~99%)", "expect": ("pass",)},
+    {"precision": "bf16_fp32rollout", "algorithm": None, "setting": "BF16 train + FP32 rollout",
+     "outcome": "stable, ~3x slower", "expect": ("pass", "unstable")},
+    {"precision": "bf16_fp16rollout", "algorithm": None, "setting": "BF16 train + FP16 rollout",
+     "outcome": "better than BF16/BF16, still unstable", "expect": ("unstable", "collapse")},
+)
+SANITY_TASK = "sanity_r1d"
+
+
+# ---------------------------------------------------------------------------- numbers as text
+def fmt(x, spec=".3f"):
+    if x is None:
+        return "-"
+    if isinstance(x, int) and not isinstance(x, bool):
+        return str(x)  # steps and counts
+    if isinstance(x, float):
+        return format(x, spec)
+    return str(x)
+
+
+def ratio_caption(rows: list[dict]) -> str:
+    """bf16/fp16 ratios of the step-0 mismatch, when both flows are present (same task, algorithm, seed)."""
+    by = {(r.get("task"), r.get("algorithm"), r.get("seed"), r.get("precision")): r for r in rows}
+    parts = []
+    for (task, algo, seed, prec), r in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0]))):
+        other = by.get((task, algo, seed, "fp16"))
+        if prec != "bf16" or other is None:
+            continue
+        ratios = []
+        for key, label in (("prob_diff/mean", "mean abs dp"), ("kl_k3", "k3 KL"), ("seq_log_ratio/mean_abs", "mean abs seq log-ratio")):
+            a, b = r.get(f"mismatch/step0/{key}"), other.get(f"mismatch/step0/{key}")
+            if a is not None and b:
+                ratios.append(f"{label} {a / b:.1f}x")
+        parts.append(f"step-0 mismatch bf16/fp16 ({algo}, seed {seed}): " + ", ".join(ratios))
+    return "\n".join(parts)
+
+
+# ---------------------------------------------------------------------------- cells: the verdict table
+def flow_order(precisions) -> list[str]:
+    """Precision flows in the order of suite.precision.FLOWS, unknown ones after, sorted."""
+    try:
+        from suite.precision import FLOWS
+
+        known = list(FLOWS)
+    except Exception:  # a report must not need torch to render
+        known = []
+    present = set(precisions)
+    return [f for f in known if f in present] + sorted(present - set(known))
+
+
+def group_cells(runs: list[Run]) -> dict[tuple[str, str, str], list[Run]]:
+    """(task, algorithm, precision) -> runs sorted by seed; cells ordered by task, algorithm, flow order."""
+    order = {f: i for i, f in enumerate(flow_order(r.precision for r in runs))}
+    cells: dict[tuple[str, str, str], list[Run]] = {}
+    for r in sorted(runs, key=lambda r: (r.task, r.algorithm, order[r.precision], r.seed, r.label)):
+        cells.setdefault((r.task, r.algorithm, r.precision), []).append(r)
+    return cells
+
+
+def extra_keys(runs: list[Run]) -> list[str]:
+    """Summary keys of held-out evaluation / transfer index (eval/*, transfer/*) present in any run."""
+    return sorted({k for r in runs for k in r.summary if k.startswith(EXTRA_PREFIXES)})
+
+
+def cell_stats(cell: list[Run], extras: list[str] = ()) -> dict:
+    """Across-seed numbers of one cell. Accuracy statistics use complete runs only (a run that
+    died at step 3 has no meaningful peak); counts cover every run."""
+    done = [r for r in cell if r.verdict != "incomplete"]
+    counts = {v: sum(r.verdict == v for r in cell) for v in VERDICTS}
+    out = {"runs": len(cell), "seeds": [r.seed for r in cell], "counts": counts, "complete": len(done),
+           "failed": sum(r.status == "failed" for r in cell)}
+    for key in ("peak", "final"):
+        vals = stats.finite(r.summary.get(f"accuracy/{key}") for r in done)
+        mean, std = stats.mean_std(vals)
+        out[key] = {"values": vals, "mean": mean, "std": std, "ci": stats.bootstrap_ci(vals), "iqm": stats.iqm(vals)}
+    firsts = [r.summary.get("accuracy/first_pass_step") for r in done]
+    reached = stats.finite(firsts)
+    out["first_pass"] = {"values": firsts, "reached": len(reached), "mean": stats.mean_std(reached)[0]}
+    out["extra"] = {k: stats.mean_std(r.summary.get(k) for r in done) for k in extras}
+    return out
+
+
+def _pm(mean, std, n=None) -> str:
+    if mean is None:
+        return "-"
+    return f"{mean:.3f} ± {std:.3f}" if std is not None else f"{mean:.3f} (n={n or 1})"
+
+
+def _ci(ci) -> str:
+    return "-" if ci is None else f"[{ci[0]:.3f}, {ci[1]:.3f}]"
+
+
+def verdict_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    extras = extra_keys(runs)
+    head = ["task", "algorithm", "precision", "seed ids", "pass", "collapse", "unstable", "incomplete (failed)",
+            "peak acc mean ± std", "peak 95% CI", "final acc mean ± std", "final 95% CI", "final IQM",
+            "first pass step: mean (reached)"] + [f"{k} mean ± std" for k in extras]
+    rows = []
+    for (task, algo, prec), cell in group_cells(runs).items():
+        s = cell_stats(cell, extras)
+        c, fp = s["counts"], s["first_pass"]
+        rows.append([task, algo, prec, ",".join(map(str, s["seeds"])), str(c["pass"]), str(c["collapse"]),
+                     str(c["unstable"]), f"{c['incomplete']} ({s['failed']})",
+                     _pm(s["peak"]["mean"], s["peak"]["std"]), _ci(s["peak"]["ci"]),
+                     _pm(s["final"]["mean"], s["final"]["std"]), _ci(s["final"]["ci"]), fmt(s["final"]["iqm"]),
+                     f"{fmt(fp['mean'], '.1f')} ({fp['reached']}/{s['complete']})"]
+                    + [_pm(*s["extra"][k]) for k in extras])
+    return head, rows
+
+
+def run_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    head = ["run", "status", "steps", "peak acc (step)", "final acc", "first pass step", "step-0 k3 KL",
+            "final k3 KL", "skipped steps", "time s"]
+    rows = []
+    for r in runs:
+        s = r.summary
+        rows.append([r.label, r.status, f"{s.get('steps_done', len(r.metrics))}/{s.get('total_steps', '?')}",
+                     f"{fmt(s.get('accuracy/peak'))} ({fmt(s.get('accuracy/peak_step'))})",
+                     fmt(s.get("accuracy/final")), fmt(s.get("accuracy/first_pass_step")),
+                     fmt(s.get("mismatch/step0/kl_k3"), ".2e"), fmt(s.get("mismatch/final/kl_k3"), ".2e"),
+                     fmt(s.get("train/skipped_steps")), fmt(s.get("time/total_s"), ".0f")])
+    return head, rows
+
+
+def uses_loss_scaling(r: Run) -> bool:
+    flow = (r.env or {}).get("precision")
+    if isinstance(flow, dict) and "loss_scaling" in flow:
+        return bool(flow["loss_scaling"])
+    return any(m.get("train/loss_scale") not in (None, 1.0) for m in r.metrics)
+
+
+def loss_scale_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """Per run with dynamic loss scaling: the scale's trajectory (start, min, end, halvings, doublings) and skipped steps."""
+    head = ["run", "status", "initial scale", "min scale", "final scale", "back-offs", "growths", "skipped steps",
+            "NaN grad-norm steps"]
+    rows = []
+    for r in runs:
+        scales = stats.finite(m.get("train/loss_scale") for m in r.metrics)
+        if not uses_loss_scaling(r) or not scales:
+            continue
+        down = sum(b < a for a, b in zip(scales, scales[1:]))
+        up = sum(b > a for a, b in zip(scales, scales[1:]))
+        rows.append([r.label, r.status, f"{scales[0]:g}", f"{min(scales):g}", f"{scales[-1]:g}", str(down), str(up),
+                     fmt(r.summary.get("train/skipped_steps")), fmt(r.summary.get("train/nan_grad_steps"))])
+    return head, rows
+
+
+def is_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """Per cell: every is/* metric as mean [min, max] over all steps of all its runs."""
+    keys = sorted({k for r in runs for m in r.metrics for k in m if k.startswith("is/")})
+    head = ["task", "algorithm", "precision", "steps"] + keys
+    rows = []
+    for (task, algo, prec), cell in group_cells(runs).items():
+        vals = {k: stats.finite(m.get(k) for r in cell for m in r.metrics) for k in keys}
+        if not any(vals.values()):
+            continue
+        n = sum(len(r.metrics) for r in cell)
+        rows.append([task, algo, prec, str(n)] + [
+            f"{stats.mean_std(v)[0]:.3g} [{min(v):.3g}, {max(v):.3g}]" if v else "-" for v in vals.values()])
+    return head, rows
+
+
+def step0_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    head = ["precision", "runs"] + [f"step-0 {lab} mean ± std" for lab in MISMATCH_PLOT.values()]
+    rows = []
+    for flow in flow_order(r.precision for r in runs):
+        vals = [[r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in runs if r.precision == flow]
+                for k in MISMATCH_PLOT]
+        cells = []
+        for v in vals:
+            mean, std = stats.mean_std(v)
+            cells.append("-" if mean is None else f"{mean:.2e}" + (f" ± {std:.1e}" if std is not None else ""))
+        rows.append([flow, str(len(vals[0]))] + cells)
+    return head, rows
+
+
+def sanity_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """Our sanity_r1d cells next to the published outcome of the same setting; [] rows without such runs."""
+    ours = {k: v for k, v in group_cells([r for r in runs if r.task == SANITY_TASK]).items()}
+    if not ours:
+        return [], []
+    claimed: set = set()
+    head = ["published setting", "published outcome", "our cells", "our verdicts", "our peak acc", "consistent"]
+    rows = []
+    for pub in PUBLISHED_SANITY:
+        keys = [k for k in ours if k[2] == pub["precision"] and k not in claimed
+                and (pub["algorithm"] is None or k[1] == pub["algorithm"])]
+        claimed.update(keys)
+        cell = [r for k in keys for r in ours[k]]
+        done = [r for r in cell if r.verdict != "incomplete"]
+        verdicts = ", ".join(f"{sum(r.verdict == v for r in cell)} {v}" for v in VERDICTS if any(r.verdict == v for r in cell))
+        ok = [r.verdict in pub["expect"] for r in done]
+        consistent = "-" if not ok else "yes" if all(ok) else "no" if not any(ok) else f"{sum(ok)}/{len(ok)} runs"
+        rows.append([pub["setting"], pub["outcome"], ", ".join(f"{k[1]}/{k[2]}" for k in keys) or "not run",
+                     verdicts or "-", _pm(*stats.mean_std(r.summary.get("accuracy/peak") for r in done)), consistent])
+    return head, rows
+
+
+# ---------------------------------------------------------------------------- consistency and provenance
+def _values(flats: dict[str, dict], key: str) -> dict[str, list[str]]:
+    """json(value of `key`) -> labels of the runs having it; `flats` maps run label -> flattened dict."""
+    out: dict[str, list[str]] = {}
+    for label, flat in flats.items():
+        v = flat.get(key, "(absent)")
+        text = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+        out.setdefault(text, []).append(label)
+    return out
+
+
+def _describe(values: dict[str, list[str]]) -> str:
+    parts = []
+    for v, labels in sorted(values.items(), key=lambda kv: -len(kv[1])):
+        who = ", ".join(labels) if len(labels) <= 3 else f"{len(labels)} runs"
+        parts.append(f"{v} ({who})")
+    return "; ".join(parts)
+
+
+def consistency_warnings(runs: list[Run]) -> list[str]:
+    """Differences between runs beyond the grid axes (precision, algorithm, seed): config fields
+    and the env.json fields that decide whether numbers are comparable; plus dirty checkouts."""
+    warnings = []
+    cfgs = {r.label: flatten(r.config) for r in runs if r.config}
+    for k in sorted({k for f in cfgs.values() for k in f if k.split(".")[0] not in (*GRID_AXES, *LOCATION_KEYS)}):
+        vals = _values(cfgs, k)
+        if len(vals) > 1:
+            warnings.append(f"config {k} differs between runs: {_describe(vals)}")
+    envs = {r.label: flatten(r.env) for r in runs if r.env}
+    for k in sorted({k for f in envs.values() for k in f if k in ENV_CHECKED or k.startswith("packages.")}):
+        vals = _values(envs, k)
+        if len(vals) > 1:
+            warnings.append(f"environment {k} differs between runs: {_describe(vals)}")
+    dirty = [r.label for r in runs if r.env and r.env.get("git_dirty")]
+    if dirty:
+        warnings.append(f"{len(dirty)} run(s) ran from a checkout with uncommitted changes (git_dirty), so the git sha "
+                        f"alone does not pin their code: {', '.join(dirty)}")
+    return warnings
+
+
+def env_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    envs = {r.label: flatten(r.env) for r in runs if r.env}
+    keys = sorted({k for f in envs.values() for k in f
+                   if k in (*ENV_CHECKED, "git_dirty", "platform", "hostname", "dataset.path") or k.startswith("packages.")})
+    rows = []
+    for k in keys:
+        vals = _values(envs, k)
+        rows.append([k, next(iter(vals)) if len(vals) == 1 else "differs: " + _describe(vals)])
+    return ["field", "value (all runs unless noted)"], rows
+
+
+def provenance_table(runs: list[Run], answers: dict[str, str]) -> tuple[list[str], list[list[str]]]:
+    """Per run: config hash, whether its rerun command reproduces it (`answers`, suite/provenance.py), code and data."""
+    head = ["run", "config hash", "rerun command reproduces the hash", "git sha", "dirty", "task (version)",
+            "dataset sha256"]
+    rows = []
+    for r in runs:
+        e = r.env or {}
+        task = e.get("task") if isinstance(e.get("task"), dict) else {}
+        ds = e.get("dataset") if isinstance(e.get("dataset"), dict) else {}
+        rows.append([r.label, r.config_hash or "-", answers.get(r.label, "no config.json"),
+                     (e.get("git_sha") or "-")[:12], fmt(e.get("git_dirty")),
+                     f"{task.get('name', r.task)} (v{task.get('version', '?')})", fmt(ds.get("sha256"))])
+    return head, rows
+
+
+# ---------------------------------------------------------------------------- pages
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1500px;padding:0 24px 48px;color:#1d1d1f}
+h1{font-size:24px;margin:24px 0 4px}h2{font-size:19px;margin:32px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
+nav a{margin-right:14px}table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
+.scroll{overflow-x:auto}th,td{border:1px solid #d6d6d6;padding:3px 7px;text-align:left;vertical-align:top}
+th{background:#f3f4f6}tr:nth-child(even) td{background:#fafafa}.cap{color:#555;font-size:12.5px;max-width:1100px}
+.warn{background:#fff6e0;border:1px solid #f0c36d;padding:8px 12px 8px 28px}pre{background:#f6f8fa;padding:10px;
+overflow-x:auto;font-size:12px}figure{margin:10px 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
+figcaption{color:#555;font-size:12.5px}
+.s-pass{color:#0a7d28;font-weight:600}.s-collapse,.s-failed{color:#b3261e;font-weight:600}
+.s-unstable,.s-incomplete{color:#9a6700;font-weight:600}
+"""
+STATUS_CELLS = {"pass", "collapse", "unstable", "incomplete", "failed"}
+
+
+def to_html(doc: list[tuple], title: str) -> str:
+    """A self-contained page: inline CSS, figures as relative files, every string HTML-escaped."""
+    e = html.escape
+    nav = " ".join(f'<a href="#{b[2]}">{e(b[1])}</a>' for b in doc if b[0] == "h")
+    out = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width, initial-scale=1">',
+           '<link rel="icon" href="data:,">',  # no favicon request (no network, no console error)
+           f"<title>{e(title)}</title><style>{CSS}</style></head><body>", f"<h1>{e(title)}</h1>", f"<nav>{nav}</nav>"]
+    for b in doc:
+        kind = b[0]
+        if kind == "h":
+            out.append(f'<h2 id="{e(b[2])}">{e(b[1])}</h2>')
+        elif kind == "p":
+            out.append(f"<p>{e(b[1])}</p>")
+        elif kind == "warn":
+            out.append('<ul class="warn">' + "".join(f"<li>{e(w)}</li>" for w in b[1]) + "</ul>")
+        elif kind == "table":
+            head = "".join(f"<th>{e(h)}</th>" for h in b[1])
+            body = "".join("<tr>" + "".join(
+                f'<td class="s-{c}">{e(c)}</td>' if c in STATUS_CELLS else f"<td>{e(c)}</td>" for c in row) + "</tr>"
+                for row in b[2])
+            cap = f'<p class="cap">{e(b[3])}</p>'.replace("\n", "<br>") if b[3] else ""
+            out.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{cap}')
+        elif kind == "fig":
+            stem = e(b[1])
+            out.append(f'<figure><a href="figures/{stem}.svg"><img src="figures/{stem}.png" alt="{e(b[2])}"></a>'
+                       f'<figcaption>{e(b[2])} (<a href="figures/{stem}.svg">SVG</a>)</figcaption></figure>')
+        elif kind == "pre":
+            out.append(f"<pre>{e(b[1])}</pre>")
+    return "\n".join(out + ["</body></html>", ""])
+
+
+def _md_cell(s: str) -> str:
+    return str(s).replace("|", "\\|").replace("\n", " ")
+
+
+def to_markdown(doc: list[tuple], title: str) -> str:
+    out = [f"# {title}", ""]
+    for b in doc:
+        kind = b[0]
+        if kind == "h":
+            out += [f"## {b[1]}", ""]
+        elif kind == "p":
+            out += [b[1], ""]
+        elif kind == "warn":
+            out += [f"- **warning:** {w}" for w in b[1]] + [""]
+        elif kind == "table":
+            out += ["| " + " | ".join(map(_md_cell, b[1])) + " |", "|" + "---|" * len(b[1])]
+            out += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in b[2]]
+            out += ["", b[3], ""] if b[3] else [""]
+        elif kind == "fig":
+            out += [f"![{b[2]}](figures/{b[1]}.png)", "", f"{b[2]} ([SVG](figures/{b[1]}.svg))", ""]
+        elif kind == "pre":
+            fence = "~~~~" if "```" in b[1] else "```"
+            out += [fence, b[1], fence, ""]
+    return "\n".join(out)

