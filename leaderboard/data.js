@@ -60,7 +60,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 226.72365405500022,
+       "iqm": 125.51877816200431,
        "lo": null,
        "n": 1
       }
@@ -555,17 +555,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -621,7 +621,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 226.72365405500022,
+        "time/total_s": 125.51877816200431,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -687,7 +687,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 146.85011541300992,
+       "iqm": 125.82069380598841,
        "lo": null,
        "n": 1
       }
@@ -1182,17 +1182,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -1248,7 +1248,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 146.85011541300992,
+        "time/total_s": 125.82069380598841,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -1314,7 +1314,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 96.05986264899002,
+       "iqm": 63.94696046999525,
        "lo": null,
        "n": 1
       }
@@ -1809,17 +1809,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -1875,7 +1875,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.07003005397600646,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 96.05986264899002,
+        "time/total_s": 63.94696046999525,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -1941,7 +1941,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 106.33294760199897,
+       "iqm": 65.4969273470033,
        "lo": null,
        "n": 1
       }
@@ -2436,17 +2436,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -2502,7 +2502,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.13446904169495003,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 106.33294760199897,
+        "time/total_s": 65.4969273470033,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -2568,7 +2568,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 109.88705369500349,
+       "iqm": 66.93008105900117,
        "lo": null,
        "n": 1
       }
@@ -3063,17 +3063,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -3129,7 +3129,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.01443497654511574,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 109.88705369500349,
+        "time/total_s": 66.93008105900117,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -3195,7 +3195,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 117.33224580899514,
+       "iqm": 61.894518076007444,
        "lo": null,
        "n": 1
       }
@@ -3690,17 +3690,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -3756,7 +3756,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.01443497654511574,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 117.33224580899514,
+        "time/total_s": 61.894518076007444,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -3822,7 +3822,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 64.91429183899345,
+       "iqm": 67.61514444100067,
        "lo": null,
        "n": 1
       }
@@ -4317,17 +4317,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -4383,7 +4383,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.07003005397600646,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 64.91429183899345,
+        "time/total_s": 67.61514444100067,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -4449,7 +4449,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 151.592019265001,
+       "iqm": 125.19810950400824,
        "lo": null,
        "n": 1
       }
@@ -4944,17 +4944,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -5010,7 +5010,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 151.592019265001,
+        "time/total_s": 125.19810950400824,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -5076,7 +5076,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 348.465110545003,
+       "iqm": 131.6026569359965,
        "lo": null,
        "n": 1
       }
@@ -5571,17 +5571,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -5637,7 +5637,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 348.465110545003,
+        "time/total_s": 131.6026569359965,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -5703,7 +5703,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 96.0518397129963,
+       "iqm": 65.93797958799951,
        "lo": null,
        "n": 1
       }
@@ -6198,17 +6198,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -6264,7 +6264,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.07003005397600646,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 96.0518397129963,
+        "time/total_s": 65.93797958799951,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -6330,7 +6330,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 103.65907978899486,
+       "iqm": 56.9908776599932,
        "lo": null,
        "n": 1
       }
@@ -6825,17 +6825,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -6891,7 +6891,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0714651948134278,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 103.65907978899486,
+        "time/total_s": 56.9908776599932,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -6957,7 +6957,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 90.52643960600471,
+       "iqm": 57.39768454901059,
        "lo": null,
        "n": 1
       }
@@ -7452,17 +7452,17 @@ window.LEADERBOARD = {
          "trainer": "native"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -7518,7 +7518,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 3.089005459313439e-06,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 90.52643960600471,
+        "time/total_s": 57.39768454901059,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -7584,7 +7584,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 94.89357468400158,
+       "iqm": 57.696037257010175,
        "lo": null,
        "n": 1
       }
@@ -8079,17 +8079,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -8145,7 +8145,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0714651948134278,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 94.89357468400158,
+        "time/total_s": 57.696037257010175,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -8211,7 +8211,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 87.81993944601527,
+       "iqm": 89.38047214400649,
        "lo": null,
        "n": 1
       }
@@ -8706,17 +8706,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -8772,7 +8772,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.3412425096224438,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 87.81993944601527,
+        "time/total_s": 89.38047214400649,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -8838,7 +8838,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 86.05377870499615,
+       "iqm": 89.5525697710109,
        "lo": null,
        "n": 1
       }
@@ -9333,17 +9333,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -9399,7 +9399,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.3412425096224438,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 86.05377870499615,
+        "time/total_s": 89.5525697710109,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -9465,7 +9465,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 92.57817153498763,
+       "iqm": 63.47565829399355,
        "lo": null,
        "n": 1
       }
@@ -9960,17 +9960,17 @@ window.LEADERBOARD = {
          "trainer": "native"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -10026,7 +10026,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 3.089005459313439e-06,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 92.57817153498763,
+        "time/total_s": 63.47565829399355,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -10092,7 +10092,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 103.65641188000518,
+       "iqm": 61.90535575899776,
        "lo": null,
        "n": 1
       }
@@ -10587,17 +10587,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -10653,7 +10653,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.01443497654511574,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 103.65641188000518,
+        "time/total_s": 61.90535575899776,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -10719,7 +10719,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 92.04885274299704,
+       "iqm": 55.809334771003705,
        "lo": null,
        "n": 1
       }
@@ -11214,17 +11214,17 @@ window.LEADERBOARD = {
          "trainer": "native"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -11280,7 +11280,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 3.089005459313439e-06,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 92.04885274299704,
+        "time/total_s": 55.809334771003705,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -11346,7 +11346,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 102.27084335099062,
+       "iqm": 68.16700145300092,
        "lo": null,
        "n": 1
       }
@@ -11841,17 +11841,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -11907,7 +11907,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.13446904169495003,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 102.27084335099062,
+        "time/total_s": 68.16700145300092,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -11973,7 +11973,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 341.80038887199044,
+       "iqm": 132.44537475000106,
        "lo": null,
        "n": 1
       }
@@ -12468,17 +12468,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -12534,7 +12534,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 341.80038887199044,
+        "time/total_s": 132.44537475000106,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -12600,7 +12600,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 98.40994122701159,
+       "iqm": 68.15383044199552,
        "lo": null,
        "n": 1
       }
@@ -13095,17 +13095,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -13161,7 +13161,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.13446904169495003,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 98.40994122701159,
+        "time/total_s": 68.15383044199552,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -13227,7 +13227,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 235.9706730980015,
+       "iqm": 137.41216897599224,
        "lo": null,
        "n": 1
       }
@@ -13722,17 +13722,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -13788,7 +13788,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 235.9706730980015,
+        "time/total_s": 137.41216897599224,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -13854,7 +13854,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 91.84014232698974,
+       "iqm": 60.039931224999236,
        "lo": null,
        "n": 1
       }
@@ -14349,17 +14349,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -14415,7 +14415,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.0714651948134278,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 91.84014232698974,
+        "time/total_s": 60.039931224999236,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"
@@ -14481,7 +14481,7 @@ window.LEADERBOARD = {
       },
       "time/total_s": {
        "hi": null,
-       "iqm": 85.10026405200551,
+       "iqm": 87.4113357590013,
        "lo": null,
        "n": 1
       }
@@ -14976,17 +14976,17 @@ window.LEADERBOARD = {
          "trainer": "emulated"
         },
         "git_dirty": true,
-        "git_sha": "9bac15f848598adda5d4ed53ac76c8ec0d867410",
+        "git_sha": "ce7023007d7a74b226322991173aba588fb89706",
         "gpus": [],
         "lm_head_fp32": false,
         "packages": {
          "hydra-core": "1.3.8",
          "lm_eval": null,
-         "numpy": "2.4.6",
+         "numpy": "2.3.5",
          "omegaconf": "2.3.1",
          "tokenizers": "0.23.3",
          "torch": "2.13.0+cpu",
-         "transformers": "5.23.0",
+         "transformers": "5.19.0",
          "vllm": null
         },
         "platform": "Linux-6.18.44-fc-v657-x86_64-with-glibc2.36",
@@ -15042,7 +15042,7 @@ window.LEADERBOARD = {
         "mismatch/step0/seq_log_ratio/std": 0.3412425096224438,
         "steps_done": 100,
         "threshold": 0.95,
-        "time/total_s": 85.10026405200551,
+        "time/total_s": 87.4113357590013,
         "total_steps": 100,
         "train/skipped_steps": 0,
         "verdict": "pass"

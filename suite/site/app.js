@@ -280,7 +280,10 @@
     });
     var chart = svg("svg", { viewBox: "0 0 " + W + " " + H, class: "chart", role: "img", "aria-label": opts.title });
     if (!xs.length) {
-      chart.appendChild(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "axis-label", text: "no data" }));
+      // A log axis cannot draw zeros; say so when every value is exactly 0 (the exact flow).
+      var zeros = opts.series.some(function (s) { return s.points.some(function (p) { return p[1] === 0; }); });
+      var msg = zeros ? "exactly 0 at every step (not drawable on a log scale)" : "no data";
+      chart.appendChild(svg("text", { x: W / 2, y: H / 2, "text-anchor": "middle", class: "axis-label", text: msg }));
       return chart;
     }
     var x0 = Math.min.apply(null, xs), x1 = Math.max.apply(null, xs);
