@@ -82,7 +82,7 @@ def cmd_main(args: list[str]) -> int:
     site = leaderboard.build([root], Path("leaderboard"))
     console = _console()
     console.print(f"main job wall time {time.time() - t0:.0f} s\n  results     {root}\n  table       {root / 'outcomes.md'}"
-                  f"\n  report      {out / 'index.html'}\n  leaderboard {Path(site) / 'index.html' if Path(site).is_dir() else site}",
+                  f"\n  report      {out / 'index.html'}\n  leaderboard {site}",
                   soft_wrap=True, highlight=False)
     return code
 
