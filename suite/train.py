@@ -34,7 +34,7 @@ from suite import config as cfgmod
 from suite import perfectible
 from suite.algos import compute_advantages, get_algorithm, policy_loss
 from suite.engine import TorchEngine, left_pad
-from suite.mismatch import mismatch_metrics
+from suite.mismatch import mismatch_anatomy, mismatch_metrics
 from suite.policy import (
     PolicySpec,
     cache_root,
@@ -251,7 +251,8 @@ def run(cfg, console: Console | None = None) -> Path:
                 t_logp = time.perf_counter()
 
                 # ---- mismatch: sampler (mu) vs trainer (pi) on the same tokens, before any update
-                row = {"step": step, **mismatch_metrics(old_logp, roll.logprobs, roll.mask)}
+                row = {"step": step, **mismatch_metrics(old_logp, roll.logprobs, roll.mask),
+                       **mismatch_anatomy(old_logp, roll.logprobs, roll.mask, entropy)}
 
                 # ---- updates: minibatches of the rollout batch, one PPO epoch
                 B = len(prompts)

@@ -44,3 +44,15 @@ def test_bad_value_rejected_before_compute(monkeypatch, tmp_path):
     monkeypatch.setattr(train, "ensure_policy", lambda *a, **k: pytest.fail("compute started"))
     assert cli.main(["run", "precision=bf17", f"out={tmp_path}"]) == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_regime_fills_defaults_and_yields_to_explicit_values():
+    from suite.grids import REGIMES
+
+    cfg = config.load(["regime=stress"])
+    assert (cfg.perfectible.max_prompts, cfg.optim.eps, cfg.optim.lr, cfg.updates_per_step) == (32, 1e-15, 2e-4, 8)
+    assert config.load(["regime=stress", "optim.lr=5e-5"]).optim.lr == 5e-5  # the command line wins
+    assert config.load(["regime=base"]) == config.load([])  # base changes nothing but its name
+    assert set(REGIMES["long"]["set"]) == {"task"} and config.load(["regime=long"]).task == "arith"
+    with pytest.raises(ValueError, match="Did you mean 'stress'"):
+        config.load(["regime=strss"])

@@ -163,3 +163,40 @@ def test_token_mismatch():
     assert out.shape == (2, 3)
     assert torch.allclose(out, want, rtol=0, atol=1e-15)
     assert out[1, 2].item() == 0.0
+
+
+# ---- anatomy ------------------------------------------------------------------------------
+def test_anatomy_zero_for_identical_inputs():
+    from suite.mismatch import mismatch_anatomy
+
+    logp = torch.log(torch.tensor([[0.3, 0.95, 0.999, 0.6]]))
+    out = mismatch_anatomy(logp, logp.clone(), torch.ones(1, 4), torch.rand(1, 4))
+    assert all(out[f"anatomy/pos_q{q}/mean"] == 0.0 for q in range(1, 5))
+    assert out["anatomy/mu_gt_pi_frac"] == 0.0
+    assert math.isnan(out["anatomy/corr_entropy"]) and math.isnan(out["anatomy/top1pct_share"])
+
+
+def test_anatomy_by_hand():
+    """Two responses of 4 and 2 tokens; mismatch only on the last token of each."""
+    from suite.mismatch import mismatch_anatomy
+
+    pi = torch.tensor([[0.3, 0.6, 0.95, 0.999], [0.4, 0.7, 1.0, 1.0]])
+    mu = pi.clone()
+    mu[0, 3] = 0.999 * math.exp(0.2)  # log pi - log mu = -0.2 (sampler likelier)
+    mu[1, 1] = 0.7 * math.exp(-0.1)  # +0.1
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    ent = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 9.0, 9.0]])
+    out = mismatch_anatomy(pi.log(), mu.log(), mask, ent)
+    # relative positions: row 0 -> 0, .25, .5, .75 (quarters 1..4); row 1 -> 0, .5 (quarters 1, 3)
+    assert out["anatomy/pos_q1/mean"] == pytest.approx(0.0)
+    assert out["anatomy/pos_q3/mean"] == pytest.approx(0.1 / 2)  # row0 t2 (0) and row1 t1 (0.1)
+    assert out["anatomy/pos_q4/mean"] == pytest.approx(0.2)
+    # trainer-prob bins over 6 tokens: <0.5: 0.3, 0.4; 0.5-0.9: 0.6, 0.7; 0.9-0.99: 0.95; >=0.99: 0.999
+    assert out["anatomy/pi_lt0.5/frac"] == pytest.approx(2 / 6)
+    assert out["anatomy/pi_0.5-0.9/mean"] == pytest.approx(0.05)
+    assert out["anatomy/pi_ge0.99/share"] == pytest.approx(0.2 / 0.3)
+    assert out["anatomy/top1pct_share"] == pytest.approx(0.2 / 0.3)  # ceil(1% of 6) = 1 token
+    assert out["anatomy/mu_gt_pi_frac"] == pytest.approx(1 / 6)
+    a = torch.tensor([0, 0, 0, 0.2, 0, 0.1], dtype=torch.float64)
+    e = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], dtype=torch.float64)
+    assert out["anatomy/corr_entropy"] == pytest.approx(float(torch.corrcoef(torch.stack([a, e]))[0, 1]))
