@@ -23,6 +23,7 @@ from suite import config as cfgmod
 from suite.engine import TorchEngine
 from suite.precision import gemm_backend, resolve
 from suite.results import read_jsonl
+from suite.tasks import prompt_ids
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -58,7 +59,7 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
     model, tok = load_policy(model_dir)
     task = get_task(cfg.task)
     items = task.split("train", cfg.prompts_per_step)
-    prompts = [tok(it.prompt)["input_ids"] for it in items for _ in range(cfg.samples_per_prompt)]
+    prompts = [prompt_ids(tok, it) for it in items for _ in range(cfg.samples_per_prompt)]
     n_new = cfg.sampling.max_new_tokens
     out = []
     for name in dtypes:
@@ -182,7 +183,7 @@ def mismatch_main(args: list[str]) -> int:
     model_dir, data_dir = prepare_data(base, console)
     items, _ = load(data_dir, base.perfectible.max_prompts)
     model, tok = load_policy(model_dir)
-    prompts = [tok(it.prompt)["input_ids"] for it in items[:base.prompts_per_step] for _ in range(base.samples_per_prompt)]
+    prompts = [prompt_ids(tok, it) for it in items[:base.prompts_per_step] for _ in range(base.samples_per_prompt)]
     table = Table(title=f"step-0 mismatch, {len(prompts)} responses, same prompts and seed for every flow")
     for col in ("flow", "mean abs dp", "max abs dp", "k3 KL", "mean abs seq log-ratio", "max abs log-prob diff",
                 "k3 / bf16", "sample s", "score s"):

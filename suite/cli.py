@@ -4,7 +4,8 @@ Subcommands: run (one RL run), perfectible (build a perfectible set), main (the 
 ``sanity`` grid, then its table, report and leaderboard), table (print a results table), bench (step
 time split; engine vs HF generate), mismatch (step-0 mismatch of every precision flow),
 sweep (a named grid as a Hydra multirun: ``suite sweep grid=sanity launcher=local jobs=2``),
-report (the reproducibility report of a results directory), leaderboard (the static site).
+report (the reproducibility report of a results directory), leaderboard (the static site),
+transfer (lm-eval transfer index of runs' base vs final checkpoints: docs/transfer.md).
 Every subcommand validates its config before any compute; a bad value is one line naming
 the field, exit code 2.
 """
@@ -71,6 +72,8 @@ def cmd_main(args: list[str]) -> int:
     """The main job: the ``sanity`` grid (every precision flow x grpo, grpo_token_tis, pg_seq_is,
     one seed) on the embedded default, side by side on the local cores; then the grid table,
     the report and the leaderboard. Extra ``key=value`` arguments go to every cell."""
+    from rich.table import Table
+
     from suite import leaderboard, report, sweep
     from suite.results import atomic_write_text
 
@@ -78,6 +81,11 @@ def cmd_main(args: list[str]) -> int:
     root = sweep.plan_grid(["grid=sanity", *args]).cells[0].root  # validates every cell first
     code = sweep.main(["grid=sanity", "launcher=local", *args])
     atomic_write_text(root / "outcomes.md", report.outcome_markdown(root))
+    head, rows, text = report.mismatch_lead(root)
+    lead = Table(*head, title="mismatch first (step 0, mean over each flow's runs)", caption=text)
+    for row in rows:
+        lead.add_row(*row)
+    _console().print(lead)
     out = report.write_report(root)
     site = leaderboard.build([root], Path("leaderboard"))
     console = _console()
@@ -126,9 +134,16 @@ def cmd_leaderboard(args: list[str]) -> int:
     return leaderboard.cli(args)
 
 
+def cmd_transfer(args: list[str]) -> int:
+    """suite transfer RUN_DIR... [--groups embedded|paper] [--sigma ...]: Transferability Index into each bundle."""
+    from suite import evaluate
+
+    return evaluate.cli(args)
+
+
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
             "mismatch": cmd_mismatch, "sweep": cmd_sweep,
-            "report": cmd_report, "leaderboard": cmd_leaderboard}
+            "report": cmd_report, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer}
 
 
 def main(argv: list[str] | None = None) -> int:

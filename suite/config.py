@@ -53,6 +53,9 @@ class PerfectibleConfig:
     """... and <= hi."""
     pool: Optional[int] = None
     """Train-split prompts screened. None: the tier's value."""
+    sampler: str = "fp32"
+    """Precision of the sampler that estimates pass rates (fp32, bf16 or fp16), with the run's engine
+    (engine=vllm for real models on GPUs). fp32 keeps every precision flow of a grid on one set."""
     max_prompts: Optional[int] = None
     """Cap on kept prompts used for training (the first ones in pool order). None: the tier's value
     (small: 256, so that 200 steps of 16 prompts are ~12 epochs, the many-epoch regime of the
@@ -104,9 +107,33 @@ class VllmConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Held-out accuracy during training (written into metrics.jsonl as eval/<split>/mean@<n>)."""
+
+    every: int = 0
+    """Evaluate every N RL steps and after the last one; 0 = never."""
+    splits: Optional[list[str]] = None
+    """Held-out splits. None: the task file's eval.splits (AIME 2024 and 2025 for sanity_r1d), else test."""
+    prompts: Optional[int] = None
+    """Prompts per split (the first ones). None: all of the split (capped at 128 for generated tasks)."""
+    samples: Optional[int] = None
+    """Samples per prompt; the score is mean@n, the mean reward over them. None: the task file's eval.n, else 1."""
+    temperature: Optional[float] = None
+    """None: the task file's eval.temperature (0.6 for sanity_r1d, as published), else sampling.temperature."""
+    top_p: Optional[float] = None
+    """None: the task file's eval.top_p (0.95 for sanity_r1d), else sampling.top_p."""
+
+
+@dataclass
 class RunConfig:
     task: Optional[str] = None
     """Task name (files in tasks/, registry in suite/tasks.py). None: the tier's task."""
+    model: Optional[str] = None
+    """Base model (None: the task tier's, else embedded): embedded (the tiny Llama the suite builds), a preset (r1d-1.5b, qwen2.5-math-1.5b, qwen3-1.7b;
+    suite/models.py), or a local HF model directory."""
+    data: Optional[str] = None
+    """Local copy of a dataset task's rows (sanity_r1d, math, gsm8k): a directory mirroring the hub repo, a
+    parquet/jsonl file (the train split), or "train=A,test=B". None: the hub (suite/hub_tasks.py)."""
     precision: str = "fp32"
     """Precision flow: one row of the table in suite/precision.py (fp32, bf16, fp16, bf16_fp32rollout, ...)."""
     lm_head_fp32: bool = False
@@ -139,17 +166,26 @@ class RunConfig:
     """Prompts per rollout batch. None: the tier's value."""
     samples_per_prompt: Optional[int] = None
     """Responses per prompt (the GRPO group size). None: the tier's value."""
+    micro_batch: Optional[int] = None
+    """Sequences per forward/backward (gradient accumulation within each update; the loss and the update are
+    the same). None: each minibatch at once, right for the embedded policy; a real model needs a few (8k-token
+    responses x a 152k vocabulary are 5 GB of fp32 logits per sequence)."""
     updates_per_step: int = 2
     """Optimizer updates (minibatches) per rollout batch, 1 PPO epoch; the published recipe uses 4."""
     threshold: float = 0.95
     """Pass threshold on training accuracy (REFERENCE section 1: > 95%)."""
     ckpt_every: int = 5
     """Checkpoint every N steps (and at the end); a rerun resumes from the last one."""
+    transfer: bool = False
+    """At the end of the run, evaluate the base and final checkpoints with lm-eval on the embedded transfer
+    groups and write transfer.json (``suite transfer``, docs/transfer.md); a failure there is recorded in
+    transfer_error.txt and never fails the finished run."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     perfectible: PerfectibleConfig = field(default_factory=PerfectibleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 # The one scale dial. Model size, prompt counts and budget; the rest of the recipe is shared.
@@ -223,9 +259,14 @@ def resolve(cfg: RunConfig) -> RunConfig:
     _choice("tier", cfg.tier, TIERS)
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim), sampling=dataclasses.replace(cfg.sampling),
                               perfectible=dataclasses.replace(cfg.perfectible), policy=dataclasses.replace(cfg.policy),
-                              vllm=dataclasses.replace(cfg.vllm))
+                              vllm=dataclasses.replace(cfg.vllm), eval=dataclasses.replace(cfg.eval))
     tier = TIERS[cfg.tier]
     _apply_regime(cfg)
+    if cfg.task is None:
+        cfg.task = tier["task"]
+    _apply_task_tier(cfg)
+    if cfg.model is None:
+        cfg.model = "embedded"
     for key, value in tier.items():
         if key == "policy":
             for k, v in value.items():
@@ -236,26 +277,45 @@ def resolve(cfg: RunConfig) -> RunConfig:
         if getattr(obj, leaf) is None:
             setattr(obj, leaf, value)
     if cfg.sampling.max_new_tokens is None:
-        from suite.tasks import get_task
+        from suite.tasks import get_task, task_spec
 
         _choice("task", cfg.task, _task_names())
-        task = get_task(cfg.task)
-        cfg.sampling.max_new_tokens = len(task.trace(task.split("train", 1)[0])) + 8
+        budget = (task_spec(cfg.task).get("sampling") or {}).get("max_new_tokens")
+        if budget is None:  # a generated task: its reference trace plus slack
+            task = get_task(cfg.task)
+            budget = len(task.trace(task.split("train", 1)[0])) + 8
+        cfg.sampling.max_new_tokens = int(budget)
     return cfg
 
 
-def _apply_regime(cfg: RunConfig) -> None:
-    """Set the regime's fields that are still at their defaults (a value given explicitly wins)."""
-    from suite.grids import REGIMES
-
-    _choice("regime", cfg.regime, REGIMES)
-    for key, value in REGIMES[cfg.regime]["set"].items():
+def _fill_defaults(cfg: RunConfig, values: dict[str, Any], source: str) -> None:
+    """Set each dotted field of ``values`` that is still at its default (a value given explicitly wins)."""
+    for key, value in values.items():
         *path, leaf = key.split(".")
         obj, default = cfg, RunConfig()
         for part in path:
             obj, default = getattr(obj, part), getattr(default, part)
+        if not hasattr(obj, leaf):
+            raise ValueError(f"{source}: {key} is not a config field")
         if getattr(obj, leaf) == getattr(default, leaf):
-            setattr(obj, leaf, value)
+            setattr(obj, leaf, tuple(value) if isinstance(getattr(default, leaf), tuple) else value)
+
+
+def _apply_regime(cfg: RunConfig) -> None:
+    from suite.grids import REGIMES
+
+    _choice("regime", cfg.regime, REGIMES)
+    _fill_defaults(cfg, REGIMES[cfg.regime]["set"], f"suite/grids.py REGIMES[{cfg.regime!r}]")
+
+
+def _apply_task_tier(cfg: RunConfig) -> None:
+    """A task file may set recipe values per tier (``tiers: {full: {...}}``): the published
+    hyperparameters of sanity_r1d are its full tier. Applied like a regime, before the global tier."""
+    from suite.tasks import task_spec
+
+    _choice("task", cfg.task, _task_names())
+    _fill_defaults(cfg, (task_spec(cfg.task).get("tiers") or {}).get(cfg.tier) or {},
+                   f"tasks/{cfg.task}.yaml tiers.{cfg.tier}")
 
 
 def _task_names():
@@ -274,6 +334,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     _choice("tier", cfg.tier, TIERS)
     _choice("engine", cfg.engine, ENGINES)
+    from suite.models import check_name
+
+    check_name(cfg.model)
     _choice("gemm", cfg.gemm, ("auto", "native", "emulated"))
     gemm_backend(cfg.gemm, FLOWS[cfg.precision].trainer_dtype)
     checks = [
@@ -283,6 +346,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("prompts_per_step", cfg.prompts_per_step >= 1, "must be >= 1"),
         ("samples_per_prompt", cfg.samples_per_prompt >= 2, "must be >= 2 (group-relative advantages need a group)"),
         ("updates_per_step", cfg.updates_per_step >= 1, "must be >= 1"),
+        ("micro_batch", cfg.micro_batch is None or cfg.micro_batch >= 1, "must be >= 1 (or null: no accumulation)"),
         ("updates_per_step", (cfg.prompts_per_step * cfg.samples_per_prompt) % cfg.updates_per_step == 0,
          f"must divide the rollout batch ({cfg.prompts_per_step} x {cfg.samples_per_prompt})"),
         ("threshold", 0.0 < cfg.threshold <= 1.0, "must be in (0, 1]"),
@@ -301,11 +365,17 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("perfectible.lo", cfg.perfectible.lo <= cfg.perfectible.hi,
          f"lo ({cfg.perfectible.lo}) must be <= hi ({cfg.perfectible.hi})"),
         ("perfectible.pool", cfg.perfectible.pool >= 1, "must be >= 1"),
+        ("perfectible.sampler", cfg.perfectible.sampler in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
         ("perfectible.max_prompts", cfg.perfectible.max_prompts >= 0, "must be >= 0 (0 = all)"),
         ("policy.hidden", cfg.policy.hidden % cfg.policy.heads == 0, "must be divisible by policy.heads"),
         ("policy.heads", cfg.policy.heads % cfg.policy.kv_heads == 0, "must be divisible by policy.kv_heads"),
         ("policy.layers", cfg.policy.layers >= 1, "must be >= 1"),
         ("policy.target_acc", 0.0 < cfg.policy.target_acc < 1.0, "must be in (0, 1)"),
+        ("eval.every", cfg.eval.every >= 0, "must be >= 0 (0 = no evaluation)"),
+        ("eval.prompts", cfg.eval.prompts is None or cfg.eval.prompts >= 1, "must be >= 1"),
+        ("eval.samples", cfg.eval.samples is None or cfg.eval.samples >= 1, "must be >= 1"),
+        ("eval.temperature", cfg.eval.temperature is None or cfg.eval.temperature > 0, "must be > 0"),
+        ("eval.top_p", cfg.eval.top_p is None or 0.0 < cfg.eval.top_p <= 1.0, "must be in (0, 1]"),
     ]
     for name, ok, why in checks:
         if not ok:

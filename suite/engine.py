@@ -57,6 +57,13 @@ class Rollout:
         return int(self.mask.sum().item())
 
 
+def eos_ids(config) -> list[int]:
+    """End-of-sequence ids of a model: its config's eos_token_id (an int or a list, as Qwen and
+    Llama 3 have several), else the embedded policy's EOS."""
+    eos = getattr(config, "eos_token_id", None)
+    return [EOS] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     # As LlamaRMSNorm: accumulate in fp32, round back to the activation dtype, then scale.
     h = x.float()
@@ -89,6 +96,10 @@ class TorchEngine:
         self.n_kv = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.eps = config.rms_norm_eps
+        self.eos = torch.tensor(eos_ids(config))
+        rope = getattr(config, "rope_scaling", None) or {}
+        if rope.get("rope_type", rope.get("type", "default")) != "default":  # only the default rotary is transcribed
+            raise ValueError(f"engine=torch: rope scaling {rope} is not supported; use engine=vllm")
         theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]
         # HF default rope: inverse frequencies in fp32 (LlamaRotaryEmbedding).
         self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
@@ -182,6 +193,9 @@ class TorchEngine:
             q = qkv[..., :nq].view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
             k = qkv[..., nq:nq + nk].view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
             v = qkv[..., nq + nk:].view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
+            if p + "self_attn.q_norm.weight" in self.w:  # Qwen3: per-head RMSNorm of q and k before rotary
+                q = _rms_norm(q, self.w[p + "self_attn.q_norm.weight"], self.eps)
+                k = _rms_norm(k, self.w[p + "self_attn.k_norm.weight"], self.eps)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             if self.functional_cache:
@@ -240,7 +254,7 @@ class TorchEngine:
             tokens[:, t] = torch.where(live, tok, PAD)
             logps[:, t] = torch.where(live, logp.gather(1, tok[:, None])[:, 0], 0.0)
             mask[:, t] = live.float()
-            done |= tok == EOS
+            done |= torch.isin(tok, self.eos)
             if bool(done.all()) or t == max_new_tokens - 1:
                 break
             last_pos = last_pos + 1

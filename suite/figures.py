@@ -187,6 +187,30 @@ def metric_grid(series_by_metric: dict[str, list[dict]], labels: dict[str, str],
 
 
 @_styled
+def panels(series_by_panel: dict[str, list[dict]], flows: list[str], stem: Path, window: int, ylabel: str,
+           log: bool = False, hline: float | None = None, n_cols: int = 3) -> list[str]:
+    """One panel per key (e.g. per regime of a search), `n_cols` a row; curves as in every figure here."""
+    names = list(series_by_panel)
+    n_rows = max(1, -(-len(names) // n_cols))
+    colors = flow_colors(flows)
+    fig, axes = _grid(n_rows, min(n_cols, max(1, len(names))))
+    for ax in axes.flat[len(names):]:
+        ax.set_visible(False)
+    for ax, name in zip(axes.flat, names):
+        hidden = _panel(ax, series_by_panel[name], colors, window, log=log)
+        if hline is not None:
+            ax.axhline(hline, color="0.3", ls="--", lw=0.9)
+        ax.set_title(name)
+        ax.set_xlabel("RL step")
+        ax.set_ylabel(ylabel)
+        if hidden:
+            ax.text(0.99, 0.02, "values <= 0 not drawn (log axis)", transform=ax.transAxes, ha="right",
+                    va="bottom", fontsize=7, color="0.35")
+    _legend(fig, axes, NOTE.format(w=window) + ("; log axis" if log else ""))
+    return save(fig, stem)
+
+
+@_styled
 def step0_bars(points: list[dict], labels: dict[str, str], flows: list[str], stem: Path) -> list[str]:
     """Step-0 mismatch by precision flow: bars = mean over runs, dots = runs; one panel per metric, log axis.
 

@@ -84,10 +84,17 @@ GRIDS: dict[str, dict[str, Any]] = {
         "overrides": [],
     },
     "collapse-search": {
-        "doc": "issue 9: six regimes chosen for sensitivity x fp32/fp16/bf16/bf16_fp8rollout x plain GRPO, three seeds",
-        "axes": {"regime": ["base", "tiny-set", "adam-eps", "lr-edge", "many-updates", "stress"],
+        "doc": "issue 9: regimes chosen for sensitivity x fp32/fp16/bf16/bf16_fp8rollout x plain GRPO, three seeds "
+               "(~1 h on 2 cores; regime=... adds any of REGIMES)",
+        "axes": {"regime": ["base", "tiny-set", "stress"],
                  "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "name=collapse-search/${regime}"],
+    },
+    "sanity-r1d": {
+        "doc": "the published sanity test on GPUs: R1-Distill-Qwen-1.5B, 1,460 MATH prompts, the published recipe "
+               "(task file tier full), bf16 vs fp16 x the sanity algorithms, vLLM rollouts",
+        "axes": {"precision": ["bf16", "fp16"], "algorithm": SANITY_ALGORITHMS, "seed": [0]},
+        "overrides": ["task=sanity_r1d", "tier=full", "engine=vllm"],
     },
     "algorithms": {
         "doc": "every algorithm of suite.algos in bf16 (collapses) and fp16 (the fix), two seeds",

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from suite import provenance, stats
+from suite import provenance, stats, transfer
 from suite.results import (
     SCHEMA_VERSION,
     VERDICT_RULE,
@@ -123,6 +123,8 @@ def validate_run(run_dir: Path) -> dict:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise Rejected(f"summary.json: {key}={value!r} is not a number")
             extras[key] = value
+    tdoc = transfer.load(run_dir)  # suite transfer's lm-eval results, when the run has them
+    extras.update(transfer.summary_keys(tdoc))
     return {
         "run": run_dir.name,
         "source": str(run_dir),
@@ -130,6 +132,7 @@ def validate_run(run_dir: Path) -> dict:
         "precision": _precision_label(cfg), "model": _model_label(cfg), "tier": cfg.get("tier"),
         "hardware": _hardware_label(env),
         "group": _group_hash(cfg),
+        "transfer_flags": transfer.flags_of(tdoc),
         "summary": {**{k: v for k, v in recomputed.items() if k.startswith(CHECKED_PREFIXES) or k in CHECKED_KEYS},
                     "error": summary.get("error"), "train/skipped_steps": recomputed.get("train/skipped_steps"),
                     **extras},

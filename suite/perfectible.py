@@ -28,21 +28,19 @@ from rich.progress import Progress
 from suite.engine import TorchEngine
 from suite.precision import DTYPES
 from suite.results import atomic_write_json, atomic_write_text
-from suite.tasks import Item
+from suite.tasks import Item, prompt_ids
 
 
-def pass_rates(model, tok, task, items: list[Item], k: int, max_new_tokens: int, temperature: float,
-               seed: int, dtype: torch.dtype = torch.float32, chunk: int = 512, progress=None) -> list[float]:
-    """Fraction of k sampled responses per prompt that earn reward 1."""
-    engine = TorchEngine(model.config, dtype)
-    engine.sync(model.state_dict())
+def pass_rates(engine, tok, task, items: list[Item], k: int, max_new_tokens: int, temperature: float,
+               seed: int, chunk: int = 512, progress=None) -> list[float]:
+    """Fraction of k responses per prompt, sampled by `engine` (synced), that earn reward 1."""
     gen = torch.Generator().manual_seed(seed)
     per = max(1, chunk // k)  # prompts per generate call (k copies each)
     out: list[float] = []
     task_id = progress.add_task("pass rates", total=len(items)) if progress else None
     for i in range(0, len(items), per):
         block = items[i:i + per]
-        prompts = [tok(it.prompt)["input_ids"] for it in block for _ in range(k)]
+        prompts = [prompt_ids(tok, it) for it in block for _ in range(k)]
         roll = engine.generate(prompts, max_new_tokens, temperature, 1.0, gen)
         texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
         rewards = [task.reward(block[j // k], t, tr) for j, (t, tr) in enumerate(zip(texts, roll.truncated))]
@@ -52,21 +50,37 @@ def pass_rates(model, tok, task, items: list[Item], k: int, max_new_tokens: int,
     return out
 
 
-def build(model_dir: Path, task, *, k: int, lo: float, hi: float, pool: int, max_new_tokens: int,
-          out_dir: Path, temperature: float = 1.0, seed: int = 0, sampler: str = "fp32",
-          console: Console | None = None) -> Path:
-    """Screen the first ``pool`` train prompts and write the perfectible set to ``out_dir``."""
+def sampler_engine(model_dir: Path, sampler: str, engine: str, vllm_cfg=None):
+    """The engine that estimates pass rates: built-in (fp32 by default) or vLLM, weights from model_dir."""
     from suite.policy import load_policy
 
+    if engine == "vllm":
+        from suite.precision import resolve
+        from suite.vllm_engine import VllmEngine
+
+        from transformers import AutoTokenizer
+
+        from suite.config import VllmConfig
+
+        return VllmEngine(model_dir, resolve(sampler), vllm_cfg or VllmConfig()), AutoTokenizer.from_pretrained(model_dir)
+    model, tok = load_policy(model_dir)
+    eng = TorchEngine(model.config, DTYPES[sampler])
+    eng.sync(model.state_dict())
+    return eng, tok
+
+
+def build(model_dir: Path, task, *, k: int, lo: float, hi: float, pool: int, max_new_tokens: int,
+          out_dir: Path, temperature: float = 1.0, seed: int = 0, sampler: str = "fp32", engine: str = "torch",
+          vllm_cfg=None, console: Console | None = None) -> Path:
+    """Screen the first ``pool`` train prompts and write the perfectible set to ``out_dir``."""
     console = console or Console(stderr=True)
     if (out_dir / "provenance.json").exists():
         return out_dir
     t0 = time.time()
-    model, tok = load_policy(model_dir)
-    items = task.split("train", pool)
+    eng, tok = sampler_engine(model_dir, sampler, engine, vllm_cfg)
+    items = task.split("train", min(pool, len(task.split("train"))))
     with Progress(console=console, transient=True) as progress:
-        rates = pass_rates(model, tok, task, items, k, max_new_tokens, temperature, seed, DTYPES[sampler],
-                           progress=progress)
+        rates = pass_rates(eng, tok, task, items, k, max_new_tokens, temperature, seed, progress=progress)
     # A pass rate is a multiple of 1/k; compare with a tolerance so 0.2 * 40 = 8 is kept.
     kept = [(it, r) for it, r in zip(items, rates) if lo - 1e-9 <= r <= hi + 1e-9]
     lines = "".join(json.dumps({**asdict(it), "pass_rate": r}) + "\n" for it, r in kept)
@@ -78,7 +92,8 @@ def build(model_dir: Path, task, *, k: int, lo: float, hi: float, pool: int, max
         "k": k, "band": [lo, hi], "pool": pool, "count_before": len(items), "count_after": len(kept),
         "mean_pass_rate_before": sum(rates) / len(rates),
         "histogram": {"edges": edges, "counts": hist},
-        "sampler": {"engine": "torch", "dtype": sampler, "temperature": temperature, "top_p": 1.0,
+        "data_source": getattr(task, "source", "generated"),
+        "sampler": {"engine": engine, "dtype": sampler, "temperature": temperature, "top_p": 1.0,
                     "max_new_tokens": max_new_tokens, "seed": seed},
         "dataset_sha256": hashlib.sha256(lines.encode()).hexdigest()[:16],
         "build_seconds": round(time.time() - t0, 1),
@@ -89,17 +104,36 @@ def build(model_dir: Path, task, *, k: int, lo: float, hi: float, pool: int, max
     return out_dir
 
 
+def from_split(task, out_dir: Path, note: str) -> Path:
+    """A task whose train split already is a perfectible set (sanity_r1d: the published filter,
+    arXiv 2510.26788) is written out as is, with the same provenance fields where they apply."""
+    items = task.split("train")
+    lines = "".join(json.dumps({**asdict(it), "pass_rate": None}) + "\n" for it in items)
+    prov = {"task": task.name, "task_version": task.version, "model": None, "model_build": None,
+            "prefiltered": note, "data_source": getattr(task, "source", "generated"), "k": None, "band": None,
+            "pool": len(items), "count_before": len(items), "count_after": len(items), "mean_pass_rate_before": None,
+            "histogram": None, "sampler": None, "dataset_sha256": hashlib.sha256(lines.encode()).hexdigest()[:16],
+            "build_seconds": 0.0}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out_dir / "train.jsonl", lines)
+    atomic_write_json(out_dir / "provenance.json", prov)
+    return out_dir
+
+
 def load(out_dir: Path, max_prompts: int | None = None) -> tuple[list[Item], dict]:
     """Read a perfectible set (items in pool order) and its provenance."""
     prov = json.loads((out_dir / "provenance.json").read_text())
     items = []
     for line in (out_dir / "train.jsonl").read_text().splitlines():
         row = json.loads(line)
-        items.append(Item(id=row["id"], prompt=row["prompt"], answer=row["answer"]))
+        items.append(Item(id=row["id"], prompt=row["prompt"], answer=row["answer"],
+                          messages=tuple(tuple(m) for m in row.get("messages") or ())))
     return items[:max_prompts] if max_prompts else items, prov
 
 
 def describe(prov: dict) -> str:
+    if prov.get("prefiltered"):
+        return f"{prov['task']} v{prov['task_version']}: {prov['count_after']} prompts, prefiltered ({prov['prefiltered']})"
     h = prov["histogram"]
     bars = " ".join(f"[{e:.1f},{e + 0.1:.1f}):{c}" for e, c in zip(h["edges"], h["counts"]))
     return (f"{prov['task']} v{prov['task_version']}: kept {prov['count_after']} of {prov['count_before']} prompts "

@@ -27,6 +27,12 @@ from rich.console import Console
 
 SPECIALS = ["<pad>", "<bos>", "<eos>"]
 PAD, BOS, EOS = 0, 1, 2
+# The embedded policy standing in for a real model on a dataset task (sanity_r1d, math, gsm8k):
+# one token per printable ASCII character, and a chat template so chat-message prompts render
+# the way a real model's template renders them (structure only; the model is untrained there).
+TEXT_ALPHABET = "".join(c for c in map(chr, range(32, 127))) + "\n\t"
+CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
 @dataclass(frozen=True)
@@ -53,8 +59,9 @@ def cache_root() -> Path:
     return Path(env) if env else Path(__file__).resolve().parent.parent / ".cache"
 
 
-def build_tokenizer(alphabet: str):
-    """A character-level ``PreTrainedTokenizerFast``: one token per character, BOS prepended."""
+def build_tokenizer(alphabet: str, chat: bool = False):
+    """A character-level ``PreTrainedTokenizerFast``: one token per character, BOS prepended
+    (and a chat template when ``chat``)."""
     from tokenizers import (
         Regex,
         Tokenizer,
@@ -70,10 +77,13 @@ def build_tokenizer(alphabet: str):
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
     tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
-    return PreTrainedTokenizerFast(
+    tok = PreTrainedTokenizerFast(
         tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<pad>",
-        model_max_length=256, padding_side="left",
+        model_max_length=4096 if chat else 256, padding_side="left",
     )
+    if chat:
+        tok.chat_template = CHAT_TEMPLATE
+    return tok
 
 
 def build_model(spec: PolicySpec, vocab_size: int, max_len: int = 128):
@@ -111,11 +121,12 @@ def encode_pairs(tok, prompts: list[str], responses: list[str]) -> tuple[torch.T
 def sampled_accuracy(model, tok, task, items, max_new_tokens: int, seed: int) -> float:
     """Mean reward of one temperature-1 sample per prompt, drawn with the fp32 built-in engine."""
     from suite.engine import TorchEngine
+    from suite.tasks import prompt_ids
 
     engine = TorchEngine(model.config, torch.float32)
     engine.sync(model.state_dict())
     gen = torch.Generator().manual_seed(seed)
-    roll = engine.generate([tok(it.prompt)["input_ids"] for it in items], max_new_tokens, 1.0, 1.0, gen)
+    roll = engine.generate([prompt_ids(tok, it) for it in items], max_new_tokens, 1.0, 1.0, gen)
     texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
     return sum(task.reward(it, t, tr) for it, t, tr in zip(items, texts, roll.truncated)) / len(items)
 
@@ -126,6 +137,10 @@ def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Pat
     if (out / "build.json").exists():
         return out
     console = console or Console(stderr=True)
+    if not hasattr(task, "alphabet"):  # a dataset task: an untrained stand-in, no warm start
+        return _save(out, build_model(spec, len(build_tokenizer(TEXT_ALPHABET, chat=True)), max_len=4096),
+                     build_tokenizer(TEXT_ALPHABET, chat=True), task, spec, steps=0, acc=None, t0=time.time(),
+                     console=console, note="untrained stand-in (dataset task: no warm start)")
     tok = build_tokenizer(task.alphabet)
     model = build_model(spec, vocab_size=len(tok))
     max_new = len(task.trace(task.split("train", 1)[0])) + 8
@@ -157,8 +172,13 @@ def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Pat
                     break
     if acc < spec.target_acc:
         raise RuntimeError(f"warm start reached only {acc:.2f} sampled accuracy in {step} steps (target {spec.target_acc})")
-    build = {"spec": asdict(spec), "task": task.name, "task_version": task.version, "sft_steps": step,
-             "sampled_accuracy": acc, "build_seconds": round(time.time() - t0, 1),
+    return _save(out, model, tok, task, spec, step, acc, t0, console)
+
+
+def _save(out: Path, model, tok, task, spec: PolicySpec, steps: int, acc: float | None, t0: float, console: Console,
+          note: str = "warm-started") -> Path:
+    build = {"spec": asdict(spec), "task": task.name, "task_version": task.version, "sft_steps": steps,
+             "sampled_accuracy": acc, "build_seconds": round(time.time() - t0, 1), "note": note,
              "params": sum(p.numel() for p in model.parameters())}
     # Build in a temporary directory and rename, so a killed build never leaves a half-written policy.
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -169,8 +189,8 @@ def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Pat
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    console.print(f"built policy {out.name}: {build['params']:,} parameters, {step} warm-start steps, "
-                  f"sampled accuracy {acc:.2f}, {build['build_seconds']} s")
+    console.print(f"built policy {out.name}: {build['params']:,} parameters, {note}, {steps} warm-start steps, "
+                  f"sampled accuracy {acc if acc is None else round(acc, 2)}, {build['build_seconds']} s")
     return out
 
 

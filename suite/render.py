@@ -223,6 +223,31 @@ def step0_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def transfer_tables(runs: list[Run]) -> list[tuple[list[str], list[list[str]]]]:
+    """Runs with a transfer.json (suite transfer; docs/transfer.md): the TI variants per run, then the
+    per-benchmark scores base -> final. A TI that is not a meaningful number shows "flag". [] when none."""
+    from suite import transfer
+
+    docs = [(r, d) for r in runs if (d := transfer.load(r.dir)) is not None]
+    if not docs:
+        return []
+
+    def ti(doc, variant):
+        t = doc["ti"].get(variant)
+        return "-" if t is None else " / ".join("flag" if t.get(g) is None else f"{t[g]:+.1f}" for g in transfer.TARGETS)
+
+    labels = {"v1": "TI v1 (other / non)", "v2_per_model": "TI v2 per-model", "v2_pooled": "TI v2 pooled",
+              "v2_fixed": "TI v2 fixed", "v2_no_sigma": "TI v2 no sigma"}
+    variants = [v for v in labels if any(v in d["ti"] for _, d in docs)]
+    head = ["run", "final step", "Δ math", "Δ other", "Δ non"] + [labels[v] for v in variants] + ["flags"]
+    rows = [[r.label, str(d["final"].get("step")), *(fmt(d["delta"].get(g), "+.1f") for g in transfer.GROUPS),
+             *(ti(d, v) for v in variants), ", ".join(transfer.flags_of(d)) or "-"] for r, d in docs]
+    names = list(dict.fromkeys(n for _, d in docs for g in transfer.GROUPS for n in d["groups"].get(g, [])))
+    bench = [[r.label] + [f"{fmt(d['base']['scores'][n]['score'], '.1f')} → {fmt(d['final']['scores'][n]['score'], '.1f')}"
+                          if n in d["final"]["scores"] else "-" for n in names] for r, d in docs]
+    return [(head, rows), (["run"] + names, bench)]
+
+
 def sanity_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     """Our sanity_r1d cells next to the published outcome of the same setting; [] rows without such runs."""
     ours = {k: v for k, v in group_cells([r for r in runs if r.task == SANITY_TASK]).items()}

@@ -204,9 +204,46 @@ def outcome_table(root: Path) -> Table:
     return t
 
 
+SEARCH_DIR = "collapse-search"  # the collapse search's results, next to the main job's (issue 9)
+
+
+def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
+    """What the main job shows first: the mismatch per flow (it separates the flows at every step), the
+    verdicts per flow, and what the collapse search found, all computed from the results."""
+    summaries = load_summaries(root)
+    flows = render.flow_order(s.get("precision") for s in summaries if s.get("precision"))
+    head = ["precision flow", "runs", "pass", "step-0 mean abs dp", "step-0 k3 KL", "step-0 mean abs seq log-ratio"]
+    rows = []
+    for f in flows:
+        ss = [s for s in summaries if s.get("precision") == f]
+        def mean(key):
+            vals = [s[key] for s in ss if isinstance(s.get(key), (int, float))]
+            return fmt(sum(vals) / len(vals), ".2e") if vals else "-"
+        rows.append([f, str(len(ss)), str(sum(s.get("verdict") == "pass" for s in ss)), mean("mismatch/step0/prob_diff/mean"),
+                     mean("mismatch/step0/kl_k3"), mean("mismatch/step0/seq_log_ratio/mean_abs")])
+    n_pass = sum(s.get("verdict") == "pass" for s in summaries)
+    text = (f"{n_pass} of {len(summaries)} runs pass the sanity threshold. " + (
+        "At this scale the precision flow does not decide the reward; the mismatch does separate the flows, at every "
+        "step (table)." if n_pass == len(summaries) else ""))
+    search = Path(root).parent / SEARCH_DIR
+    if find_run_dirs(search):
+        from suite import collapse
+
+        runs = load_runs(search)
+        text += f" The collapse search ({search}, report in {search / 'report'}): " + collapse.statement(runs, collapse.findings(runs))
+    else:
+        text += (" Where precision does decide the outcome is searched by `suite sweep grid=collapse-search launcher=local "
+                 f"jobs=2` (results in {search}, `suite report {search}`).")
+    return head, rows, text
+
+
 def outcome_markdown(root: Path) -> str:
-    """The same table as Markdown (written next to the runs by ``suite main``)."""
-    lines = [f"# Outcomes in `{root}`", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    """The same table as Markdown (written next to the runs by ``suite main``), led by the mismatch."""
+    head, rows, text = mismatch_lead(root)
+    lines = [f"# Outcomes in `{root}`", "", "## Mismatch first", "", text, "", "| " + " | ".join(head) + " |",
+             "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    lines += ["", ratio_caption(load_summaries(root)).replace("\n", "  \n")]
+    lines += ["", "## Runs", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in outcome_rows(root)]
     caption = ratio_caption(load_summaries(root))
     return "\n".join(lines + ["", caption, "", "Verdict rule: " + VERDICT_RULE, ""])
@@ -319,6 +356,17 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
                  "figures from the paper, 1.5B model, 1,460 MATH problems). Consistent: our complete runs' "
                  "verdicts fall in the set the published outcome implies.")]
 
+    transfer_tables = render.transfer_tables(runs)
+    if transfer_tables:
+        (head, rows), (bhead, brows) = transfer_tables
+        doc += [("h", "Transfer index (lm-eval)", "transfer"),
+                ("table", head, rows, "From each run's transfer.json (suite transfer): lm-eval scores in percent of "
+                 "the base model and the final checkpoint; Δ = mean change per group in points. TI = 100 x "
+                 "(gain of the group) / (gain on math), arXiv 2507.00432: v1 on relative gains, v2 on "
+                 "sqrt-scaled changes with sigma per model, pooled over the runs evaluated together, fixed, or none. "
+                 "> 0 transfer, < 0 forgetting; 'flag': not a number (math gain <= 0, sigma 0; docs/transfer.md)."),
+                ("table", bhead, brows, "Per benchmark: base -> final score (percent).")]
+
     if bad:
         doc += [("h", "Failed and incomplete runs", "failed"),
                 ("table", ["run", "status", "steps", "error"],
@@ -356,8 +404,14 @@ def write_report(results_dir: Path, out: Path | None = None) -> Path:
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; reports are meant to be shared like results
-        doc = build_document(runs, root, tmp / "figures")
-        title = f"Reproducibility report: {root.resolve().name}"
+        search = len({(r.config or {}).get("regime", "base") for r in runs}) > 1
+        if search:  # a collapse search (grid collapse-search): runs differ in their regime, not only the grid axes
+            from suite import collapse
+
+            doc = collapse.build_document(runs, root, tmp / "figures")
+        else:
+            doc = build_document(runs, root, tmp / "figures")
+        title = f"{'Collapse search' if search else 'Reproducibility report'}: {root.resolve().name}"
         (tmp / "index.html").write_text(render.to_html(doc, title), encoding="utf-8")
         (tmp / "report.md").write_text(render.to_markdown(doc, title), encoding="utf-8")
         old = None

@@ -257,7 +257,9 @@ def env_info(extra: dict | None = None) -> dict:
     caller's resolved dtypes, task and dataset versions). Never raises for a missing git,
     a non-git checkout or a missing package; those fields are None."""
     sha = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain") if sha is not None else None
+    # Result folders are output, not code: runs written inside the checkout do not make it dirty.
+    status = (_git("status", "--porcelain", "--", ".", ":(exclude)results", ":(exclude)leaderboard")
+              if sha is not None else None)
     threads, gpus = _torch_info()
     info = {
         "schema_version": SCHEMA_VERSION,

@@ -6,7 +6,9 @@ supervised warm start) and ``reward(item, response, truncated)``. The registry a
 with "did you mean".
 
 The embedded tasks ``arith`` and ``arith3`` are column-wise addition of 5- and 3-digit numbers,
-written as a trace of 53 and 33 tokens.
+written as a trace of 53 and 33 tokens. The math tasks ``sanity_r1d`` (the published sanity test),
+``math`` and ``gsm8k`` read their rows from the Hugging Face hub or a local copy
+(suite/hub_tasks.py) and score responses with suite/math_reward.py.
 Length matters: the training-inference mismatch is per token, so a sequence's log-ratio
 (and its importance weight) accumulates over the trace (REFERENCE sections 1 and 8).
 """
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from suite.hub_tasks import HubTask
 from suite.names import lookup
 
 TASK_DIR = Path(__file__).resolve().parent.parent / "tasks"
@@ -27,11 +30,17 @@ TASK_DIR = Path(__file__).resolve().parent.parent / "tasks"
 
 @dataclass(frozen=True)
 class Item:
-    """One prompt with its ground truth."""
+    """One prompt with its ground truth.
+
+    ``prompt`` is the user text. ``messages`` holds the chat messages as ``(role, content)``
+    pairs for the dataset tasks, whose prompt the model's chat template renders; it is empty for
+    the embedded tasks, whose prompt is plain text fed to the tokenizer as is.
+    """
 
     id: str
     prompt: str
     answer: str
+    messages: tuple = ()
 
 
 class ArithTask:
@@ -95,12 +104,37 @@ class ArithTask:
 
 # arith: 5-digit sums, 53-token responses (the full tier); arith3: 3-digit sums, 33 tokens
 # (the small tier, the main job: the same trace format, sized for the 2-core time budget).
-REGISTRY = {"arith": ArithTask, "arith3": ArithTask}
+# sanity_r1d, math, gsm8k: dataset tasks for real models (suite/hub_tasks.py).
+REGISTRY = {"arith": ArithTask, "arith3": ArithTask,
+            "sanity_r1d": HubTask, "math": HubTask, "gsm8k": HubTask}
+
+
+def prompt_ids(tok, item: Item) -> list[int]:
+    """Token ids of a prompt: chat messages through the tokenizer's chat template (R1-distill's opens
+    <think>), plain text as is (BOS prepended by the tokenizer)."""
+    if item.messages:
+        text = tok.apply_chat_template([{"role": r, "content": c} for r, c in item.messages],
+                                       add_generation_prompt=True, tokenize=False)
+        return tok(text, add_special_tokens=False)["input_ids"]  # the template already holds BOS
+    return tok(item.prompt)["input_ids"]
 
 
 @functools.lru_cache(maxsize=None)
-def get_task(name: str):
-    """Load a task by name from its file in ``tasks/`` (cached: a task object is read-only)."""
+def task_spec(name: str) -> dict:
+    """The parsed task file (no data read): recipe values such as ``tiers`` and ``eval``."""
+    lookup("task", name, REGISTRY)
+    return yaml.safe_load((TASK_DIR / f"{name}.yaml").read_text())
+
+
+@functools.lru_cache(maxsize=None)
+def get_task(name: str, data: str | None = None):
+    """Load a task by name from its file in ``tasks/`` (cached per (name, data): a task object is
+    read-only). ``data`` is a local copy of a dataset task's rows (a directory mirroring the hub
+    layout, one file for the train split, or ``"train=A,test=B"``); None reads the hub."""
     cls = lookup("task", name, REGISTRY)
     spec = yaml.safe_load((TASK_DIR / f"{name}.yaml").read_text())
-    return cls(spec)
+    if data is None:
+        return cls(spec)
+    if not getattr(cls, "takes_data", False):
+        raise ValueError(f"task {name} is generated and takes no data (got data={data!r})")
+    return cls(spec, data=data)

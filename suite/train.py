@@ -13,6 +13,7 @@ Wall-clock figures live in ``timing.jsonl`` for that reason.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -55,7 +56,7 @@ from suite.results import (
     summarize,
     truncate_jsonl,
 )
-from suite.tasks import get_task
+from suite.tasks import get_task, prompt_ids, task_spec
 
 
 class RunDirConflict(ValueError):
@@ -74,24 +75,76 @@ def policy_spec(cfg) -> PolicySpec:
 
 
 def prepare_data(cfg, console: Console) -> tuple[Path, Path]:
-    """The base policy directory and the perfectible set for this config (built once, cached)."""
-    task = get_task(cfg.task)
-    if cfg.policy.path:
-        model_dir = Path(cfg.policy.path)
+    """The base model directory and the training set for this config (built once, cached).
+
+    Everything that can fail without compute fails here, before training: the dataset (missing
+    columns, offline without a local copy), the model (not cached, offline) and its tokenizer
+    (a chat task needs a chat template). Tasks whose train split is already a perfectible set
+    (sanity_r1d: the published filter) use it as is; the others are filtered with the base model.
+    """
+    from suite import models
+
+    task = get_task(cfg.task, cfg.data)
+    spec = task_spec(cfg.task)
+    if cfg.policy.path or cfg.model != models.EMBEDDED:
+        model_dir = models.model_dir(cfg.policy.path or cfg.model)
         if not (model_dir / "config.json").exists():
-            raise FileNotFoundError(f"policy.path: no HF model (config.json) in {model_dir}")
+            raise FileNotFoundError(f"model: no HF model (config.json) in {model_dir}")
         key = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:12]
     else:
         model_dir = ensure_policy(policy_spec(cfg), task, console)
         key = policy_key(policy_spec(cfg), task)
+    if task.split("train", 1)[0].messages:
+        from transformers import AutoTokenizer
+
+        models.check_chat_template(AutoTokenizer.from_pretrained(model_dir), cfg.model, task.name)
+    if cfg.eval.every:  # a missing held-out split is bad input: say so now, not at the first evaluation
+        for split in eval_settings(cfg, task)["splits"]:
+            task.split(split, 1)
     pf = cfg.perfectible
+    source = hashlib.sha256(str(getattr(task, "source", "")).encode()).hexdigest()[:8]
+    if spec.get("prefiltered"):
+        data_dir = cache_root() / "datasets" / f"{task.name}-v{task.version}-{source}-prefiltered"
+        if not (data_dir / "provenance.json").exists():
+            perfectible.from_split(task, data_dir, note=spec["prefiltered"])
+        return model_dir, data_dir
     data_dir = cache_root() / "datasets" / (f"{task.name}-v{task.version}-{key}-k{pf.k}-{pf.lo}-{pf.hi}"
-                                            f"-pool{pf.pool}-len{cfg.sampling.max_new_tokens}")
+                                            f"-pool{pf.pool}-len{cfg.sampling.max_new_tokens}"
+                                            + (f"-{source}" if hasattr(task, "source") else "")
+                                            + (f"-{pf.sampler}-{cfg.engine}" if (pf.sampler, cfg.engine) != ("fp32", "torch") else ""))
     if not (data_dir / "provenance.json").exists():
         console.print(f"building the perfectible set: {pf.pool} prompts x k={pf.k} samples")
         perfectible.build(model_dir, task, k=pf.k, lo=pf.lo, hi=pf.hi, pool=pf.pool,
-                          max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir, console=console)
+                          max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir, console=console,
+                          sampler=pf.sampler, engine=cfg.engine, vllm_cfg=cfg.vllm)
     return model_dir, data_dir
+
+
+def eval_settings(cfg, task) -> dict:
+    """Resolved held-out evaluation: splits, prompts, samples (mean@n), temperature, top-p."""
+    e, spec = cfg.eval, getattr(task, "eval", None) or task_spec(cfg.task).get("eval") or {}
+    splits = e.splits or spec.get("splits") or ["test"]
+    return {"splits": list(splits), "prompts": e.prompts or (None if hasattr(task, "source") else 128),
+            "samples": e.samples or int(spec.get("n", 1)),
+            "temperature": e.temperature or float(spec.get("temperature", cfg.sampling.temperature)),
+            "top_p": e.top_p or float(spec.get("top_p", cfg.sampling.top_p))}
+
+
+def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int) -> dict[str, float]:
+    """Held-out accuracy with the run's own sampler: eval/<split>/mean@<n> = mean reward over n samples
+    per prompt (AIME mean@32 at temperature 0.6, top-p 0.95 for sanity_r1d, as published)."""
+    out, n = {}, settings["samples"]
+    gen = torch.Generator().manual_seed(seed)
+    for split in settings["splits"]:
+        items = task.split(split, settings["prompts"] and min(settings["prompts"], len(task.split(split))))
+        prompts = [prompt_ids(tok, it) for it in items for _ in range(n)]
+        rewards = []
+        for i in range(0, len(prompts), 256):  # bounded batches: the KV cache of the built-in engine is dense
+            roll = engine.generate(prompts[i:i + 256], max_new_tokens, settings["temperature"], settings["top_p"], gen)
+            texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
+            rewards += [task.reward(items[(i + j) // n], t, tr) for j, (t, tr) in enumerate(zip(texts, roll.truncated))]
+        out[f"eval/{split}/mean@{n}"] = sum(rewards) / len(rewards)
+    return out
 
 
 def step_prompts(n: int, step: int, per_step: int, seed: int) -> list[int]:
@@ -102,6 +155,22 @@ def step_prompts(n: int, step: int, per_step: int, seed: int) -> list[int]:
         perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch))
         out.append(int(perm[j]))
     return out
+
+
+def micro_batches(idx: torch.Tensor, size: int | None) -> list[torch.Tensor]:
+    """Split row indices into micro-batches of at most ``size`` rows (None: one batch)."""
+    return list(idx.split(size)) if size else [idx]
+
+
+def accumulation_weights(micro: list[torch.Tensor], mask: torch.Tensor, agg: str) -> list[float]:
+    """Weights that make the sum of micro-batch losses equal the minibatch loss (gradient accumulation):
+    each micro-batch's share of the tokens for token-mean, of the sequences for the seq-mean modes."""
+    if agg == "token-mean":
+        sizes = [float(mask[c].sum()) for c in micro]
+    else:
+        sizes = [float(len(c)) for c in micro]
+    total = sum(sizes) or 1.0
+    return [s / total for s in sizes]
 
 
 def batch_tensors(prompt_ids: list[list[int]], tokens: torch.Tensor, mask: torch.Tensor):
@@ -135,7 +204,7 @@ def _diff(a: dict, b: dict, prefix: str = "") -> str:
                 return d
         elif a.get(k) != b.get(k):
             return f"{prefix}{k}: {a.get(k)!r} there, {b.get(k)!r} now"
-    return "same values, different hash"
+    return "" if prefix else "same values, different hash"
 
 
 def save_checkpoint(run_dir: Path, step: int, trainer) -> None:
@@ -192,7 +261,7 @@ def run(cfg, console: Console | None = None) -> Path:
     """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated."""
     console = console or Console()
     torch.set_num_threads(cfg.threads)
-    flow, algo, task = resolve(cfg.precision), get_algorithm(cfg.algorithm), get_task(cfg.task)
+    flow, algo, task = resolve(cfg.precision), get_algorithm(cfg.algorithm), get_task(cfg.task, cfg.data)
     cfg_dict = cfgmod.to_dict(cfg)
     run_dir = Path(cfg.out) / cfg.name / run_dir_name(cfg.task, cfg.algorithm, cfg.precision, cfg.seed)
     claim_run_dir(run_dir, cfg_dict)
@@ -224,6 +293,7 @@ def run(cfg, console: Console | None = None) -> Path:
         }))
 
         G, T = cfg.samples_per_prompt, cfg.sampling.temperature
+        reward_seen = task.reward_stats() if hasattr(task, "reward_stats") else {}
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, transient=True)
         with progress:
@@ -232,7 +302,7 @@ def run(cfg, console: Console | None = None) -> Path:
                 t0 = time.perf_counter()
                 # ---- sample: G responses per prompt from the sampler (low precision, KV cache)
                 batch = [items[i] for i in step_prompts(len(items), step, cfg.prompts_per_step, cfg.seed)]
-                prompts = [tok(it.prompt)["input_ids"] for it in batch for _ in range(G)]
+                prompts = [prompt_ids(tok, it) for it in batch for _ in range(G)]
                 gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
                 roll = engine.generate(prompts, cfg.sampling.max_new_tokens, T, cfg.sampling.top_p, gen)
                 t_sample = time.perf_counter()
@@ -246,8 +316,10 @@ def run(cfg, console: Console | None = None) -> Path:
                 # ---- trainer log-probs of the sampled tokens at the sampling parameters
                 ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
                 R = roll.tokens.shape[1]
-                with torch.no_grad():
-                    old_logp, entropy = trainer.logprobs(ids, attn, R, roll.tokens, T)  # (B, R)
+                with torch.no_grad():  # in micro-batches: (B, R, vocab) fp32 logits of a real model do not fit at once
+                    parts = [trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T)
+                             for c in micro_batches(torch.arange(len(ids)), cfg.micro_batch)]
+                    old_logp, entropy = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])  # (B, R)
                 t_logp = time.perf_counter()
 
                 # ---- mismatch: sampler (mu) vs trainer (pi) on the same tokens, before any update
@@ -259,11 +331,13 @@ def run(cfg, console: Console | None = None) -> Path:
                 perm = torch.randperm(B, generator=gen)
                 updates = []
                 for mb in perm.chunk(cfg.updates_per_step):
-                    def loss_fn(mb=mb):
+                    def loss_fn(mb):
                         logp, _ = trainer.logprobs(ids[mb], attn[mb], R, roll.tokens[mb], T)
                         return policy_loss(algo, logp, old_logp[mb], roll.logprobs[mb], adv[mb], roll.mask[mb],
                                            norm_len=cfg.sampling.max_new_tokens)
-                    updates.append(trainer.step(loss_fn))
+                    micro = micro_batches(mb, cfg.micro_batch)
+                    weights = accumulation_weights(micro, roll.mask, algo.agg)
+                    updates.append(trainer.step([(functools.partial(loss_fn, c), w) for c, w in zip(micro, weights)]))
                 engine.sync(trainer.model.state_dict())  # weight sync after the optimizer steps
                 t_update = time.perf_counter()
 
@@ -283,6 +357,13 @@ def run(cfg, console: Console | None = None) -> Path:
                 })
                 for key in updates[0]:
                     row[key] = sum(u[key] for u in updates) / len(updates)  # NaN grad norm stays NaN
+                if hasattr(task, "reward_stats"):  # symbolic-check counters of the math reward, this step's share
+                    stats = task.reward_stats()
+                    row.update({f"reward/{k}": v - reward_seen.get(k, 0) for k, v in stats.items()})
+                    reward_seen = stats
+                if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+                    row.update(evaluate(engine, tok, task, eval_settings(cfg, task), cfg.sampling.max_new_tokens,
+                                        seed=cfg.seed * 1_000_003 + step + 500_000))
                 append_jsonl(run_dir / "metrics.jsonl", row)
                 n_tok = roll.n_tokens
                 t_end = time.perf_counter()
@@ -301,6 +382,10 @@ def run(cfg, console: Console | None = None) -> Path:
         raise
     finally:
         write_summary(run_dir, cfg, error)
+    if cfg.transfer:  # lm-eval transfer index of base vs final checkpoint; never fails the finished run
+        from suite.evaluate import after_run
+
+        after_run(run_dir, console)
     return run_dir
 
 

@@ -121,12 +121,29 @@ class Trainer:
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy
 
-    def step(self, loss_fn) -> dict:
-        """One optimizer update: backward of ``loss_fn()`` (scaled), unscale, clip, step or skip."""
+    def step(self, loss_fns) -> dict:
+        """One optimizer update: backward of the (scaled) loss, unscale, clip, step or skip.
+
+        ``loss_fns`` is a closure returning (loss, metrics), or a list of (closure, weight) pairs,
+        one per micro-batch: gradients accumulate over sum_i weight_i * loss_i (suite.train.
+        accumulation_weights makes that the minibatch loss), one forward graph alive at a time.
+        """
         self.opt.zero_grad(set_to_none=True)
-        loss, metrics = loss_fn()
-        (loss * self.scaler.scale).backward()
-        found_inf = self.scaler.unscale_(self.params) or not math.isfinite(loss.item())
+        parts = [(loss_fns, 1.0)] if callable(loss_fns) else loss_fns
+        total, metrics, finite_loss = 0.0, {}, True
+        for fn, w in parts:
+            loss, m = fn()
+            (loss * (w * self.scaler.scale)).backward()
+            finite_loss = finite_loss and math.isfinite(loss.item())
+            total += w * loss.item()
+            for k, v in m.items():  # weighted means of the micro-batch metrics (extremes stay extremes)
+                if k.endswith(("/max", "/min")) and k in metrics:
+                    metrics[k] = max(metrics[k], v) if k.endswith("/max") else min(metrics[k], v)
+                else:
+                    metrics[k] = (v if k.endswith(("/max", "/min")) else metrics.get(k, 0.0) + w * v)
+        if len(parts) > 1:
+            metrics["loss/policy"] = total
+        found_inf = self.scaler.unscale_(self.params) or not finite_loss
         if found_inf:
             grad_norm = float("nan")  # a skipped step reports NaN, never crashes (REFERENCE section 3)
         else:

@@ -101,7 +101,7 @@ def check_supported(cfg) -> None:
         raise ValueError(f"lm_head_fp32: not supported with {where} (vLLM computes the output head in the model "
                          f"dtype); use engine=torch.")
     v = cfg.vllm
-    if device() == "cpu" and not cfg.policy.path:
+    if device() == "cpu" and cfg.model == "embedded" and not cfg.policy.path:
         # vLLM 0.32's only CPU attention backend (CPU_ATTN) takes these head sizes, nothing smaller.
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -153,6 +153,11 @@ class VllmEngine:
         kv = vcfg.kv_cache_gib if vcfg.kv_cache_gib is not None else (1.0 if device() == "cpu" else None)
         set_threads = torch.set_num_threads
         t0 = time.perf_counter()
+        from transformers import AutoConfig
+
+        from suite.engine import eos_ids
+
+        self.eos = eos_ids(AutoConfig.from_pretrained(model_dir))  # skip_tokenizer_init: vLLM cannot read it
         self.llm = LLM(
             model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,  # ids in, ids out
             dtype=self.dtype, quantization=FP8_METHOD if self.quant == "fp8" else None,
@@ -208,7 +213,7 @@ class VllmEngine:
             raise RuntimeError("the vLLM engine is asleep: sync() the new weights before sampling")
         seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
-                                 seed=s, logprobs=0, stop_token_ids=[EOS], detokenize=False) for s in seeds]
+                                 seed=s, logprobs=0, stop_token_ids=self.eos, detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         B, R = len(prompts), max(len(o.outputs[0].token_ids) for o in outs)
         tokens = torch.full((B, R), PAD, dtype=torch.long)

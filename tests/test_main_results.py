@@ -50,3 +50,17 @@ def test_step0_mismatch_is_a_property_of_the_flow_not_the_algorithm():
     for (p, _), s in _summaries().items():
         by_flow.setdefault(p, set()).add(s["mismatch/step0/kl_k3"])
     assert all(len(v) == 1 for v in by_flow.values())
+
+
+def test_the_main_table_leads_with_the_mismatch():
+    """outcomes.md opens with the per-flow mismatch, ordered by the precision table, and the verdict count."""
+    from suite.report import outcome_markdown
+
+    md = outcome_markdown(ROOT)
+    lead = md[md.index("## Mismatch first"):md.index("## Runs")]
+    n_pass = sum(s["verdict"] == "pass" for s in _summaries().values())
+    assert f"{n_pass} of {len(_summaries())} runs pass" in lead
+    rows = [ln.split(" | ") for ln in lead.splitlines() if ln.startswith("| ") and "precision flow" not in ln]
+    assert [r[0].strip("| ") for r in rows] == list(FLOWS)
+    k3 = {r[0].strip("| "): float(r[4]) for r in rows}
+    assert k3["fp32"] < k3["fp16"] < k3["bf16"] < k3["bf16_fp8rollout"] and k3["exact"] == 0.0

@@ -56,3 +56,33 @@ def test_scaled_gradients_equal_unscaled(tiny_model):
         t.step(lambda: (-t.logprobs(ids, torch.ones_like(ids), 10, ids[:, -10:], 1.0)[0].mean(), {}))
         grads.append(torch.cat([p.grad.flatten() for p in t.params]))
     assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-9)
+
+
+def test_micro_batches_accumulate_the_minibatch_gradient(tiny_model):
+    """Gradient accumulation over micro-batches (weights from suite.train.accumulation_weights) gives the
+    gradient of the whole minibatch's loss, for a seq-mean and for the token-mean aggregation."""
+    from suite.algos import get_algorithm, policy_loss
+    from suite.train import accumulation_weights, micro_batches
+
+    model, tok, task = tiny_model
+    ids = torch.tensor([tok(it.prompt + task.trace(it))["input_ids"] for it in task.split("train", 6)])
+    attn, R = torch.ones_like(ids), 10
+    mask = torch.ones(6, R)
+    mask[0, 7:] = 0  # unequal lengths: token-mean weights must count tokens
+    adv = torch.tensor([1.0, -0.5, 0.25, -1.0, 0.5, 0.0])
+    for name in ("grpo", "dapo"):
+        algo = get_algorithm(name)
+        grads = []
+        for size in (None, 4):
+            t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3, grad_clip=1e9))
+            t.opt.step = lambda: None
+            with torch.no_grad():
+                old, _ = t.logprobs(ids, attn, R, ids[:, -R:], 1.0)
+
+            def fn(c):
+                logp, _ = t.logprobs(ids[c], attn[c], R, ids[c, -R:], 1.0)
+                return policy_loss(algo, logp, old[c], old[c], adv[c], mask[c], norm_len=R)
+            micro = micro_batches(torch.arange(6), size)
+            t.step([(lambda c=c: fn(c), w) for c, w in zip(micro, accumulation_weights(micro, mask, algo.agg))])
+            grads.append(torch.cat([p.grad.flatten() for p in t.params]))
+        assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-8), name
