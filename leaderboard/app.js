@@ -58,6 +58,7 @@
   function fmtMetric(key, x) {
     if (key.indexOf("mismatch/") === 0) return fmtSci(x);
     if (key.indexOf("time/") === 0) return fmtTime(x);
+    if (key.indexOf("transfer/") === 0) return isNum(x) ? (x > 0 ? "+" : "") + x.toFixed(1) : fmtAcc(x);
     return fmtAcc(x);
   }
 
@@ -127,10 +128,26 @@
         if ((k.indexOf("eval/") === 0 || k.indexOf("transfer/") === 0) && e.metrics[k].n > 0) extra[k] = true;
       });
     });
+    // A transfer index whose math gain was <= 0 is flagged by `suite transfer`, not a number: say so.
+    task.entries.forEach(function (e) {
+      if (e.runs.some(function (r) { return (r.transfer_flags || []).length; })) {
+        extra["transfer/ti_other"] = extra["transfer/ti_non"] = true;
+      }
+    });
     Object.keys(extra).sort().forEach(function (k) {
-      cols.push({ key: k, label: k, num: true, title: k + " (IQM over seeds that report it)",
+      var ti = k.indexOf("transfer/ti_") === 0;
+      cols.push({ key: k, label: k, num: true,
+                  title: ti ? k + ": Transferability Index (arXiv 2507.00432, v2 without sigma) of the final checkpoint vs its base, lm-eval; IQM over seeds; docs/transfer.md"
+                            : k + " (IQM over seeds that report it)",
                   value: function (e) { return metric(e, k); },
-                  cell: function (e) { return statCell(e, k); } });
+                  cell: function (e) {
+                    var flags = [];
+                    e.runs.forEach(function (r) { (r.transfer_flags || []).forEach(function (f) { flags.push(f); }); });
+                    if (ti && !isNum(metric(e, k)) && flags.length) {
+                      return el("span", { class: "v", title: flags.join(", "), text: "flagged" });
+                    }
+                    return statCell(e, k);
+                  } });
     });
     cols.push(
       { key: "time", label: "Wall time", num: true, title: "training wall time per run (IQM over seeds)",

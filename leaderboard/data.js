@@ -549,7 +549,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -627,7 +640,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -1176,7 +1190,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -1254,7 +1281,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -1803,7 +1831,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -1881,7 +1922,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -2430,7 +2472,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -2508,7 +2563,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -3057,7 +3113,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -3135,7 +3204,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -3684,7 +3754,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -3762,7 +3845,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -4311,7 +4395,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -4389,7 +4486,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -4938,7 +5036,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -5016,7 +5127,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -5565,7 +5677,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -5643,7 +5768,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -6192,7 +6318,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -6270,7 +6409,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -6819,7 +6959,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "native",
          "trainer": "emulated"
@@ -6897,7 +7050,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -7446,7 +7600,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "native",
          "trainer": "native"
@@ -7524,7 +7691,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -8073,7 +8241,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "native",
          "trainer": "emulated"
@@ -8151,7 +8332,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -8700,7 +8882,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -8778,7 +8973,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -9327,7 +9523,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -9405,7 +9614,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -9954,7 +10164,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "native",
          "trainer": "native"
@@ -10032,7 +10255,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -10581,7 +10805,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -10659,7 +10896,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -11208,7 +11446,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "native",
          "trainer": "native"
@@ -11286,7 +11537,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -11835,7 +12087,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -11913,7 +12178,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -12462,7 +12728,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -12540,7 +12819,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -13089,7 +13369,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -13167,7 +13460,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -13716,7 +14010,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -13794,7 +14101,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -14343,7 +14651,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "native",
          "trainer": "emulated"
@@ -14421,7 +14742,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,
@@ -14970,7 +15292,20 @@ window.LEADERBOARD = {
         "cpu_count": 2,
         "cpu_model": "AMD EPYC",
         "dataset_sha256": "8dca6d575430bd7c",
-        "fields_added_since": {},
+        "fields_added_since": {
+         "data": null,
+         "eval.every": 0,
+         "eval.prompts": null,
+         "eval.samples": null,
+         "eval.splits": null,
+         "eval.temperature": null,
+         "eval.top_p": null,
+         "micro_batch": null,
+         "model": "embedded",
+         "perfectible.sampler": "fp32",
+         "regime": "base",
+         "transfer": false
+        },
         "gemm_backend": {
          "sampler": "emulated",
          "trainer": "emulated"
@@ -15048,7 +15383,8 @@ window.LEADERBOARD = {
         "verdict": "pass"
        },
        "task": "arith3",
-       "tier": "small"
+       "tier": "small",
+       "transfer_flags": []
       }
      ],
      "seeds": 1,

@@ -228,7 +228,8 @@ def anatomy_table(runs) -> tuple[list[str], list[list[str]]]:
         def avg(key, spec=".2f"):
             vals = finite(m.get(key) for m in ms)
             return render.fmt(float(np.mean(vals)), spec) if vals else "-"
-        rows.append([prec, str(len(ms))] + [f"{avg(f'anatomy/pi_{b}/frac')} / {avg(f'anatomy/pi_{b}/share')}" for b in PI_BINS]
+        rows.append([prec, str(len(ms))] + [f"{avg(f'anatomy/pi_{b}/frac', '.3f')} / {avg(f'anatomy/pi_{b}/share')}"
+                                             for b in PI_BINS]
                     + [avg("anatomy/top1pct_share"), " / ".join(avg(f"anatomy/pos_q{q}/mean", ".1e") for q in range(1, 5)),
                        avg("anatomy/corr_entropy"), avg("anatomy/corr_surprisal"), avg("anatomy/mu_gt_pi_frac")])
     return head, rows
@@ -269,6 +270,14 @@ def _curve(run, key: str) -> dict:
             "values": [m[key] for m in run.metrics if key in m]}
 
 
+def _wall(runs) -> str:
+    """Summed run time (time/total_s) per regime, in minutes: what each regime costs on this machine."""
+    per = Counter()
+    for r in runs:
+        per[regime(r)] += r.summary.get("time/total_s") or 0.0
+    return ", ".join(f"{g} {per[g] / 60:.0f} min" for g in regimes_of(runs)) + " (run time summed over runs; two ran at a time)"
+
+
 def build_document(runs, root: Path, fig_dir: Path) -> list[tuple]:
     """The search report: outcome statement, settings, outcomes with CIs, the mechanism, figures."""
     from suite import figures
@@ -281,8 +290,8 @@ def build_document(runs, root: Path, fig_dir: Path) -> list[tuple]:
         ("h", "Outcome", "outcome"),
         ("p", statement(runs, found)),
         ("p", f"Runs from {root} (tier {', '.join(tier)}); every number below is computed from the run directories "
-              "(suite report). Produced by: suite sweep grid=collapse-search launcher=local jobs=2, then "
-              f"suite report {root}."),
+              f"(suite report). Produced by: suite sweep grid=collapse-search regime={','.join(regs)} launcher=local "
+              f"jobs=2, then suite report {root}. Wall time of the runs: {_wall(runs)}."),
         ("h", "Settings tried", "settings"),
         ("table", *settings_table(runs), "Every regime of this search, including those where nothing separated. "
          "A regime sets its fields on top of the tier for every precision alike (suite/grids.py REGIMES)."),

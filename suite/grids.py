@@ -84,9 +84,9 @@ GRIDS: dict[str, dict[str, Any]] = {
         "overrides": [],
     },
     "collapse-search": {
-        "doc": "issue 9: regimes chosen for sensitivity x fp32/fp16/bf16/bf16_fp8rollout x plain GRPO, three seeds "
-               "(~1 h on 2 cores; regime=... adds any of REGIMES)",
-        "axes": {"regime": ["base", "tiny-set", "stress"],
+        "doc": "issue 9: five regimes chosen for sensitivity x fp32/fp16/bf16/bf16_fp8rollout x plain GRPO, three "
+               "seeds (60 runs, ~1 h on 2 cores; regime=... picks any of REGIMES)",
+        "axes": {"regime": ["base", "tiny-set", "lr-edge", "many-updates", "stress"],
                  "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "name=collapse-search/${regime}"],
     },

@@ -126,3 +126,27 @@ def check(cfg: dict, expected_hash: str) -> Check:
         return Check(command, problem=f"composes to {again}, not {expected_hash}; {why}")
     added = {k: v for k, v in flat_new.items() if k not in flat_cfg and k.split(".")[0] not in LOCATION_KEYS}
     return Check(command, added)
+
+
+def same_experiment(recorded: dict, new: dict) -> bool:
+    """Is ``new`` (a resolved config dict) the experiment of ``recorded`` (a run's config.json)?
+
+    Yes when the hashes match, or when ``new`` restricted to the recorded fields hashes to the
+    recorded hash and every field added to the code since holds the value that tier and task
+    resolve to by default (so the old run ran with today's behaviour): a run directory written
+    before a field existed is resumed or skipped, not refused as "another config".
+    """
+    from suite import config as cfgmod
+
+    old_cfg, old_hash = recorded.get("config") or {}, recorded.get("config_hash")
+    if old_hash == config_hash(new):
+        return True
+    if not old_cfg or config_hash(_restrict(new, old_cfg)) != old_hash:
+        return False
+    flat_old, flat_new = flatten(old_cfg), flatten(new)
+    added = [k for k in flat_new if k not in flat_old and k.split(".")[0] not in LOCATION_KEYS]
+    try:
+        default = flatten(cfgmod.to_dict(cfgmod.load([f"tier={new['tier']}", f"task={new['task']}"])))
+    except Exception:  # noqa: BLE001 -- a tier or task the code no longer has: not the same experiment
+        return False
+    return all(_same(flat_new[k], default.get(k)) for k in added)

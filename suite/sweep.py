@@ -50,7 +50,7 @@ from rich.progress import (
 )
 
 from suite import config as cfgmod
-from suite.provenance import hydra_value
+from suite.provenance import hydra_value, same_experiment
 from suite.results import run_dir_name
 
 log = logging.getLogger(__name__)
@@ -141,7 +141,6 @@ def state(cell: Cell) -> str:
 
 def check_run_dirs(cells: list[Cell]) -> None:
     """Refuse, before compute, two cells sharing a run directory or a directory of another config."""
-    from suite.results import config_hash
     from suite.train import _diff
 
     seen: dict[Path, Cell] = {}
@@ -155,7 +154,7 @@ def check_run_dirs(cells: list[Cell]) -> None:
         if path.exists():
             old = json.loads(path.read_text())
             new = cfgmod.to_dict(cell.cfg)
-            if old.get("config_hash") != config_hash(new):
+            if not same_experiment(old, new):
                 raise ValueError(f"{cell.run_dir} holds a run of a different config ({_diff(old.get('config', {}), new)}); "
                                  f"choose another name=..., or delete that directory")
 

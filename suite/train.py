@@ -44,6 +44,7 @@ from suite.policy import (
     policy_key,
 )
 from suite.precision import gemm_backend, resolve
+from suite.provenance import same_experiment
 from suite.results import (
     append_jsonl,
     atomic_write_bytes,
@@ -185,7 +186,7 @@ def claim_run_dir(run_dir: Path, cfg_dict: dict) -> None:
     path = run_dir / "config.json"
     if path.exists():
         old = json.loads(path.read_text())
-        if old.get("config_hash") != config_hash(cfg_dict):
+        if not same_experiment(old, cfg_dict):
             diff = _diff(old.get("config", {}), cfg_dict)
             raise RunDirConflict(f"{run_dir} holds a run of a different config ({diff}); "
                                  f"choose another name=..., or delete that directory")

@@ -64,3 +64,27 @@ def test_the_main_table_leads_with_the_mismatch():
     assert [r[0].strip("| ") for r in rows] == list(FLOWS)
     k3 = {r[0].strip("| "): float(r[4]) for r in rows}
     assert k3["fp32"] < k3["fp16"] < k3["bf16"] < k3["bf16_fp8rollout"] and k3["exact"] == 0.0
+
+
+def test_the_committed_grids_are_complete_for_todays_code():
+    """`suite main` on a clean clone skips the committed cells instead of refusing them as "another
+    config" after fields were added to the code (provenance.same_experiment)."""
+    from suite import sweep
+
+    for grid in ("sanity", "collapse-search"):
+        cells = sweep.plan_grid([f"grid={grid}"]).cells
+        assert {sweep.state(c) for c in cells} == {"complete"}, grid
+
+
+def test_same_experiment_tolerates_only_fields_added_at_their_defaults(tmp_path):
+    from suite import config
+    from suite.provenance import same_experiment
+    from suite.results import config_hash
+
+    new = config.to_dict(config.load(["tier=smoke"]))
+    old = {k: v for k, v in new.items() if k not in ("micro_batch", "eval")}  # recorded before those fields existed
+    assert same_experiment({"config": old, "config_hash": config_hash(old)}, new)
+    changed = config.to_dict(config.load(["tier=smoke", "micro_batch=2"]))
+    assert not same_experiment({"config": old, "config_hash": config_hash(old)}, changed)
+    other = config.to_dict(config.load(["tier=smoke", "optim.lr=3e-4"]))
+    assert not same_experiment({"config": new, "config_hash": config_hash(new)}, other)
