@@ -155,8 +155,10 @@ def statement(runs, found: list[dict]) -> str:
     regs = regimes_of(runs)
     sep = [f for f in found if f["separated"]]
     seeds = sorted({r.seed for r in runs})
+    algos = sorted({r.algorithm for r in runs})
     head = (f"Searched {len(regs)} regimes ({', '.join(regs)}) x flows "
-            f"{', '.join(render.flow_order(r.precision for r in runs))} x {len(seeds)} seeds: {len(runs)} runs, "
+            f"{', '.join(render.flow_order(r.precision for r in runs))} x {len(seeds)} seeds, algorithms "
+            f"{', '.join(algos)} (not every cell runs every algorithm; tables below): {len(runs)} runs, "
             f"{sum(r.verdict != 'incomplete' for r in runs)} complete. ")
     if sep:
         where = "; ".join(f"{f['flow']} {f['algorithm']} in regime {f['regime']}" for f in sep)
@@ -251,6 +253,23 @@ def lead_table(runs) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def corrections_table(runs, base_algo: str = "grpo") -> tuple[list[str], list[list[str]]]:
+    """Within one regime and flow: does a sampler-aware correction beat uncorrected GRPO? Final accuracy
+    gap to `base_algo` with a 95% bootstrap CI over seeds (the mission's question: which correction helps)."""
+    cs = cells(runs)
+    head = ["regime", "precision", "algorithm", "seeds", "final acc (mean ± std)", f"gap vs {base_algo} [95% CI]"]
+    rows = []
+    for (reg, algo, prec), cell in cs.items():
+        ref = _complete(cs.get((reg, base_algo, prec), []))
+        if algo == base_algo or not ref:
+            continue
+        st, gap = cell_stats(cell), gap_ci(finite(r.summary.get("accuracy/final") for r in _complete(cell)),
+                                           finite(r.summary.get("accuracy/final") for r in ref))
+        rows.append([reg, prec, algo, f"{st['complete']}/{st['n']}", _pm(st["final"]),
+                     "-" if not gap else f"{gap[0]:+.3f} [{gap[1]:+.3f}, {gap[2]:+.3f}]"])
+    return head, rows
+
+
 def settings_table(runs) -> tuple[list[str], list[list[str]]]:
     from suite.grids import REGIMES
 
@@ -305,6 +324,14 @@ def build_document(runs, root: Path, fig_dir: Path) -> list[tuple]:
          "95% bootstrap CI of the mean over seeds. Max drawdown: largest fall of acc_t below its running best."),
         ("p", "Verdict rule: " + VERDICT_RULE),
     ]
+    head, rows = corrections_table(runs)
+    if rows:
+        cmd = (f"suite sweep grid=collapse-search regime={','.join(sorted({r[0] for r in rows}))} precision="
+               f"{','.join(sorted({r[1] for r in rows}))} algorithm={','.join(sorted({r[2] for r in rows}))} "
+               "launcher=local jobs=2")
+        doc += [("h", "Corrections", "corrections"), ("p", f"Produced by: {cmd}"),
+                ("table", head, rows, "Cells where sampler-aware corrections ran next to uncorrected grpo (same regime, "
+                 "flow and seeds): final accuracy and its gap to grpo, 95% percentile-bootstrap CI resampling seeds.")]
     fig_dir.mkdir(parents=True, exist_ok=True)
     thresholds = {r.task: (r.config or {}).get("threshold", 0.95) for r in runs}
     panels = {g: [_curve(r, "reward/mean") for r in runs if regime(r) == g] for g in regs}

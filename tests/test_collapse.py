@@ -20,10 +20,10 @@ def _curve(kind: str, seed: int) -> list[float]:
     return [0.6 + 0.01 * (seed % 2)] * STEPS
 
 
-def _write(root, regime: str, precision: str, seed: int, kind: str, k3_growth: float = 1.0) -> None:
-    cfg = {"task": "arith3", "algorithm": "grpo", "precision": precision, "seed": seed, "regime": regime,
+def _write(root, regime: str, precision: str, seed: int, kind: str, k3_growth: float = 1.0, algo: str = "grpo") -> None:
+    cfg = {"task": "arith3", "algorithm": algo, "precision": precision, "seed": seed, "regime": regime,
            "steps": STEPS, "threshold": 0.95, "tier": "small"}
-    d = root / regime / f"arith3__grpo__{precision}__s{seed}"
+    d = root / regime / f"arith3__{algo}__{precision}__s{seed}"
     d.mkdir(parents=True)
     rows = [{"step": t + 1, "reward/mean": r, "entropy/mean": 0.05,
              "mismatch/kl_k3": 1e-4 * (1 + (k3_growth - 1) * t / (STEPS - 1)),
@@ -83,3 +83,14 @@ def test_report_uses_the_search_document(search):
     assert md.startswith("# Collapse search")
     assert "Precision decides the outcome" in md and "Settings tried" in md and "Mechanism" in md
     assert (out / "figures" / "search_reward.png").stat().st_size > 10_000
+
+
+def test_corrections_are_compared_with_grpo_in_the_same_cell(search):
+    for seed in range(3):
+        _write(search, "sharp", "bf16", seed, "pass", algo="grpo_token_tis")
+    runs = load_runs(search)
+    head, rows = collapse.corrections_table(runs)
+    assert [r[:4] for r in rows] == [["sharp", "bf16", "grpo_token_tis", "3/3"]]
+    assert rows[0][5] == "+0.890 [+0.890, +0.890]"  # 0.99 against the collapsed 0.1, every seed alike
+    md = (write_report(search) / "report.md").read_text()
+    assert "## Corrections" in md and "algorithm=grpo_token_tis" in md
