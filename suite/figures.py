@@ -116,6 +116,17 @@ def _panel(ax, series: list[dict], colors: dict, window: int, log: bool) -> bool
     return hidden
 
 
+def _labelled_panel(ax, series: list[dict], colors: dict, window: int, log: bool, title: str, ylabel: str) -> None:
+    """`_panel` plus the title, axis labels and, on a log axis, a note when values <= 0 were hidden."""
+    hidden = _panel(ax, series, colors, window, log=log)
+    ax.set_title(title)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel(ylabel)
+    if hidden:
+        ax.text(0.99, 0.02, "values <= 0 not drawn (log axis)", transform=ax.transAxes, ha="right",
+                va="bottom", fontsize=7, color="0.35")
+
+
 def _note(fig, text: str, n_cols: int) -> None:
     """A grey note above the panels, wrapped to the figure's width (~90 characters per 4.6 in panel)."""
     fig.suptitle(textwrap.fill(text, width=max(110, 90 * n_cols)), fontsize=8, color="0.35")
@@ -175,13 +186,7 @@ def metric_grid(series_by_metric: dict[str, list[dict]], labels: dict[str, str],
         for j, key in enumerate(metrics):
             ax = axes[i, j]
             panel = [s for s in series_by_metric[key] if s["task"] == task and s["algorithm"] == algo]
-            hidden = _panel(ax, panel, colors, window, log=log)
-            ax.set_title(f"{task} / {algo}: {labels.get(key, key)}")
-            ax.set_xlabel("RL step")
-            ax.set_ylabel(key)
-            if hidden:
-                ax.text(0.99, 0.02, "values <= 0 not drawn (log axis)", transform=ax.transAxes, ha="right",
-                        va="bottom", fontsize=7, color="0.35")
+            _labelled_panel(ax, panel, colors, window, log, f"{task} / {algo}: {labels.get(key, key)}", key)
     _legend(fig, axes, NOTE.format(w=window) + ("; log axis" if log else ""))
     return save(fig, stem)
 
@@ -197,15 +202,9 @@ def panels(series_by_panel: dict[str, list[dict]], flows: list[str], stem: Path,
     for ax in axes.flat[len(names):]:
         ax.set_visible(False)
     for ax, name in zip(axes.flat, names):
-        hidden = _panel(ax, series_by_panel[name], colors, window, log=log)
+        _labelled_panel(ax, series_by_panel[name], colors, window, log, name, ylabel)
         if hline is not None:
             ax.axhline(hline, color="0.3", ls="--", lw=0.9)
-        ax.set_title(name)
-        ax.set_xlabel("RL step")
-        ax.set_ylabel(ylabel)
-        if hidden:
-            ax.text(0.99, 0.02, "values <= 0 not drawn (log axis)", transform=ax.transAxes, ha="right",
-                    va="bottom", fontsize=7, color="0.35")
     _legend(fig, axes, NOTE.format(w=window) + ("; log axis" if log else ""))
     return save(fig, stem)
 

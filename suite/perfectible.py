@@ -55,12 +55,11 @@ def sampler_engine(model_dir: Path, sampler: str, engine: str, vllm_cfg=None):
     from suite.policy import load_policy
 
     if engine == "vllm":
-        from suite.precision import resolve
-        from suite.vllm_engine import VllmEngine
-
         from transformers import AutoTokenizer
 
         from suite.config import VllmConfig
+        from suite.precision import resolve
+        from suite.vllm_engine import VllmEngine
 
         return VllmEngine(model_dir, resolve(sampler), vllm_cfg or VllmConfig()), AutoTokenizer.from_pretrained(model_dir)
     model, tok = load_policy(model_dir)
