@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
+
+from suite.console import make_console
 from rich.table import Table
 
 from suite import config as cfgmod
@@ -136,7 +138,7 @@ def sampler_table(rows: list[dict]) -> Table:
 
 
 def main(args: list[str]) -> int:
-    console = Console(width=200)
+    console = make_console()
     steps = 11
     base = cfgmod.load(args)
     torch.set_num_threads(base.threads)
@@ -177,7 +179,7 @@ def mismatch_main(args: list[str]) -> int:
     from suite.precision import FLOWS
     from suite.train import build_engines, prepare_data
 
-    console = Console(width=200)
+    console = make_console()
     base = cfgmod.load(args)
     torch.set_num_threads(base.threads)
     model_dir, data_dir = prepare_data(base, console)

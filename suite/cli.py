@@ -1,11 +1,14 @@
 """The ``suite`` command: ``suite <subcommand> [key=value ...]``.
 
 Subcommands: run (one RL run), perfectible (build a perfectible set), main (the main job: the
-``sanity`` grid, then its table, report and leaderboard), table (print a results table), bench (step
+``sanity`` grid into runs/sanity, then its table, the reproduction check against the committed
+reference of this machine class, report and leaderboard), table (print a results table), bench (step
 time split; engine vs HF generate), mismatch (step-0 mismatch of every precision flow),
 sweep (a named grid as a Hydra multirun: ``suite sweep grid=sanity launcher=local jobs=2``),
 report (the reproducibility report of a results directory), leaderboard (the static site),
-transfer (lm-eval transfer index of runs' base vs final checkpoints: docs/transfer.md).
+transfer (lm-eval transfer index of runs' base vs final checkpoints: docs/transfer.md),
+reference (copy a finished grid into results/reference/<machine class>/), fingerprint (the
+numerics fingerprint of this machine class: smoke steps of every flow vs the committed one).
 Every subcommand validates its config before any compute; a bad value is one line naming
 the field, exit code 2.
 """
@@ -19,12 +22,14 @@ from pathlib import Path
 
 from rich.console import Console
 
+from suite.console import make_console
+
 USAGE = __doc__
 
 
 def _console() -> Console:
-    """Rich console; wide lines when writing to a file or a pipe (CI logs, sweep cell logs)."""
-    return Console(width=None if sys.stdout.isatty() else 200)
+    """Rich console; nothing cut when writing to a file or a pipe (CI logs, sweep cell logs)."""
+    return make_console()
 
 
 def _configs(args: list[str]):
@@ -70,36 +75,84 @@ def cmd_perfectible(args: list[str]) -> int:
 
 def cmd_main(args: list[str]) -> int:
     """The main job: the ``sanity`` grid (every precision flow x grpo, grpo_token_tis, pg_seq_is,
-    one seed) on the embedded default, side by side on the local cores; then the grid table,
-    the report and the leaderboard. Extra ``key=value`` arguments go to every cell."""
+    one seed) on the embedded default, side by side on the local cores, into ``runs/sanity`` (ignored
+    by git); then the grid table, the reproduction check against the committed reference of this
+    machine class, the report and the leaderboard, all next to the runs. Nothing tracked by git is
+    written. Extra ``key=value`` arguments go to every cell."""
     from rich.table import Table
 
-    from suite import leaderboard, report, sweep
-    from suite.results import atomic_write_text
+    from suite import leaderboard, machine, report, reproduce, sweep
+    from suite.results import atomic_write_json, atomic_write_text, env_info
 
     t0 = time.time()
-    root = sweep.plan_grid(["grid=sanity", *args]).cells[0].root  # validates every cell first
+    plan = sweep.plan_grid(["grid=sanity", *args])  # validates every cell first
+    root = plan.cells[0].root
+    todo = [c for c in plan.cells if sweep.state(c) != "complete"]
     code = sweep.main(["grid=sanity", "launcher=local", *args])
+    console = _console()
     atomic_write_text(root / "outcomes.md", report.outcome_markdown(root))
     head, rows, text = report.mismatch_lead(root)
-    lead = Table(*head, title="mismatch first (step 0, mean over each flow's runs)", caption=text)
+    lead = Table(*head, title="mismatch first (step 0, mean over each flow's runs)")
     for row in rows:
         lead.add_row(*row)
-    _console().print(lead)
+    console.print(lead)
+    console.print(text, highlight=False)
+
+    doc = reproduce.check(root, "sanity")
+    reproduce.write(root, doc)
+    table = Table(*reproduce.HEAD, title=f"reproduction on machine class {(doc['machine_class'] or {}).get('id')}")
+    for row in reproduce.table_rows(doc):
+        table.add_row(*row)
+    console.print(table)
+    console.print(doc["statement"], highlight=False)
+
     out = report.write_report(root)
-    site = leaderboard.build([root], Path("leaderboard"))
-    console = _console()
-    console.print(f"main job wall time {time.time() - t0:.0f} s\n  results     {root}\n  table       {root / 'outcomes.md'}"
-                  f"\n  report      {out / 'index.html'}\n  leaderboard {site}",
-                  soft_wrap=True, highlight=False)
+    site = leaderboard.build([root], root / "leaderboard")
+    atomic_write_json(root / "job.json", {  # what `suite reference` records as the reference's provenance
+        "command": " ".join(["suite", "main", *args]), "wall_time_s": round(time.time() - t0, 1),
+        "cells": len(plan.cells), "cells_trained": len(todo), "machine_class": doc["machine_class"],
+        "git_sha": env_info()["git_sha"]})
+    trained = (f"trained {len(todo)} of {len(plan.cells)} cells" if todo else
+               f"trained nothing: all {len(plan.cells)} cells were already complete in {root} (delete it, or pass "
+               "out=DIR, to compute them again)")
+    console.print(f"main job: {trained}; wall time {time.time() - t0:.0f} s on machine class "
+                  f"{machine.label(doc['machine_class'])}.\n  results      {root}\n  table        {root / 'outcomes.md'}"
+                  f"\n  reproduction {root / 'reproduction.md'}\n  report       {out / 'index.html'}\n  leaderboard  {site}",
+                  highlight=False)
     return code
 
 
 def cmd_table(args: list[str]) -> int:
     from suite import report
 
-    _console().print(report.outcome_table(Path(args[0] if args else "results/sanity")))
+    _console().print(report.outcome_table(Path(args[0] if args else "runs/sanity")))
     return 0
+
+
+def cmd_reference(args: list[str]) -> int:
+    """suite reference RESULTS_DIR [--grid NAME] [--allow-dirty]: commit-ready copy of a finished grid into
+    results/reference/<machine class>/<grid>/ (the reference later runs of this class are compared with)."""
+    import argparse
+
+    from suite import reproduce
+
+    p = argparse.ArgumentParser(prog="suite reference", description=cmd_reference.__doc__)
+    p.add_argument("results_dir", type=Path)
+    p.add_argument("--grid", default="sanity")
+    p.add_argument("--allow-dirty", action="store_true")
+    ns = p.parse_args(args)
+    dest = reproduce.promote(ns.results_dir, ns.grid, allow_dirty=ns.allow_dirty)
+    _console().print(f"reference written to {dest} (with {dest.parent / 'reference.json'}); commit it to make it the "
+                     "reference of this machine class", highlight=False)
+    return 0
+
+
+def cmd_fingerprint(args: list[str]) -> int:
+    """suite fingerprint [--write] [gemm=auto|native|emulated]: smoke-tier steps of every precision flow,
+    compared with the committed numerics fingerprint of this machine class (--write regenerates it)."""
+    from suite import fingerprint
+
+    return fingerprint.cli(args, _console())
 
 
 def cmd_bench(args: list[str]) -> int:
@@ -143,7 +196,8 @@ def cmd_transfer(args: list[str]) -> int:
 
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
             "mismatch": cmd_mismatch, "sweep": cmd_sweep,
-            "report": cmd_report, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer}
+            "report": cmd_report, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer,
+            "reference": cmd_reference, "fingerprint": cmd_fingerprint}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,6 +11,7 @@ Command line: ``suite run task=arith precision=bf16 algorithm=grpo seed=0 optim.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -38,7 +39,9 @@ class SamplingConfig:
     temperature: float = 1.0
     """Sampling temperature; trainer log-probs are computed at the same temperature."""
     top_p: float = 1.0
-    """Nucleus sampling mass (1.0 = off, as in the published recipe)."""
+    """Nucleus sampling mass of the rollouts. Must be 1.0 for training: the sampler would record the
+    log-prob before the nucleus cut (built-in engine) or after renormalising (vLLM) while the trainer
+    scores the full distribution, so the three would disagree. Held-out evaluation has eval.top_p."""
     max_new_tokens: Optional[int] = None
     """Response budget; a response that hits it is truncated and scores 0. None: task trace length + 8."""
 
@@ -58,7 +61,7 @@ class PerfectibleConfig:
     (engine=vllm for real models on GPUs). fp32 keeps every precision flow of a grid on one set."""
     max_prompts: Optional[int] = None
     """Cap on kept prompts used for training (the first ones in pool order). None: the tier's value
-    (small: 256, so that 200 steps of 16 prompts are ~12 epochs, the many-epoch regime of the
+    (small: 128, so that 100 steps of 16 prompts are 12.5 epochs, the many-epoch regime of the
     published test); 0 keeps every kept prompt."""
 
 
@@ -156,8 +159,9 @@ class RunConfig:
     threads: int = 1
     """torch CPU threads per run. 1 by default: the policy's GEMMs are small, OpenMP spin-waits cost
     more than they give, and sweeps run cells side by side instead."""
-    out: str = "results"
-    """Root of the result bundles."""
+    out: str = "runs"
+    """Root of the result bundles (``runs/`` is ignored by git; the committed reference results live in
+    ``results/reference/<machine class>/`` and are never written by a run)."""
     name: str = "default"
     """Experiment name: runs go to <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/."""
     steps: Optional[int] = None
@@ -214,15 +218,33 @@ def from_overrides(overrides: list[str]) -> RunConfig:
     """Compose a RunConfig from ``key=value`` overrides with Hydra; errors name the field."""
     from hydra import compose, initialize
     from hydra.core.config_store import ConfigStore
-    from hydra.errors import ConfigCompositionException
+    from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
 
+    for ov in overrides:  # one at a time, so the refusal names the override Hydra cannot parse
+        _parse(ov)
     ConfigStore.instance().store(name="suite_run", node=RunConfig)
     try:
         with initialize(version_base=None, config_path=None):
             cfg = compose(config_name="suite_run", overrides=list(overrides))
-    except ConfigCompositionException as e:
+    except (ConfigCompositionException, OverrideParseException) as e:
         raise ValueError(_explain(e, overrides)) from None
+    except HydraException as e:
+        raise ValueError(f"config: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
     return OmegaConf.to_object(cfg)
+
+
+def _parse(override: str) -> None:
+    """ValueError naming ``override`` when Hydra's override grammar cannot read it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if "=" not in override:
+        raise ValueError(f"'{override}': expected key=value (a config field, e.g. precision=bf16).")
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except HydraException as e:
+        why = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "not a valid override")
+        raise ValueError(f"{override.split('=', 1)[0].lstrip('+~')}: cannot parse '{override}' ({why}).") from None
 
 
 def _explain(err: Exception, overrides: list[str]) -> str:
@@ -339,52 +361,83 @@ def validate(cfg: RunConfig) -> RunConfig:
     check_name(cfg.model)
     _choice("gemm", cfg.gemm, ("auto", "native", "emulated"))
     gemm_backend(cfg.gemm, FLOWS[cfg.precision].trainer_dtype)
+    _check_finite(cfg)
+    # Checked in order and lazily: a later check may divide by a field an earlier one has vetted.
+    pos = ("must be >= 1", lambda v: v >= 1)
     checks = [
-        ("seed", cfg.seed >= 0, "must be >= 0"),
-        ("threads", cfg.threads >= 1, "must be >= 1"),
-        ("steps", cfg.steps >= 1, "must be >= 1"),
-        ("prompts_per_step", cfg.prompts_per_step >= 1, "must be >= 1"),
-        ("samples_per_prompt", cfg.samples_per_prompt >= 2, "must be >= 2 (group-relative advantages need a group)"),
-        ("updates_per_step", cfg.updates_per_step >= 1, "must be >= 1"),
-        ("micro_batch", cfg.micro_batch is None or cfg.micro_batch >= 1, "must be >= 1 (or null: no accumulation)"),
-        ("updates_per_step", (cfg.prompts_per_step * cfg.samples_per_prompt) % cfg.updates_per_step == 0,
+        ("seed", lambda c: c.seed >= 0, "must be >= 0"),
+        ("threads", lambda c: c.threads >= 1, pos[0]),
+        ("steps", lambda c: c.steps >= 1, pos[0]),
+        ("prompts_per_step", lambda c: c.prompts_per_step >= 1, pos[0]),
+        ("samples_per_prompt", lambda c: c.samples_per_prompt >= 2, "must be >= 2 (group-relative advantages need a group)"),
+        ("updates_per_step", lambda c: c.updates_per_step >= 1, pos[0]),
+        ("micro_batch", lambda c: c.micro_batch is None or c.micro_batch >= 1, "must be >= 1 (or null: no accumulation)"),
+        ("updates_per_step", lambda c: (c.prompts_per_step * c.samples_per_prompt) % c.updates_per_step == 0,
          f"must divide the rollout batch ({cfg.prompts_per_step} x {cfg.samples_per_prompt})"),
-        ("threshold", 0.0 < cfg.threshold <= 1.0, "must be in (0, 1]"),
-        ("ckpt_every", cfg.ckpt_every >= 1, "must be >= 1"),
-        ("optim.lr", cfg.optim.lr > 0, "must be > 0"),
-        ("optim.eps", cfg.optim.eps > 0, "must be > 0"),
-        ("optim.betas", all(0.0 <= b < 1.0 for b in cfg.optim.betas), "each beta must be in [0, 1)"),
-        ("optim.weight_decay", cfg.optim.weight_decay >= 0, "must be >= 0"),
-        ("optim.grad_clip", cfg.optim.grad_clip > 0, "must be > 0"),
-        ("sampling.temperature", cfg.sampling.temperature > 0, "must be > 0"),
-        ("sampling.top_p", 0.0 < cfg.sampling.top_p <= 1.0, "must be in (0, 1]"),
-        ("sampling.max_new_tokens", cfg.sampling.max_new_tokens >= 1, "must be >= 1"),
-        ("perfectible.k", cfg.perfectible.k >= 2, "must be >= 2 (a pass rate needs several samples)"),
-        ("perfectible.lo", 0.0 <= cfg.perfectible.lo <= 1.0, "must be in [0, 1]"),
-        ("perfectible.hi", 0.0 <= cfg.perfectible.hi <= 1.0, "must be in [0, 1]"),
-        ("perfectible.lo", cfg.perfectible.lo <= cfg.perfectible.hi,
+        ("threshold", lambda c: 0.0 < c.threshold <= 1.0, "must be in (0, 1]"),
+        ("ckpt_every", lambda c: c.ckpt_every >= 1, pos[0]),
+        ("optim.lr", lambda c: c.optim.lr > 0, "must be > 0"),
+        ("optim.eps", lambda c: c.optim.eps > 0, "must be > 0"),
+        ("optim.betas", lambda c: len(c.optim.betas) == 2 and all(0.0 <= b < 1.0 for b in c.optim.betas),
+         "must be two numbers, each in [0, 1)"),
+        ("optim.weight_decay", lambda c: c.optim.weight_decay >= 0, "must be >= 0"),
+        ("optim.grad_clip", lambda c: c.optim.grad_clip > 0, "must be > 0"),
+        ("sampling.temperature", lambda c: c.sampling.temperature > 0, "must be > 0"),
+        ("sampling.top_p", lambda c: c.sampling.top_p == 1.0,
+         "must be 1.0 for training: the trainer scores the full distribution, so a nucleus cut would make the "
+         "sampler's and the trainer's log-probs disagree (held-out evaluation has eval.top_p)"),
+        ("sampling.max_new_tokens", lambda c: c.sampling.max_new_tokens >= 1, pos[0]),
+        ("perfectible.k", lambda c: c.perfectible.k >= 2, "must be >= 2 (a pass rate needs several samples)"),
+        ("perfectible.lo", lambda c: 0.0 <= c.perfectible.lo <= 1.0, "must be in [0, 1]"),
+        ("perfectible.hi", lambda c: 0.0 <= c.perfectible.hi <= 1.0, "must be in [0, 1]"),
+        ("perfectible.lo", lambda c: c.perfectible.lo <= c.perfectible.hi,
          f"lo ({cfg.perfectible.lo}) must be <= hi ({cfg.perfectible.hi})"),
-        ("perfectible.pool", cfg.perfectible.pool >= 1, "must be >= 1"),
-        ("perfectible.sampler", cfg.perfectible.sampler in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
-        ("perfectible.max_prompts", cfg.perfectible.max_prompts >= 0, "must be >= 0 (0 = all)"),
-        ("policy.hidden", cfg.policy.hidden % cfg.policy.heads == 0, "must be divisible by policy.heads"),
-        ("policy.heads", cfg.policy.heads % cfg.policy.kv_heads == 0, "must be divisible by policy.kv_heads"),
-        ("policy.layers", cfg.policy.layers >= 1, "must be >= 1"),
-        ("policy.target_acc", 0.0 < cfg.policy.target_acc < 1.0, "must be in (0, 1)"),
-        ("eval.every", cfg.eval.every >= 0, "must be >= 0 (0 = no evaluation)"),
-        ("eval.prompts", cfg.eval.prompts is None or cfg.eval.prompts >= 1, "must be >= 1"),
-        ("eval.samples", cfg.eval.samples is None or cfg.eval.samples >= 1, "must be >= 1"),
-        ("eval.temperature", cfg.eval.temperature is None or cfg.eval.temperature > 0, "must be > 0"),
-        ("eval.top_p", cfg.eval.top_p is None or 0.0 < cfg.eval.top_p <= 1.0, "must be in (0, 1]"),
+        ("perfectible.pool", lambda c: c.perfectible.pool >= 1, pos[0]),
+        ("perfectible.sampler", lambda c: c.perfectible.sampler in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
+        ("perfectible.max_prompts", lambda c: c.perfectible.max_prompts >= 0, "must be >= 0 (0 = all)"),
+        *[(f"policy.{k}", lambda c, k=k: getattr(c.policy, k) >= 1, pos[0])
+          for k in ("hidden", "layers", "heads", "kv_heads", "mlp")],
+        ("policy.hidden", lambda c: c.policy.hidden % c.policy.heads == 0, "must be divisible by policy.heads"),
+        ("policy.heads", lambda c: c.policy.heads % c.policy.kv_heads == 0, "must be divisible by policy.kv_heads"),
+        ("policy.target_acc", lambda c: 0.0 < c.policy.target_acc < 1.0, "must be in (0, 1)"),
+        ("vllm.max_model_len", lambda c: c.vllm.max_model_len is None or c.vllm.max_model_len >= 1, pos[0]),
+        ("vllm.gpu_memory_fraction", lambda c: 0.0 < c.vllm.gpu_memory_fraction <= 1.0, "must be in (0, 1]"),
+        ("vllm.kv_cache_gib", lambda c: c.vllm.kv_cache_gib is None or c.vllm.kv_cache_gib > 0, "must be > 0"),
+        ("vllm.tensor_parallel_size", lambda c: c.vllm.tensor_parallel_size >= 1, pos[0]),
+        ("eval.every", lambda c: c.eval.every >= 0, "must be >= 0 (0 = no evaluation)"),
+        ("eval.splits", lambda c: c.eval.splits is None or len(c.eval.splits) >= 1, "must name at least one split (or null)"),
+        ("eval.prompts", lambda c: c.eval.prompts is None or c.eval.prompts >= 1, pos[0]),
+        ("eval.samples", lambda c: c.eval.samples is None or c.eval.samples >= 1, pos[0]),
+        ("eval.temperature", lambda c: c.eval.temperature is None or c.eval.temperature > 0, "must be > 0"),
+        ("eval.top_p", lambda c: c.eval.top_p is None or 0.0 < c.eval.top_p <= 1.0, "must be in (0, 1]"),
     ]
     for name, ok, why in checks:
-        if not ok:
-            raise ValueError(f"{name}: {why}.")
+        if not ok(cfg):
+            raise ValueError(f"{name}: {why} (got {_get(cfg, name)!r}).")
     if cfg.engine == "vllm":
         from suite.vllm_engine import check_supported
 
         check_supported(cfg)
     return cfg
+
+
+def _get(cfg: RunConfig, dotted: str):
+    obj = cfg
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def _check_finite(cfg, prefix: str = "") -> None:
+    """Every number of the config is finite (``optim.lr=inf`` or ``nan`` is refused, not run)."""
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            _check_finite(value, f"{prefix}{f.name}.")
+            continue
+        for v in value if isinstance(value, (tuple, list)) else [value]:
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{prefix}{f.name}: must be a finite number (got {value!r}).")
 
 
 def load(overrides: list[str]) -> RunConfig:

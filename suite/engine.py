@@ -82,8 +82,9 @@ class TorchEngine:
     def __init__(self, config, dtype: torch.dtype, backend: str = "native", device: str = "cpu",
                  lm_head_fp32: bool = False, functional_cache: bool = False, quant: str | None = None):
         self.cfg = config
-        # quant="fp8": every decoder linear holds block-scaled E4M3 weights, quantised from the
-        # trainer's master weights at each sync, and quantises its input per 1x128 group.
+        # quant="fp8": every decoder linear holds block-scaled E4M3 weights, quantised at each sync
+        # from the trainer's weights rounded to the sampler dtype (bf16), the input vLLM's online FP8
+        # quantisation receives too, and quantises its input per 1x128 group.
         self.quant = quant
         # functional_cache: grow K/V by concatenation instead of writing a preallocated cache, so the
         # same code can run under autograd (the `exact` flow trains through this very forward).
@@ -115,10 +116,10 @@ class TorchEngine:
         w = self.cast_weights(state_dict, detach=True)
         self.wq = {}
         if self.quant == "fp8":
-            master = self.cast_weights(state_dict, detach=True, dtype=torch.float32)
+            # The bf16 copy, as vLLM's loader gets it (suite/vllm_engine.py): both FP8 samplers quantise
+            # the same values, so they hold the same E4M3 codes.
             for k in [k for k in w if k.endswith(("_proj.weight",))]:
-                self.wq[k] = quantize_blockwise(master[k])  # (fp8 (N, K), fp32 block scales)
-                del w[k]
+                self.wq[k] = quantize_blockwise(w.pop(k))  # (fp8 (N, K), fp32 block scales)
         head = state_dict.get("lm_head.weight", state_dict["model.embed_tokens.weight"])  # tied embeddings
         # The fp32 output head (option lm_head_fp32) is the master weight itself, not a rounded copy.
         self.head32 = head.detach().to(self.device, torch.float32, copy=True) if self.lm_head_fp32 else None
@@ -264,15 +265,16 @@ class TorchEngine:
 
     def training_weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Weights for a differentiable forward from the trainer's fp32 masters (casts kept in the
-        graph); FP8 layers get their fp32 master, quantised inside ``fp8_linear``."""
+        graph); FP8 layers get their fp32 master holding the values of its bf16 rounding (what ``sync``
+        quantises), with the gradient passed straight through to the master, quantised inside ``fp8_linear``."""
         w = self.cast_weights(params, detach=False)
         if self.lm_head_fp32:
             w["lm_head.fp32"] = params.get("lm_head.weight", params["model.embed_tokens.weight"])
         if self.quant == "fp8":
             master = self.cast_weights(params, detach=False, dtype=torch.float32)
             for k in [k for k in w if k.endswith("_proj.weight")]:
-                w["fp8:" + k] = master[k]
-                del w[k]
+                m = master[k]
+                w["fp8:" + k] = m + (w.pop(k).detach().float() - m).detach()  # forward: bf16 values; grad: fp32
         return w
 
     def _use(self, weights):

@@ -37,7 +37,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from suite import provenance, stats, transfer
+from suite import machine, provenance, stats, transfer
 from suite.results import (
     SCHEMA_VERSION,
     VERDICT_RULE,
@@ -130,8 +130,8 @@ def validate_run(run_dir: Path) -> dict:
         "source": str(run_dir),
         "task": cfg["task"], "algorithm": cfg["algorithm"], "seed": cfg["seed"],
         "precision": _precision_label(cfg), "model": _model_label(cfg), "tier": cfg.get("tier"),
-        "hardware": _hardware_label(env),
-        "group": _group_hash(cfg),
+        "hardware": _hardware_label(env, machine.of_run(run_dir, env)),
+        "group": _group_hash(cfg, machine.of_run(run_dir, env)),
         "transfer_flags": transfer.flags_of(tdoc),
         "summary": {**{k: v for k, v in recomputed.items() if k.startswith(CHECKED_PREFIXES) or k in CHECKED_KEYS},
                     "error": summary.get("error"), "train/skipped_steps": recomputed.get("train/skipped_steps"),
@@ -235,17 +235,21 @@ def _model_label(cfg: dict) -> str:
     return f"embedded Llama h{p.get('hidden')} L{p.get('layers')}"
 
 
-def _hardware_label(env: dict) -> str:
+def _hardware_label(env: dict, cls: dict | None = None) -> str:
+    """The machine class first (it decides the numerics, suite/machine.py), then the hardware."""
     if env.get("gpus"):
         names = env["gpus"]
-        return f"{len(names)}x {names[0]}" if len(set(names)) == 1 else ", ".join(map(str, names))
-    cores = env.get("cpu_count")
-    return f"CPU {env.get('cpu_model')}" + (f", {cores} cores" if cores else "")
+        hw = f"{len(names)}x {names[0]}" if len(set(names)) == 1 else ", ".join(map(str, names))
+    else:
+        cores = env.get("cpu_count")
+        hw = f"CPU {env.get('cpu_model')}" + (f", {cores} cores" if cores else "")
+    return f"{cls['id'] if cls else 'class not recorded'}: {hw}"
 
 
-def _group_hash(cfg: dict) -> str:
-    """Seeds of one entry: configs equal except for the seed (and where they were written)."""
-    return config_hash({k: v for k, v in cfg.items() if k != "seed"})
+def _group_hash(cfg: dict, cls: dict | None = None) -> str:
+    """Seeds of one entry: configs equal except for the seed (and where they were written), on one
+    machine class (the same config gives other numbers on another class)."""
+    return config_hash({**{k: v for k, v in cfg.items() if k != "seed"}, "machine_class": (cls or {}).get("id")})
 
 
 def _variants(groups: dict[str, list[dict]]) -> dict[str, str]:
@@ -254,7 +258,7 @@ def _variants(groups: dict[str, list[dict]]) -> dict[str, str]:
     by_label: dict[tuple, list[str]] = {}
     for g, runs in groups.items():
         r = runs[0]
-        by_label.setdefault((r["task"], r["algorithm"], r["precision"], r["model"]), []).append(g)
+        by_label.setdefault((r["task"], r["algorithm"], r["precision"], r["model"], r["hardware"]), []).append(g)
     out = {g: "" for g in groups}
     for members in by_label.values():
         if len(members) < 2:
@@ -453,8 +457,10 @@ def cli(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="suite leaderboard",
                                      description="Build the static leaderboard site from result bundles.")
     parser.add_argument("results_dirs", nargs="+", type=Path, metavar="RESULTS_DIR")
-    parser.add_argument("--out", type=Path, default=Path("leaderboard"))
+    parser.add_argument("--out", type=Path, help="site folder (default: RESULTS_DIR/leaderboard of the first "
+                        "directory; the committed site is rebuilt only with --out leaderboard, docs/leaderboard.md)")
     ns = parser.parse_args(args)
+    ns.out = ns.out or ns.results_dirs[0] / "leaderboard"
     index = build(ns.results_dirs, ns.out)
     data = read_site_data(ns.out)
     for r in data["rejected"]:

@@ -75,8 +75,9 @@ def rerun_overrides(cfg: dict) -> list[str]:
     except Exception:  # noqa: BLE001 -- e.g. a task not registered today: spell out every field
         default = flatten(cfgmod.to_dict(cfgmod.RunConfig()))
     flat = flatten(cfg)
+    # `out` is where the run was written, not what it computes: a rerun goes to today's default (runs/).
     return base + [f"{k}={hydra_value(v)}" for k, v in sorted(flat.items())
-                   if k not in AXES and (k not in default or not _same(v, default[k]))]
+                   if k not in (*AXES, "out") and (k not in default or not _same(v, default[k]))]
 
 
 def rerun_command(cfg: dict) -> str:

@@ -232,8 +232,13 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
         runs = load_runs(search)
         text += f" The collapse search ({search}, report in {search / 'report'}): " + collapse.statement(runs, collapse.findings(runs))
     else:
+        from suite.reproduce import REFERENCE_ROOT
+
+        committed = sorted(REFERENCE_ROOT.glob(f"*/{SEARCH_DIR}"))
         text += (" Where precision does decide the outcome is searched by `suite sweep grid=collapse-search launcher=local "
-                 f"jobs=2` (results in {search}, `suite report {search}`).")
+                 f"jobs=2` (results in {search}, `suite report {search}`)" + (
+                     "; committed searches: " + ", ".join(f"{p} (machine class {p.parent.name})" for p in committed)
+                     if committed else "") + ".")
     return head, rows, text
 
 
@@ -247,6 +252,19 @@ def outcome_markdown(root: Path) -> str:
     lines += ["| " + " | ".join(r) + " |" for r in outcome_rows(root)]
     caption = ratio_caption(load_summaries(root))
     return "\n".join(lines + ["", caption, "", "Verdict rule: " + VERDICT_RULE, ""])
+
+
+def machine_sentence(runs: list[Run]) -> str:
+    """Which machine class produced the runs: every hardware-dependent number below holds for it."""
+    from suite import machine
+
+    labels: dict[str, list[str]] = {}
+    for r in runs:
+        labels.setdefault(machine.label(machine.of_run(r.dir, r.env)), []).append(r.label)
+    if len(labels) == 1:
+        return (f"Machine class of every run: {next(iter(labels))}. The numbers below hold for this class; another "
+                "CPU ISA level, GEMM backend, torch version or GPU gives other values (suite/machine.py).")
+    return "Machine classes differ between runs: " + "; ".join(f"{k}: {len(v)} run(s)" for k, v in labels.items()) + "."
 
 
 # ---------------------------------------------------------------------------- the document
@@ -286,10 +304,22 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
               f"{', '.join(algos)}; precision flows {', '.join(flows)}; seeds "
               f"{', '.join(map(str, sorted({r.seed for r in runs})))}. {len(bad)} run(s) incomplete or failed. "
               "Every number below is computed from the run directories alone (suite report)."),
+        ("p", machine_sentence(runs)),
         ("h", "Warnings", "warnings"),
         ("warn", warnings) if warnings else ("p", "None: the runs differ only in the grid axes (precision, "
                                                   "algorithm, seed), and every file was readable."),
     ]
+    repro = Path(root) / "reproduction.json"
+    if repro.is_file():  # written by `suite main` (suite/reproduce.py)
+        from suite import reproduce
+
+        rdoc = json.loads(repro.read_text(encoding="utf-8"))
+        doc += [("h", "Reproduction against the committed reference", "reproduction"), ("p", rdoc["statement"]),
+                ("table", reproduce.HEAD, reproduce.table_rows(rdoc), "metrics.jsonl compared byte for byte with the "
+                 "reference run of the same name; rel. diff = |here - ref| / |ref|."),
+                ("table", ["invariant (every machine)", "holds", "detail"],
+                 [[i["name"], "n/a" if i["ok"] is None else "yes" if i["ok"] else "NO", i["detail"]]
+                  for i in rdoc["invariants"]], "")]
 
     head, rows = render.verdict_table(runs)
     doc += [("h", "Verdicts per cell", "verdicts"),

@@ -51,6 +51,8 @@ TRACKED_PACKAGES = (
 # Keys of a run's config that say where results go, not what runs; they do not enter
 # `config_hash`, so the same experiment written to two places hashes the same.
 LOCATION_KEYS = ("out", "name")
+# Committed reference results, one folder per machine class (suite/reproduce.py); runs never write there.
+REFERENCE_ROOT = Path(__file__).resolve().parents[1] / "results" / "reference"
 
 PEAK_WINDOW = 5  # w: steps in the trailing moving average used for peak and first pass
 MIN_FINAL_WINDOW = 5  # W = max(5, total_steps // 10): the final-accuracy window
@@ -258,7 +260,7 @@ def env_info(extra: dict | None = None) -> dict:
     a non-git checkout or a missing package; those fields are None."""
     sha = _git("rev-parse", "HEAD")
     # Result folders are output, not code: runs written inside the checkout do not make it dirty.
-    status = (_git("status", "--porcelain", "--", ".", ":(exclude)results", ":(exclude)leaderboard")
+    status = (_git("status", "--porcelain", "--", ".", ":(exclude)runs", ":(exclude)results", ":(exclude)leaderboard")
               if sha is not None else None)
     threads, gpus = _torch_info()
     info = {

@@ -41,6 +41,8 @@ from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
+
+from suite.console import make_console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -274,7 +276,7 @@ def run_cell(job_cfg) -> dict:
     log.info(f"{cell.run_dir.name}: started; log in {cell.run_dir / 'log.txt'}")
     error = None
     with (cell.run_dir / "log.txt").open("a") as f:
-        console = Console(file=f, width=200)
+        console = make_console(f)
         console.print(f"sweep: cell started at {time.time():.3f} (pid {os.getpid()}, "
                       f"hydra job {HydraConfig.get().job.num}, {HydraConfig.get().runtime.output_dir})")
         try:
@@ -444,7 +446,7 @@ def main(args: list[str]) -> int:
     Returns 0 when every cell is complete, 1 when some failed; raises ValueError on bad input."""
     from suite import grids
 
-    console = Console(width=None if sys.stdout.isatty() else 200)
+    console = make_console()
     if not args or args[0] in ("-h", "--help", "help"):
         console.print(USAGE + grids.describe(), markup=False, highlight=False)
         return 0

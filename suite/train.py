@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from suite import config as cfgmod
-from suite import perfectible
+from suite import machine, perfectible
 from suite.algos import compute_advantages, get_algorithm, policy_loss
 from suite.engine import TorchEngine, left_pad
 from suite.mismatch import mismatch_anatomy, mismatch_metrics
@@ -46,6 +46,7 @@ from suite.policy import (
 from suite.precision import gemm_backend, resolve
 from suite.provenance import same_experiment
 from suite.results import (
+    REFERENCE_ROOT,
     append_jsonl,
     atomic_write_bytes,
     atomic_write_json,
@@ -265,9 +266,13 @@ def run(cfg, console: Console | None = None) -> Path:
     flow, algo, task = resolve(cfg.precision), get_algorithm(cfg.algorithm), get_task(cfg.task, cfg.data)
     cfg_dict = cfgmod.to_dict(cfg)
     run_dir = Path(cfg.out) / cfg.name / run_dir_name(cfg.task, cfg.algorithm, cfg.precision, cfg.seed)
-    claim_run_dir(run_dir, cfg_dict)
     summary_path = run_dir / "summary.json"
-    if summary_path.exists() and json.loads(summary_path.read_text()).get("verdict") != "incomplete":
+    complete = summary_path.exists() and json.loads(summary_path.read_text()).get("verdict") != "incomplete"
+    if not complete and run_dir.resolve().is_relative_to(REFERENCE_ROOT):
+        raise RunDirConflict(f"out: {run_dir} is inside the committed reference results ({REFERENCE_ROOT}), which runs "
+                             "never write; run elsewhere (default out=runs) and promote a finished grid with `suite reference`")
+    claim_run_dir(run_dir, cfg_dict)
+    if complete:
         console.print(f"{run_dir}: already complete")
         return run_dir
 
@@ -285,6 +290,7 @@ def run(cfg, console: Console | None = None) -> Path:
                 truncate_jsonl(run_dir / name, start)
         engine.sync(trainer.model.state_dict())
         atomic_write_json(run_dir / "env.json", env_info({
+            "machine_class": machine.describe(cfg.gemm, cfg.threads),
             "precision": flow.describe(), "gemm_backend": backends, "lm_head_fp32": cfg.lm_head_fp32, "engine": cfg.engine,
             "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
             "task": {"name": task.name, "version": task.version},

@@ -16,7 +16,26 @@ from suite import config
     (["tier=huge"], "tier", "allowed: smoke, small, full"),
     (["samples_per_prompt=1"], "samples_per_prompt", "must be >= 2"),
     (["updates_per_step=3"], "updates_per_step", "must divide"),
-    (["sampling.top_p=0"], "sampling.top_p", "(0, 1]"),
+    (["sampling.top_p=0.9"], "sampling.top_p", "must be 1.0 for training"),
+    (["eval.top_p=0"], "eval.top_p", "(0, 1]"),
+    # Non-finite numbers and zero counts: refused here, not as a crash mid-run (ZeroDivisionError, NaN loss).
+    (["optim.lr=inf"], "optim.lr", "must be a finite number"),
+    (["optim.grad_clip=nan"], "optim.grad_clip", "must be a finite number"),
+    (["threshold=-inf"], "threshold", "must be a finite number"),
+    (["optim.betas=[0.9,inf]"], "optim.betas", "must be a finite number"),
+    (["updates_per_step=0"], "updates_per_step", "must be >= 1"),
+    (["policy.heads=0"], "policy.heads", "must be >= 1"),
+    (["policy.kv_heads=0"], "policy.kv_heads", "must be >= 1"),
+    (["steps=0"], "steps", "must be >= 1"),
+    (["prompts_per_step=0"], "prompts_per_step", "must be >= 1"),
+    (["ckpt_every=0"], "ckpt_every", "must be >= 1"),
+    (["micro_batch=0"], "micro_batch", "must be >= 1"),
+    (["vllm.tensor_parallel_size=0"], "vllm.tensor_parallel_size", "must be >= 1"),
+    (["vllm.gpu_memory_fraction=0"], "vllm.gpu_memory_fraction", "(0, 1]"),
+    (["eval.samples=0"], "eval.samples", "must be >= 1"),
+    # Overrides Hydra cannot parse get the same one-line refusal.
+    (["precision=[bf16"], "precision", "cannot parse"),
+    (["optim.lr=1e-4)"], "optim.lr", "cannot parse"),
     (["precison=bf16"], "precison", "did you mean 'precision'"),
     (["optim.lrr=1e-3"], "optim.lrr", "did you mean 'lr'"),
     (["seed=abc"], "seed", "could not be converted"),
@@ -27,6 +46,16 @@ def test_bad_config_names_the_field(overrides, field, words):
     msg = str(err.value)
     assert msg.startswith(field + ":"), msg
     assert words.lower() in msg.lower(), msg
+
+
+@pytest.mark.parametrize("override", ["optim.lr=inf", "updates_per_step=0", "precision=[bf16", "sampling.top_p=0.5"])
+def test_cli_refuses_bad_input_with_one_line_and_exit_2(override, tmp_path, capsys):
+    from suite import cli
+
+    assert cli.main(["run", override, f"out={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("suite run: error: " + override.split("=")[0] + ":"), err
+    assert list(tmp_path.iterdir()) == []  # no run directory was written
 
 
 def test_tier_fills_unset_fields_and_overrides_win():

@@ -279,3 +279,41 @@ def test_cuda_fp8_linear_matches_cpu_emulation():
         grads.append((xd.grad.cpu(), wd.grad.cpu()))
     for g_cpu, g_gpu in zip(*grads):
         torch.testing.assert_close(g_gpu, g_cpu, rtol=1e-3, atol=1e-3)
+
+
+# ---- what the FP8 samplers quantise ----------------------------------------------------------
+def test_fp8_samplers_quantise_the_bf16_weights_vllm_receives(tiny_model):
+    """The built-in FP8 sampler quantises the bf16 rounding of the trainer's weights, which is what vLLM's
+    online FP8 loader is given (suite/vllm_engine.py casts to the engine dtype), so both hold the same E4M3
+    codes; quantising the fp32 masters instead gives other codes for a visible share of the weights."""
+    from suite.engine import TorchEngine
+
+    model, _, _ = tiny_model
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    eng = TorchEngine(model.config, torch.bfloat16, quant="fp8")
+    eng.sync(state)
+    fused = TorchEngine(model.config, torch.bfloat16).cast_weights(state, detach=True, dtype=torch.float32)
+    assert eng.wq, "no FP8 layers"
+    moved = total = 0
+    for k, (q, s) in eng.wq.items():
+        q_bf16, s_bf16 = quantize_blockwise(fused[k].to(torch.bfloat16))
+        assert torch.equal(q.view(torch.uint8), q_bf16.view(torch.uint8)) and torch.equal(s, s_bf16), k
+        q_fp32, _ = quantize_blockwise(fused[k])
+        moved += int((q_fp32.view(torch.uint8) != q.view(torch.uint8)).sum())
+        total += q.numel()
+    assert 0 < moved < 0.2 * total  # the two inputs really differ, in a minority of codes
+
+
+def test_unified_fp8_trainer_forward_sees_the_samplers_weights(tiny_model):
+    """The unified flow's trainer quantises the same bf16-valued weights as its sampler (forward), while the
+    gradient reaches the fp32 master unrounded (straight through the bf16 rounding)."""
+    from suite.engine import TorchEngine
+
+    model, _, _ = tiny_model
+    params = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}
+    eng = TorchEngine(model.config, torch.bfloat16, quant="fp8")
+    w = eng.training_weights(params)
+    key = "model.layers.0.mlp.down_proj.weight"
+    assert torch.equal(w["fp8:" + key], params[key].detach().to(torch.bfloat16).float())
+    (w["fp8:" + key] * 3.0).sum().backward()
+    assert params[key].grad.dtype == torch.float32 and torch.all(params[key].grad == 3.0)

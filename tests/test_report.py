@@ -220,7 +220,7 @@ def test_rerun_commands_reproduce_config_hashes(golden):
     assert str(provenance.check(changed, lr_run.config_hash)).startswith("NO: composes to")
 
 
-@pytest.mark.parametrize("root, n", [("results/sanity", 24), ("tests/fixtures/results-2seeds", 6)])
+@pytest.mark.parametrize("root, n", [("results/reference/cpu-avx2-emulated/sanity", 24), ("tests/fixtures/results-2seeds", 6)])
 def test_committed_results_rerun_commands(root, n):
     """Every committed run (the main job's grid; older real runs) recomposes to its recorded config."""
     runs = report.load_runs(Path(__file__).parents[1] / root)

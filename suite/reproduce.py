@@ -1,0 +1,249 @@
+"""Does a fresh grid reproduce the committed reference of this machine class?
+
+The main job ends here (``suite main``): each cell of the fresh results is compared with the
+cell of the same name in ``results/reference/<machine class>/<grid>/`` (suite/machine.py):
+is there a reference of this class, is ``metrics.jsonl`` byte-identical to it, the verdict on
+both sides, and the relative difference of the step-0 and final mismatch. Without a reference
+of this class, only what must hold on every machine is checked (``invariants``): the ``exact``
+flow is exactly 0 at every step, and the step-0 mismatch is ordered
+fp32 < fp16 < bf16 < bf16_fp8rollout (mantissa bits: 23 > 10 > 7 > 3). The rest (every
+value, the perfectible set, whether unified FP8 is 0) depends on the hardware.
+
+The result is ``reproduction.json`` (read by the report) and ``reproduction.md`` next to the
+runs. Pure functions of the files; nothing here runs a model.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from suite import machine
+from suite.report import find_run_dirs
+from suite.results import REFERENCE_ROOT, atomic_write_json, atomic_write_text, read_jsonl
+
+ORDER = ("fp32", "fp16", "bf16", "bf16_fp8rollout")  # step-0 mismatch, smallest first, on every machine
+KEYS = ("kl_k3", "prob_diff/mean")  # the invariants' mismatch measures
+HEAD = ["run", "reference", "metrics.jsonl", "verdict (here / ref)", "step-0 k3 KL (here / ref)", "rel. diff",
+        "final k3 KL (here / ref)", "rel. diff"]
+
+
+def reference_dir(class_id: str, grid: str, root: Path = REFERENCE_ROOT) -> Path | None:
+    path = Path(root) / class_id / grid
+    return path if find_run_dirs(path) else None
+
+
+def known_classes(root: Path = REFERENCE_ROOT) -> list[str]:
+    return sorted(p.name for p in Path(root).iterdir() if (p / "reference.json").is_file()) if Path(root).is_dir() else []
+
+
+def _summary(run_dir: Path) -> dict:
+    path = run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _env(run_dir: Path) -> dict:
+    path = run_dir / "env.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def _config_hash(run_dir: Path) -> str | None:
+    path = run_dir / "config.json"
+    return json.loads(path.read_text()).get("config_hash") if path.is_file() else None
+
+
+def rel_diff(a, b) -> float | None:
+    """|a - b| / |b| (0 when both are 0; None when either is missing)."""
+    if not isinstance(a, (int, float)) or not isinstance(b, (int, float)):
+        return None
+    if a == b:
+        return 0.0
+    return abs(a - b) / abs(b) if b else float("inf")
+
+
+def first_difference(a: Path, b: Path) -> str:
+    """'identical', or the first step whose metrics.jsonl line differs."""
+    if not a.is_file() or not b.is_file():
+        return "missing"
+    la, lb = a.read_bytes().splitlines(), b.read_bytes().splitlines()
+    if la == lb:
+        return "identical"
+    for i, (x, y) in enumerate(zip(la, lb)):
+        if x != y:
+            return f"differs from step {json.loads(x).get('step', i + 1)}"
+    return f"differs in length ({len(la)} vs {len(lb)} steps)"
+
+
+def compare(root: Path, ref: Path | None) -> list[dict]:
+    """One record per run of ``root``: its counterpart in ``ref`` (same directory name) and how they compare."""
+    out = []
+    ref_dirs = {d.name: d for d in find_run_dirs(ref)} if ref else {}
+    for d in find_run_dirs(root):
+        s, other = _summary(d), ref_dirs.get(d.name)
+        if other and _config_hash(d) != _config_hash(other):  # same cell name, another experiment (tier=smoke, ...)
+            other = None
+        rs = _summary(other) if other else {}
+        out.append({
+            "run": d.name, "reference": str(other) if other else None,
+            "metrics": (first_difference(d / "metrics.jsonl", other / "metrics.jsonl") if other else
+                        "no reference" if d.name not in ref_dirs else "reference has another config"),
+            "verdict": s.get("verdict"), "ref_verdict": rs.get("verdict"),
+            "step0_kl_k3": s.get("mismatch/step0/kl_k3"), "ref_step0_kl_k3": rs.get("mismatch/step0/kl_k3"),
+            "step0_rel_diff": rel_diff(s.get("mismatch/step0/kl_k3"), rs.get("mismatch/step0/kl_k3")) if other else None,
+            "final_kl_k3": s.get("mismatch/final/kl_k3"), "ref_final_kl_k3": rs.get("mismatch/final/kl_k3"),
+            "final_rel_diff": rel_diff(s.get("mismatch/final/kl_k3"), rs.get("mismatch/final/kl_k3")) if other else None,
+        })
+    return out
+
+
+def invariants(root: Path) -> list[dict]:
+    """What must hold on every machine, checked on the runs of ``root``: name, ok (None: not applicable), detail."""
+    runs = [(d, _summary(d)) for d in find_run_dirs(root)]
+    out = []
+    exact = [d for d, s in runs if s.get("precision") == "exact"]
+    if exact:
+        bad = []
+        for d in exact:
+            rows = read_jsonl(d / "metrics.jsonl") if (d / "metrics.jsonl").is_file() else []
+            nonzero = [r["step"] for r in rows if r.get("mismatch/kl_k3") != 0.0 or r.get("mismatch/prob_diff/max") != 0.0]
+            if nonzero or not rows:
+                bad.append(f"{d.name}: {'no steps' if not rows else f'non-zero at steps {nonzero[:5]}'}")
+        out.append({"name": "exact flow: mismatch exactly 0 at every step", "ok": not bad,
+                    "detail": "; ".join(bad) or f"{len(exact)} run(s), every step 0"})
+    for key in KEYS:
+        means = {}
+        for flow in ORDER:
+            vals = [s[f"mismatch/step0/{key}"] for _, s in runs
+                    if s.get("precision") == flow and isinstance(s.get(f"mismatch/step0/{key}"), (int, float))]
+            if vals:
+                means[flow] = sum(vals) / len(vals)
+        present = [f for f in ORDER if f in means]
+        ok = all(means[a] < means[b] for a, b in zip(present, present[1:])) if len(present) > 1 else None
+        out.append({"name": f"step-0 {key}: {' < '.join(present) or ' < '.join(ORDER)}", "ok": ok,
+                    "detail": ", ".join(f"{f} {means[f]:.3g}" for f in present) or "flows not in this grid"})
+    return out
+
+
+def check(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT) -> dict:
+    """Compare ``root`` (a fresh grid) with the reference of its machine class; the document written to disk."""
+    dirs = find_run_dirs(root)
+    if not dirs:
+        raise ValueError(f"{root}: no run directories to compare")
+    classes = {json.dumps(machine.of_run(d, _env(d)), sort_keys=True) for d in dirs}
+    here = json.loads(sorted(classes)[0])
+    ref = reference_dir(here["id"], grid, ref_root) if here else None
+    ref_meta = json.loads((Path(ref_root) / here["id"] / "reference.json").read_text()) if ref else {}
+    rows = compare(root, ref)
+    doc = {"grid": grid, "machine_class": here, "classes_in_runs": len(classes),
+           "reference": str(ref) if ref else None, "reference_meta": ref_meta,
+           "class_differences": machine.differences(here, ref_meta.get("machine_class")) if ref else [],
+           "known_classes": known_classes(ref_root), "rows": rows, "invariants": invariants(root)}
+    doc["statement"] = statement(doc)
+    return doc
+
+
+def statement(doc: dict) -> str:
+    """The outcome in a few sentences, generated from ``doc`` (nothing here is committed text)."""
+    cls = doc["machine_class"] or {}
+    inv = doc["invariants"]
+    held = [i for i in inv if i["ok"]]
+    broke = [i for i in inv if i["ok"] is False]
+    inv_text = (f"What must hold on every machine: {len(held)} of {len(held) + len(broke)} checks hold"
+                + (f"; broken: {'; '.join(i['name'] + ' (' + i['detail'] + ')' for i in broke)}" if broke else "") + ".")
+    if not doc["reference"]:
+        others = ", ".join(doc["known_classes"]) or "none"
+        return (f"No committed reference for machine class {cls.get('id', 'unknown')} (references exist for: {others}), "
+                f"so nothing here can be compared value by value. {inv_text} Every other number (the values, the "
+                "perfectible set, whether unified fp8 is exactly 0) depends on the hardware.")
+    rows = doc["rows"]
+    with_ref = [r for r in rows if r["reference"]]
+    same = sum(r["metrics"] == "identical" for r in with_ref)
+    agree = sum(r["verdict"] == r["ref_verdict"] for r in with_ref)
+    meta = doc["reference_meta"]
+    diffs = doc["class_differences"]
+    text = (f"Against the committed reference of machine class {cls.get('id')} ({doc['reference']}, made at commit "
+            f"{str(meta.get('git_sha', '?'))[:7]}): metrics.jsonl byte-identical in {same} of {len(rows)} cells"
+            f"{'' if len(with_ref) == len(rows) else f' ({len(rows) - len(with_ref)} without a reference cell)'}; "
+            f"verdicts agree in {agree} of {len(with_ref)}.")
+    if diffs:
+        text += f" This machine differs from the reference's in {', '.join(diffs)}, so byte identity is not expected."
+    if same < len(with_ref):
+        moved = [r["run"] for r in with_ref if r["metrics"] != "identical"]
+        text += (f" Cells that moved: {', '.join(moved[:8])}{' ...' if len(moved) > 8 else ''} (the code or the "
+                 "environment changed the numbers since the reference was made: see its reference.json).")
+    return text + " " + inv_text
+
+
+def table_rows(doc: dict) -> list[list[str]]:
+    def sci(x):
+        return "-" if x is None else f"{x:.2e}"
+
+    out = []
+    for r in doc["rows"]:
+        out.append([r["run"], "yes" if r["reference"] else "no", r["metrics"],
+                    f"{r['verdict']} / {r['ref_verdict'] or '-'}",
+                    f"{sci(r['step0_kl_k3'])} / {sci(r['ref_step0_kl_k3'])}", sci(r["step0_rel_diff"]),
+                    f"{sci(r['final_kl_k3'])} / {sci(r['ref_final_kl_k3'])}", sci(r["final_rel_diff"])])
+    return out
+
+
+def markdown(doc: dict) -> str:
+    lines = [f"# Reproduction: {doc['grid']} on machine class {(doc['machine_class'] or {}).get('id', 'unknown')}", "",
+             doc["statement"], "", f"Machine class: {machine.label(doc['machine_class'])}.", "",
+             "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_rows(doc)]
+    lines += ["", "| invariant (every machine) | holds | detail |", "|---|---|---|"]
+    lines += [f"| {i['name']} | {'n/a' if i['ok'] is None else 'yes' if i['ok'] else 'NO'} | {i['detail']} |"
+              for i in doc["invariants"]]
+    return "\n".join(lines) + "\n"
+
+
+def write(root: Path, doc: dict) -> None:
+    atomic_write_json(Path(root) / "reproduction.json", doc)
+    atomic_write_text(Path(root) / "reproduction.md", markdown(doc))
+
+
+def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty: bool = False) -> Path:
+    """Copy a finished grid into ``<ref_root>/<class id>/<grid>/`` (checkpoints left out), with its
+    provenance in ``reference.json``; the report is regenerated there. Refuses runs of a dirty checkout,
+    incomplete runs and mixed classes: a reference must be reproducible from its commit."""
+    import shutil
+
+    from suite.report import write_report
+
+    dirs = find_run_dirs(root)
+    if not dirs:
+        raise ValueError(f"{root}: no run directories")
+    envs = {d.name: _env(d) for d in dirs}
+    classes = {json.dumps(e.get("machine_class"), sort_keys=True) for e in envs.values()}
+    if len(classes) != 1 or "null" in classes:
+        raise ValueError(f"{root}: the runs do not record one machine class ({len(classes)} found)")
+    shas = {e.get("git_sha") for e in envs.values()}
+    dirty = [n for n, e in envs.items() if e.get("git_dirty") is not False]
+    if (dirty or len(shas) != 1) and not allow_dirty:
+        raise ValueError(f"{root}: runs from a dirty checkout ({', '.join(dirty[:3])}) or several commits "
+                         f"({len(shas)}); a reference comes from a clean checkout of one commit (--allow-dirty to override)")
+    unfinished = [d.name for d in dirs if _summary(d).get("verdict") in (None, "incomplete")]
+    if unfinished:
+        raise ValueError(f"{root}: incomplete runs cannot be a reference: {', '.join(unfinished[:5])}")
+    cls = json.loads(classes.pop())
+    dest = Path(ref_root) / cls["id"] / grid
+    tmp = dest.with_name(f".{grid}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    for d in dirs:
+        shutil.copytree(d, tmp / d.name, ignore=shutil.ignore_patterns("ckpt", "error.txt"))
+    job = json.loads((Path(root) / "job.json").read_text()) if (Path(root) / "job.json").is_file() else {}
+    meta_path = dest.parent / "reference.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    meta.update({"machine_class": cls, "git_sha": shas.pop(), "grids": sorted({*meta.get("grids", []), grid})})
+    meta.setdefault("jobs", {})[grid] = {k: job.get(k) for k in ("command", "wall_time_s", "cells_trained")}
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp.rename(dest)
+    atomic_write_json(meta_path, meta)
+    from suite.report import outcome_markdown
+
+    atomic_write_text(dest / "outcomes.md", outcome_markdown(dest))
+    write_report(dest)
+    return dest
