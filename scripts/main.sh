@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: the embedded sanity test in fp32, bf16 and fp16, ending in the outcome table.
+# The main job: the sanity grid (every precision flow x 3 algorithms) into runs/sanity (git-ignored),
+# then its table, the reproduction check against results/reference/<machine class>/, report and leaderboard.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

@@ -22,6 +22,7 @@ from suite.console import make_console
 from rich.table import Table
 
 from suite import config as cfgmod
+from suite import machine
 from suite.engine import TorchEngine
 from suite.precision import gemm_backend, resolve
 from suite.results import read_jsonl
@@ -143,7 +144,8 @@ def main(args: list[str]) -> int:
     base = cfgmod.load(args)
     torch.set_num_threads(base.threads)
     table = Table(title=f"RL step time split, medians over {steps - 1} steps ({base.tier} tier, "
-                        f"{base.prompts_per_step}x{base.samples_per_prompt} responses, {base.threads} thread(s))")
+                        f"{base.prompts_per_step}x{base.samples_per_prompt} responses, {base.threads} thread(s)); "
+                        f"machine class {machine.describe(base.gemm, base.threads)['id']}")
     for col in ("precision", "gemm", "step s", "sampling s", "trainer log-probs s", "update s", "other s",
                 "sampler tok/s", "trainer tok/s"):
         table.add_column(col)
@@ -186,7 +188,8 @@ def mismatch_main(args: list[str]) -> int:
     items, _ = load(data_dir, base.perfectible.max_prompts)
     model, tok = load_policy(model_dir)
     prompts = [prompt_ids(tok, it) for it in items[:base.prompts_per_step] for _ in range(base.samples_per_prompt)]
-    table = Table(title=f"step-0 mismatch, {len(prompts)} responses, same prompts and seed for every flow")
+    table = Table(title=f"step-0 mismatch, {len(prompts)} responses, same prompts and seed for every flow; machine class "
+                        f"{machine.label(machine.describe(base.gemm, base.threads))}")
     for col in ("flow", "mean abs dp", "max abs dp", "k3 KL", "mean abs seq log-ratio", "max abs log-prob diff",
                 "k3 / bf16", "sample s", "score s"):
         table.add_column(col)

@@ -222,9 +222,12 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
         rows.append([f, str(len(ss)), str(sum(s.get("verdict") == "pass" for s in ss)), mean("mismatch/step0/prob_diff/mean"),
                      mean("mismatch/step0/kl_k3"), mean("mismatch/step0/seq_log_ratio/mean_abs")])
     n_pass = sum(s.get("verdict") == "pass" for s in summaries)
-    text = (f"{n_pass} of {len(summaries)} runs pass the sanity threshold. " + (
-        "At this scale the precision flow does not decide the reward; the mismatch does separate the flows, at every "
-        "step (table)." if n_pass == len(summaries) else ""))
+    text = f"{n_pass} of {len(summaries)} runs pass the sanity threshold."
+    if n_pass == len(summaries):
+        text += (" At this scale the precision flow does not decide the reward; the mismatch does separate the flows, "
+                 "at every step (table).")
+    else:
+        text += " " + _not_passing(summaries)
     search = Path(root).parent / SEARCH_DIR
     if find_run_dirs(search):
         from suite import collapse
@@ -237,15 +240,44 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
         committed = sorted(REFERENCE_ROOT.glob(f"*/{SEARCH_DIR}"))
         text += (" Where precision does decide the outcome is searched by `suite sweep grid=collapse-search launcher=local "
                  f"jobs=2` (results in {search}, `suite report {search}`)" + (
-                     "; committed searches: " + ", ".join(f"{p} (machine class {p.parent.name})" for p in committed)
+                     "; committed searches: " + ", ".join(f"{_rel(p)} (machine class {p.parent.name})" for p in committed)
                      if committed else "") + ".")
     return head, rows, text
+
+
+def _rel(path: Path) -> str:
+    """``path`` relative to the working directory when it is below it (no machine-specific prefix in text)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _not_passing(summaries: list[dict]) -> str:
+    """Which runs did not pass, and whether the mismatch can explain it (a flow with exactly 0 cannot)."""
+    bad = [s for s in summaries if s.get("verdict") != "pass"]
+    flows = render.flow_order(s.get("precision") for s in summaries if s.get("precision"))
+    by_flow = {f: [s for s in summaries if s.get("precision") == f] for f in flows}
+    parts = []
+    for s in bad:
+        zero = s.get("mismatch/step0/kl_k3") == 0.0 and s.get("mismatch/final/kl_k3") == 0.0
+        peers = by_flow.get(s.get("precision"), [])
+        parts.append(f"{s.get('run', Path(s['_dir']).name)} ({s.get('verdict')}, final accuracy "
+                     f"{fmt(s.get('accuracy/final'))}; {sum(p.get('verdict') == 'pass' for p in peers)} of {len(peers)} "
+                     f"{s.get('precision')} runs pass" + ("; its mismatch is exactly 0, so the mismatch does not explain it"
+                                                          if zero else "") + ")")
+    fails = {s.get("precision") for s in bad}
+    lowp_only = fails and all(by_flow.get(f) and all(p.get("verdict") != "pass" for p in by_flow[f]) for f in fails)
+    return (f"Not passing: {'; '.join(parts)}. " + (
+        "Every run of those flows fails." if lowp_only else
+        "No flow fails in every run, so with one seed per cell this does not show precision deciding the reward."))
 
 
 def outcome_markdown(root: Path) -> str:
     """The same table as Markdown (written next to the runs by ``suite main``), led by the mismatch."""
     head, rows, text = mismatch_lead(root)
-    lines = [f"# Outcomes in `{root}`", "", "## Mismatch first", "", text, "", "| " + " | ".join(head) + " |",
+    lines = [f"# Outcomes in `{root}`", "", machine_sentence(load_runs(root)), "", "## Mismatch first", "", text, "",
+             "| " + " | ".join(head) + " |",
              "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
     lines += ["", ratio_caption(load_summaries(root)).replace("\n", "  \n")]
     lines += ["", "## Runs", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]

@@ -15,40 +15,49 @@ from suite import grids
 from suite.precision import FLOWS
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
-ROOT = REFERENCE / "cpu-avx2-emulated" / "sanity"  # the first reference; the checks below hold for every class
+ROOT = REFERENCE / "cpu-avx2-emulated" / "sanity"  # the first reference (also holds the collapse search)
+CLASSES = sorted(p.parent.name for p in REFERENCE.glob("*/sanity"))
 KEYS = ("kl_k3", "prob_diff/mean", "seq_log_ratio/mean_abs")
 
 
-def _summaries() -> dict[tuple[str, str], dict]:
+def _summaries(root: Path = ROOT) -> dict[tuple[str, str], dict]:
     out = {}
-    for path in sorted(ROOT.glob("*/summary.json")):
+    for path in sorted(root.glob("*/summary.json")):
         s = json.loads(path.read_text())
         out[(s["precision"], s["algorithm"])] = s
     return out
 
 
-def test_every_cell_of_the_sanity_grid_is_committed_and_complete():
-    got = _summaries()
+def test_references_of_three_classes_are_committed():
+    assert {"cpu-avx2-emulated", "cpu-amx-native", "cpu-amx-emulated"} <= set(CLASSES)
+
+
+@pytest.mark.parametrize("cls", CLASSES)
+def test_every_cell_of_the_sanity_grid_is_committed_and_complete(cls):
+    got = _summaries(REFERENCE / cls / "sanity")
     want = {(p, a) for p in FLOWS for a in grids.SANITY_ALGORITHMS}
     assert set(got) == want
     assert all(s["verdict"] in ("pass", "collapse", "unstable") for s in got.values())
     assert all(got[("fp32", a)]["verdict"] == "pass" for a in grids.SANITY_ALGORITHMS)
 
 
+@pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("algorithm", grids.SANITY_ALGORITHMS)
 @pytest.mark.parametrize("key", KEYS)
-def test_step0_mismatch_ordering(algorithm, key):
-    """exact is exactly 0; fp32 < fp16 < bf16 < bf16_fp8rollout; unified fp8 < bf16_fp8rollout."""
-    s = {p: a_s[f"mismatch/step0/{key}"] for (p, a), a_s in _summaries().items() if a == algorithm}
+def test_step0_mismatch_ordering(cls, algorithm, key):
+    """On every class: exact is exactly 0; fp32 < fp16 < bf16 < bf16_fp8rollout; unified fp8 < bf16_fp8rollout."""
+    s = {p: a_s[f"mismatch/step0/{key}"] for (p, a), a_s in _summaries(REFERENCE / cls / "sanity").items()
+         if a == algorithm}
     assert s["exact"] == 0.0
     assert 0.0 < s["fp32"] < s["fp16"] < s["bf16"] < s["bf16_fp8rollout"]
     assert s["fp8"] < s["bf16_fp8rollout"]
 
 
-def test_step0_mismatch_is_a_property_of_the_flow_not_the_algorithm():
+@pytest.mark.parametrize("cls", CLASSES)
+def test_step0_mismatch_is_a_property_of_the_flow_not_the_algorithm(cls):
     """Step 1 samples the same prompts with the same seed before any update, in every algorithm."""
     by_flow: dict[str, set] = {}
-    for (p, _), s in _summaries().items():
+    for (p, _), s in _summaries(REFERENCE / cls / "sanity").items():
         by_flow.setdefault(p, set()).add(s["mismatch/step0/kl_k3"])
     assert all(len(v) == 1 for v in by_flow.values())
 
@@ -89,3 +98,22 @@ def test_same_experiment_tolerates_only_fields_added_at_their_defaults(tmp_path)
     assert not same_experiment({"config": old, "config_hash": config_hash(old)}, changed)
     other = config.to_dict(config.load(["tier=smoke", "optim.lr=3e-4"]))
     assert not same_experiment({"config": new, "config_hash": config_hash(new)}, other)
+
+
+@pytest.mark.parametrize("cls", ["cpu-amx-native", "cpu-amx-emulated"])
+def test_references_record_their_class_and_a_clean_commit(cls):
+    """A reference made with today's bundle format names its class in every env.json, from one clean commit."""
+    envs = [json.loads(p.read_text()) for p in (REFERENCE / cls / "sanity").glob("*/env.json")]
+    meta = json.loads((REFERENCE / cls / "reference.json").read_text())
+    assert len(envs) == 24 and {e["machine_class"]["id"] for e in envs} == {cls} == {meta["machine_class"]["id"]}
+    assert {e["git_dirty"] for e in envs} == {False} and {e["git_sha"] for e in envs} == {meta["git_sha"]}
+
+
+def test_unified_fp8_is_zero_only_where_gemms_are_emulated():
+    """What the unified flow's zero measures (docs/reproduce.md): with emulated GEMMs its trainer reproduces the
+    sampler's decode bit for bit at step 0; with native AMX kernels it does not, yet stays below bf16."""
+    for cls, zero in (("cpu-avx2-emulated", True), ("cpu-amx-emulated", True), ("cpu-amx-native", False)):
+        s = _summaries(REFERENCE / cls / "sanity")
+        fp8 = {s[("fp8", a)]["mismatch/step0/kl_k3"] for a in grids.SANITY_ALGORITHMS}
+        assert (fp8 == {0.0}) == zero, cls
+        assert max(fp8) < s[("bf16", "grpo")]["mismatch/step0/kl_k3"]
