@@ -14,6 +14,7 @@ hashes the spec and the task version, so a second call returns at once.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -51,6 +52,26 @@ class PolicySpec:
     probe_prompts: int = 256
     eval_every: int = 25
     seed: int = 0
+    build_threads: int = 2  # torch threads of the warm start (and the perfectible set): see BUILD_THREADS
+
+
+# The warm start and the perfectible set are built with a fixed torch thread count, whichever command
+# builds them first (`suite main` prebuilds in its own process, `suite run` and `suite perfectible` after
+# setting cfg.threads) and whatever the core count: the thread count splits GEMM reductions, so a cached
+# policy would otherwise depend on who built it (on one AMX machine: 286 vs 197 perfectible prompts of
+# 1,024 built with 2 vs 1 threads). 2 is what every committed reference was built with. Part of the cache key.
+BUILD_THREADS = 2
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """Run the block with ``n`` torch threads, then restore the caller's count."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)
 
 
 def cache_root() -> Path:
@@ -136,7 +157,11 @@ def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Pat
     out = cache_root() / "policies" / f"{task.name}-{policy_key(spec, task)}"
     if (out / "build.json").exists():
         return out
-    console = console or Console(stderr=True)
+    with torch_threads(spec.build_threads):
+        return _build_policy(spec, task, out, console or Console(stderr=True))
+
+
+def _build_policy(spec: PolicySpec, task, out: Path, console: Console) -> Path:
     if not hasattr(task, "alphabet"):  # a dataset task: an untrained stand-in, no warm start
         return _save(out, build_model(spec, len(build_tokenizer(TEXT_ALPHABET, chat=True)), max_len=4096),
                      build_tokenizer(TEXT_ALPHABET, chat=True), task, spec, steps=0, acc=None, t0=time.time(),

@@ -37,11 +37,13 @@ from suite.algos import compute_advantages, get_algorithm, policy_loss
 from suite.engine import TorchEngine, left_pad
 from suite.mismatch import mismatch_anatomy, mismatch_metrics
 from suite.policy import (
+    BUILD_THREADS,
     PolicySpec,
     cache_root,
     ensure_policy,
     load_policy,
     policy_key,
+    torch_threads,
 )
 from suite.precision import gemm_backend, resolve
 from suite.provenance import same_experiment
@@ -77,6 +79,13 @@ def policy_spec(cfg) -> PolicySpec:
 
 
 def prepare_data(cfg, console: Console) -> tuple[Path, Path]:
+    """The base model directory and the training set for this config (built once, cached, with
+    ``policy.BUILD_THREADS`` torch threads)."""
+    with torch_threads(BUILD_THREADS):
+        return _prepare_data(cfg, console)
+
+
+def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
     """The base model directory and the training set for this config (built once, cached).
 
     Everything that can fail without compute fails here, before training: the dataset (missing
@@ -295,7 +304,7 @@ def run(cfg, console: Console | None = None) -> Path:
             "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
             "task": {"name": task.name, "version": task.version},
             "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
-                        "provenance": prov},
+                        "build_threads": BUILD_THREADS, "provenance": prov},
             "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())},
         }))
 
