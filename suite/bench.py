@@ -17,12 +17,11 @@ from pathlib import Path
 
 import torch
 from rich.console import Console
-
-from suite.console import make_console
 from rich.table import Table
 
 from suite import config as cfgmod
 from suite import machine
+from suite.console import make_console
 from suite.engine import TorchEngine
 from suite.precision import gemm_backend, resolve
 from suite.results import read_jsonl

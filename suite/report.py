@@ -38,6 +38,7 @@ from suite.results import (
     RUN_FILES,
     SCHEMA_VERSION,
     VERDICT_RULE,
+    display_path,
     read_jsonl,
     summarize,
 )
@@ -240,17 +241,9 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
         committed = sorted(REFERENCE_ROOT.glob(f"*/{SEARCH_DIR}"))
         text += (" Where precision does decide the outcome is searched by `suite sweep grid=collapse-search launcher=local "
                  f"jobs=2` (results in {search}, `suite report {search}`)" + (
-                     "; committed searches: " + ", ".join(f"{_rel(p)} (machine class {p.parent.name})" for p in committed)
+                     "; committed searches: " + ", ".join(f"{display_path(p)} (machine class {p.parent.name})" for p in committed)
                      if committed else "") + ".")
     return head, rows, text
-
-
-def _rel(path: Path) -> str:
-    """``path`` relative to the working directory when it is below it (no machine-specific prefix in text)."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
 
 
 def _not_passing(summaries: list[dict]) -> str:

@@ -20,7 +20,13 @@ from pathlib import Path
 
 from suite import machine
 from suite.report import find_run_dirs
-from suite.results import REFERENCE_ROOT, atomic_write_json, atomic_write_text, read_jsonl
+from suite.results import (
+    REFERENCE_ROOT,
+    atomic_write_json,
+    atomic_write_text,
+    display_path,
+    read_jsonl,
+)
 
 ORDER = ("fp32", "fp16", "bf16", "bf16_fp8rollout")  # step-0 mismatch, smallest first, on every machine
 KEYS = ("kl_k3", "prob_diff/mean")  # the invariants' mismatch measures
@@ -135,7 +141,7 @@ def check(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT) -> dict:
     ref_meta = json.loads((Path(ref_root) / here["id"] / "reference.json").read_text()) if ref else {}
     rows = compare(root, ref)
     doc = {"grid": grid, "machine_class": here, "classes_in_runs": len(classes),
-           "reference": str(ref) if ref else None, "reference_meta": ref_meta,
+           "reference": display_path(ref) if ref else None, "reference_meta": ref_meta,
            "class_differences": machine.differences(here, ref_meta.get("machine_class")) if ref else [],
            "known_classes": known_classes(ref_root), "rows": rows, "invariants": invariants(root)}
     doc["statement"] = statement(doc)

@@ -72,6 +72,14 @@ VERDICT_RULE = (
 # Naming
 
 
+def display_path(path) -> str:
+    """``path`` relative to the working directory when it is below it (no machine-specific prefix in text)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
 def run_dir_name(task: str, algorithm: str, precision: str, seed: int) -> str:
     """`<task>__<algorithm>__<precision>__s<seed>`, e.g. `math_1460__grpo__bf16__s0`."""
     for field, value in (("task", task), ("algorithm", algorithm), ("precision", precision)):

@@ -41,8 +41,6 @@ from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
-
-from suite.console import make_console
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -52,6 +50,7 @@ from rich.progress import (
 )
 
 from suite import config as cfgmod
+from suite.console import make_console
 from suite.provenance import hydra_value, same_experiment
 from suite.results import run_dir_name
 
