@@ -118,7 +118,7 @@ def test_markup_in_bundles_is_shown_as_text(tmp_path, page):
     model_cell.hover()
     page.select_option("#filter-model", label=MARKUP)
     assert len(rows(page)) == 1
-    page.select_option("#filter-hardware", label=f"CPU {MARKUP}, 2 cores")
+    page.select_option("#filter-hardware", label=f"class not recorded: CPU {MARKUP}, 2 cores")  # class first
     assert len(rows(page)) == 1
     page.locator("a.entry-link").first.click()
     detail = page.locator("#detail-view")
