@@ -209,11 +209,17 @@ def is_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def flow_label(r: Run) -> str:
+    """The precision flow, tagged with the training loop when it is not the suite's own: the same flow run by
+    two loops is two samplers and two trainers, so their mismatch is never pooled."""
+    return r.precision if r.framework == "suite" else f"{r.precision} [{r.framework}]"
+
+
 def step0_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     head = ["precision", "runs"] + [f"step-0 {lab} mean ± std" for lab in MISMATCH_PLOT.values()]
     rows = []
-    for flow in flow_order(r.precision for r in runs):
-        vals = [[r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in runs if r.precision == flow]
+    for flow in flow_order(flow_label(r) for r in runs):
+        vals = [[r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in runs if flow_label(r) == flow]
                 for k in MISMATCH_PLOT]
         cells = []
         for v in vals:

@@ -352,11 +352,12 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
         doc.append(("fig", "mismatch_curves", "Mismatch between sampler and trainer log-probs of the sampled tokens, "
                     "per RL step, log axis (suite/mismatch.py: k3 KL, max abs probability difference, mean abs "
                     "per-sequence log-ratio)."))
-    points = [{"precision": r.precision, "metric": k, "value": r.summary.get("mismatch/step0/" + k[len("mismatch/"):])}
+    points = [{"precision": render.flow_label(r), "metric": k, "value": r.summary.get("mismatch/step0/" + k[len("mismatch/"):])}
               for r in runs for k in MISMATCH_PLOT]
     points = [p for p in points if isinstance(p["value"], (int, float))]
     if points:
-        figures.step0_bars(points, MISMATCH_PLOT, flows, fig_dir / "mismatch_step0")
+        figures.step0_bars(points, MISMATCH_PLOT, render.flow_order(render.flow_label(r) for r in runs),
+                           fig_dir / "mismatch_step0")
         head, rows = render.step0_table(runs)
         doc += [("fig", "mismatch_step0", "Step-0 mismatch (first step, before any update) by precision flow."),
                 ("table", head, rows, ratio_caption([{**r.summary, "task": r.task, "algorithm": r.algorithm,

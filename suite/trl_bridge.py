@@ -347,7 +347,7 @@ def run(cfg, console=None) -> Path:
     meta = {"task": cfg.task, "algorithm": cfg.algorithm, "precision": cfg.precision, "seed": cfg.seed,
             "threshold": cfg.threshold, "tier": cfg.tier, "model": cfg.model, "policy": dataclasses.asdict(cfg.policy),
             "recipe": {"suite_config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("out", "name")}},
-            "env_extra": {"task": {"name": task.name, "version": task.version},
+            "env_extra": {"engine": "trl: transformers generate", "task": {"name": task.name, "version": task.version},
                           "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items)},
                           "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())}}}
     with tempfile.TemporaryDirectory(prefix="trl-") as tmp:
