@@ -341,6 +341,8 @@ def _check_precision(cfg: dict, env: dict) -> None:
 
 def _check_evidence(run_dir: Path, rows: list[dict], recomputed: list[str]) -> None:
     for row in rows:
+        if isinstance(row["step"], bool) or not isinstance(row["step"], int):
+            raise ValueError(f"metrics.jsonl: step {row['step']!r} is not an integer")
         path = run_dir / EVIDENCE_DIR / f"step_{row['step']:06d}.safetensors"
         if not path.is_file():
             raise ValueError(f"env.json claims {recomputed[0]} and {len(recomputed) - 1} more keys are recomputed from "
