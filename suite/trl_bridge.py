@@ -266,7 +266,8 @@ class BundleGRPOTrainer(GRPOTrainer):
         meta = dict(self._bundle_meta)
         wanted = meta.pop("precision", None)
         if label is None or (wanted and wanted != label):
-            raise ValueError(f"precision: the run was meant to be {wanted}, but the sampler was observed computing in "
+            raise ValueError(f"precision: the run was meant to be {wanted or 'a flow of the suite'}, but the sampler was "
+                             "observed computing in "
                              f"{self._sampler_seen.get('compute_dtype')} and the trainer in "
                              f"{trainer_seen.get('compute_dtype')} ({label or 'no precision flow of the suite'})")
         meta.setdefault("algorithm", f"trl_{self.args.loss_type}")
@@ -334,13 +335,14 @@ def grpo_args(cfg, output_dir: str) -> GRPOConfig:
 def run(cfg, console=None) -> Path:
     """Train the suite's sanity test of ``cfg`` (a validated suite config) with TRL; return the bundle."""
     from suite import perfectible
+    from suite.console import make_console
     from suite.engine import eos_ids
     from suite.policy import load_policy
     from suite.tasks import get_task
     from suite.train import prepare_data
 
     torch.set_num_threads(cfg.threads)
-    model_dir, data_dir = prepare_data(cfg, console)
+    model_dir, data_dir = prepare_data(cfg, console or make_console())
     items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
     model, tok = load_policy(model_dir)
     task = get_task(cfg.task, cfg.data)
