@@ -271,6 +271,9 @@ class BundleGRPOTrainer(GRPOTrainer):
                              f"{self._sampler_seen.get('compute_dtype')} and the trainer in "
                              f"{trainer_seen.get('compute_dtype')} ({label or 'no precision flow of the suite'})")
         meta.setdefault("algorithm", f"trl_{self.args.loss_type}")
+        # TRL runs torch's own kernels (never the suite's GEMM emulation); the sampler is vLLM's when TRL uses it.
+        meta["env_extra"] = {"gemm_backend": {"trainer": "native", "sampler": "vllm" if self.use_vllm else "native"},
+                             **meta.get("env_extra", {})}
         meta["recipe"] = {**recipe_of(self.args), **meta.get("recipe", {})}
         self._bundle = bundle.open_run(self._bundle_out, precision=label, steps=self._rounds, observed=observed,
                                        framework=("trl", trl.__version__), t0=start,
