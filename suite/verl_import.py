@@ -73,6 +73,8 @@ def import_run(metrics_path, out, *, task: str, algorithm: str, precision: str, 
     steps (``trainer.total_training_steps``); default: the last logged step. ``command`` or
     ``recipe`` (verl's resolved config) must say how it ran.
     """
+    if not Path(metrics_path).is_file():
+        raise ValueError(f"{metrics_path}: no such file (verl's file-logger JSONL, $VERL_FILE_LOGGER_PATH)")
     raw = Path(metrics_path).read_bytes()
     log = bundle.read_source_log(Path(metrics_path))
     train = sorted(s for s, d in log.items() if MAPPING["reward/mean"][0] in d)  # step 0 holds validation only
