@@ -8,7 +8,9 @@ sweep (a named grid as a Hydra multirun: ``suite sweep grid=sanity launcher=loca
 report (the reproducibility report of a results directory), leaderboard (the static site),
 transfer (lm-eval transfer index of runs' base vs final checkpoints: docs/transfer.md),
 reference (copy a finished grid into results/reference/<machine class>/), fingerprint (the
-numerics fingerprint of this machine class: smoke steps of every flow vs the committed one).
+numerics fingerprint of this machine class: smoke steps of every flow vs the committed one),
+trl-run (the sanity test trained by TRL's GRPOTrainer, written as a bundle: docs/bundle.md),
+import (a run of another framework, e.g. ``suite import verl METRICS.jsonl ...``, as a bundle).
 Every subcommand validates its config before any compute; a bad value is one line naming
 the field, exit code 2.
 """
@@ -194,10 +196,28 @@ def cmd_transfer(args: list[str]) -> int:
     return evaluate.cli(args)
 
 
+def cmd_trl_run(args: list[str]) -> int:
+    """suite trl-run [key=value ...]: the sanity test of a suite config trained by TRL (the trl extra)."""
+    try:
+        from suite import trl_bridge
+    except ImportError as e:
+        raise ValueError(f"trl-run needs TRL ({e}); install the extra: pip install 'lowprec-rl-suite[trl]'") from None
+    return trl_bridge.cli(args)
+
+
+def cmd_import(args: list[str]) -> int:
+    """suite import verl METRICS.jsonl --out DIR ...: another framework's logged run as a bundle."""
+    from suite import verl_import
+
+    if not args or args[0] != "verl":
+        raise ValueError("import: name the framework (supported: verl), e.g. suite import verl METRICS.jsonl --out DIR")
+    return verl_import.cli(args[1:])
+
+
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
             "mismatch": cmd_mismatch, "sweep": cmd_sweep,
             "report": cmd_report, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer,
-            "reference": cmd_reference, "fingerprint": cmd_fingerprint}
+            "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,12 @@ the site must work opened from disk with no server and no network.
    ``results.summarize`` recomputes from metrics.jsonl + timing.jsonl (as ``train.write_summary``
    does), and the ``suite run key=value ...`` command we print for it recomposes, through
    ``config.load``, to the same config hash (``provenance.check``, shared with the report;
-   fields added to the config since the run are shown next to the command). A bundle that
-   fails is rejected with the reason, printed and listed on the site; it never enters half-way.
+   fields added to the config since the run are shown next to the command). A bundle from an
+   outside loop (TRL, verl, ...: ``env.json`` names its ``framework``) cannot be rerun with
+   ``suite run``; instead every mismatch number it claims must be recomputable from its per-token
+   log-prob evidence or match the framework log it was copied from (``bundle.check``,
+   docs/bundle.md). A bundle that fails is rejected with the reason, printed and listed on the
+   site; it never enters half-way.
 2. **Aggregate seeds.** Runs whose configs differ only in ``seed`` (and where they were written)
    form one entry: verdict as passes / seeds, IQM and a percentile bootstrap CI of the IQM over
    seeds (suite/stats.py: rliable's conventions, REFERENCE.md section 7), step-0 and final
@@ -37,7 +41,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from suite import machine, provenance, stats, transfer
+from suite import bundle, machine, provenance, stats, transfer
 from suite.results import (
     SCHEMA_VERSION,
     VERDICT_RULE,
@@ -114,9 +118,7 @@ def validate_run(run_dir: Path) -> dict:
     except (OSError, ValueError) as e:
         raise Rejected(str(e)) from None
     recomputed = _check_summary(summary, rows, timing, cfg)
-    check = provenance.check(cfg, digest)
-    if check.problem:
-        raise Rejected(f"config does not recompose with `suite run` in this version of the suite ({check.problem})")
+    outside = _check_origin(run_dir, cfg, digest, env, rows)
     extras = {}
     for key, value in summary.items():
         if key.startswith(EXTRA_PREFIXES):
@@ -130,6 +132,7 @@ def validate_run(run_dir: Path) -> dict:
         "source": str(run_dir),
         "task": cfg["task"], "algorithm": cfg["algorithm"], "seed": cfg["seed"],
         "precision": _precision_label(cfg), "model": _model_label(cfg), "tier": cfg.get("tier"),
+        "framework": bundle.framework_label(env),
         "hardware": _hardware_label(env, machine.of_run(run_dir, env)),
         "group": _group_hash(cfg, machine.of_run(run_dir, env)),
         "transfer_flags": transfer.flags_of(tdoc),
@@ -138,10 +141,26 @@ def validate_run(run_dir: Path) -> dict:
                     **extras},
         "curves": {"step": [r["step"] for r in _by_step(rows)],
                    **{name: [_round(r.get(key)) for r in _by_step(rows)] for name, key in CURVES.items()}},
-        "provenance": {**prov, "config_hash": digest, "command": check.command,
-                       "fields_added_since": check.added},
+        "provenance": {**prov, "config_hash": digest, **outside},
         "config": cfg,
     }
+
+
+def _check_origin(run_dir: Path, cfg: dict, digest: str, env: dict, rows: list[dict]) -> dict:
+    """How a bundle can be trusted: the suite's own run by its `suite run` command recomposing to its
+    hash; an outside loop's by the evidence behind its numbers (bundle.check). The command and what
+    backs the numbers, for the site."""
+    if bundle.framework_of(env)["name"] == bundle.SUITE:
+        check = provenance.check(cfg, digest)
+        if check.problem:
+            raise Rejected(f"config does not recompose with `suite run` in this version of the suite ({check.problem})")
+        return {"command": check.command, "command_checked": True, "fields_added_since": check.added, "backing": None}
+    try:
+        info = bundle.check(run_dir, cfg, env, rows)
+    except ValueError as e:
+        raise Rejected(str(e)) from None
+    return {"command": info["command"], "command_checked": False, "fields_added_since": {},
+            "backing": bundle.describe_check(info)}
 
 
 def _check_provenance(env: dict) -> dict:
@@ -230,6 +249,8 @@ def _precision_label(cfg: dict) -> str:
 
 def _model_label(cfg: dict) -> str:
     p = cfg.get("policy") or {}
+    if cfg.get("framework") and not p.get("hidden"):  # an outside loop on a model of its own
+        return Path(str(cfg.get("model") or "unnamed")).name
     if p.get("path"):
         return Path(str(p["path"])).name or str(p["path"])
     return f"embedded Llama h{p.get('hidden')} L{p.get('layers')}"
@@ -258,7 +279,8 @@ def _variants(groups: dict[str, list[dict]]) -> dict[str, str]:
     by_label: dict[tuple, list[str]] = {}
     for g, runs in groups.items():
         r = runs[0]
-        by_label.setdefault((r["task"], r["algorithm"], r["precision"], r["model"], r["hardware"]), []).append(g)
+        by_label.setdefault((r["task"], r["algorithm"], r["precision"], r["model"], r["framework"], r["hardware"]),
+                            []).append(g)
     out = {g: "" for g in groups}
     for members in by_label.values():
         if len(members) < 2:
@@ -299,7 +321,7 @@ def _entries(records: list[dict]) -> list[dict]:
         reached = stats.finite(first_pass)
         entries.append({
             "id": g, "task": first["task"], "algorithm": first["algorithm"], "precision": first["precision"],
-            "model": first["model"], "tier": first["tier"], "variant": variants[g],
+            "model": first["model"], "tier": first["tier"], "variant": variants[g], "framework": first["framework"],
             "hardware": sorted({r["hardware"] for r in runs}),
             "seeds": len(runs), "passes": sum(r["summary"].get("verdict") == "pass" for r in runs),
             "verdicts": [r["summary"].get("verdict") for r in runs],

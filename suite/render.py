@@ -209,11 +209,17 @@ def is_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def flow_label(r: Run) -> str:
+    """The precision flow, tagged with the training loop when it is not the suite's own: the same flow run by
+    two loops is two samplers and two trainers, so their mismatch is never pooled."""
+    return r.precision if r.framework == "suite" else f"{r.precision} [{r.framework}]"
+
+
 def step0_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     head = ["precision", "runs"] + [f"step-0 {lab} mean ± std" for lab in MISMATCH_PLOT.values()]
     rows = []
-    for flow in flow_order(r.precision for r in runs):
-        vals = [[r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in runs if r.precision == flow]
+    for flow in flow_order(flow_label(r) for r in runs):
+        vals = [[r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in runs if flow_label(r) == flow]
                 for k in MISMATCH_PLOT]
         cells = []
         for v in vals:
@@ -293,11 +299,17 @@ def consistency_warnings(runs: list[Run]) -> list[str]:
     """Differences between runs beyond the grid axes (precision, algorithm, seed): config fields
     and the env.json fields that decide whether numbers are comparable; plus dirty checkouts."""
     warnings = []
-    cfgs = {r.label: flatten(r.config) for r in runs if r.config}
-    for k in sorted({k for f in cfgs.values() for k in f if k.split(".")[0] not in (*GRID_AXES, *LOCATION_KEYS)}):
-        vals = _values(cfgs, k)
-        if len(vals) > 1:
-            warnings.append(f"config {k} differs between runs: {_describe(vals)}")
+    frameworks = sorted({r.framework for r in runs})
+    if len(frameworks) > 1:  # configs of different loops share no schema: compared within each loop only
+        warnings.append("runs come from several training loops (" + ", ".join(
+            f"{f}: {sum(r.framework == f for r in runs)}" for f in frameworks) + "); configs are compared within each "
+            "loop only. Compare their step-0 mismatch (same policy, before any update) before their training curves.")
+    for fw in frameworks:
+        cfgs = {r.label: flatten(r.config) for r in runs if r.config and r.framework == fw}
+        for k in sorted({k for f in cfgs.values() for k in f if k.split(".")[0] not in (*GRID_AXES, *LOCATION_KEYS)}):
+            vals = _values(cfgs, k)
+            if len(vals) > 1:
+                warnings.append(f"config {k} differs between {'' if fw == 'suite' else fw + ' '}runs: {_describe(vals)}")
     envs = {r.label: flatten(r.env) for r in runs if r.env}
     for k in sorted({k for f in envs.values() for k in f if k in ENV_CHECKED or k.startswith("packages.")}):
         vals = _values(envs, k)

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from suite import provenance, render
+from suite import bundle, provenance, render
 from suite.render import IS_PLOT, MISMATCH_PLOT, fmt, ratio_caption
 from suite.results import (
     PEAK_WINDOW,
@@ -65,6 +65,7 @@ class Run:
     error: str | None = None  # one line
     detail: str | None = None  # the tail of error.txt (or log.txt of a run that left no summary)
     problems: list[str] = field(default_factory=list)
+    framework: str = bundle.SUITE  # "suite", or the outside loop and its version ("trl 1.16.0"; docs/bundle.md)
 
     @property
     def verdict(self) -> str:
@@ -148,7 +149,10 @@ def load_bundle(run_dir: Path, root: Path) -> Run:
     ident = {**m.groupdict(), **{k: (cfg or {}).get(k) for k in ("task", "algorithm", "precision", "seed") if cfg},
              **{k: summary[k] for k in ("task", "algorithm", "precision", "seed") if summary.get(k) is not None}}
     label = run_dir.name if run_dir.parent == root else f"{run_dir.parent.name}/{run_dir.name}"
-    return Run(dir=run_dir, label=label, task=str(ident["task"]), algorithm=str(ident["algorithm"]),
+    framework = bundle.framework_label(env) if bundle.framework_of(env)["name"] != bundle.SUITE else bundle.SUITE
+    # An outside loop's algorithm is its own implementation: it gets its own cells and panels.
+    algorithm = str(ident["algorithm"]) + ("" if framework == bundle.SUITE else f" [{framework}]")
+    return Run(dir=run_dir, label=label, task=str(ident["task"]), algorithm=algorithm, framework=framework,
                precision=str(ident["precision"]), seed=int(ident["seed"]), summary=summary, config=cfg,
                config_hash=(cfg_file or {}).get("config_hash") or summary.get("config_hash"), env=env,
                metrics=metrics, error=error, detail=detail, problems=problems)
@@ -313,12 +317,14 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
 
     flows = render.flow_order(r.precision for r in runs)
     cells = render.group_cells(runs)
-    checks = {r.label: provenance.check(r.config, r.config_hash) for r in runs if r.config and r.config_hash}
-    answers = {r.label: str(checks[r.label]) if r.label in checks else "no hash recorded" for r in runs if r.config}
+    own = [r for r in runs if r.framework == bundle.SUITE]
+    checks = {r.label: provenance.check(r.config, r.config_hash) for r in own if r.config and r.config_hash}
+    answers = {r.label: str(checks[r.label]) if r.label in checks else "no hash recorded" for r in own if r.config}
+    answers.update({r.label: outside_answer(r) for r in runs if r.framework != bundle.SUITE and r.config})
     warnings = render.consistency_warnings(runs)
     warnings += [f"{r.label}: {'; '.join(r.problems)}" for r in runs if r.problems]
     warnings += [f"{label}: the rerun command does not reproduce its config hash ({a})"
-                 for label, a in answers.items() if not a.startswith("yes")]
+                 for label, a in answers.items() if not a.startswith(("yes", "outside loop"))]
     added = sorted({c.added_text() for c in checks.values() if c.added and not c.problem})
     warnings += [f"config fields were added to the code since some runs ({a}): their rerun commands reproduce "
                  "every recorded field, but a rerun's config hash will differ" for a in added]
@@ -371,11 +377,12 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
         doc.append(("fig", "mismatch_curves", "Mismatch between sampler and trainer log-probs of the sampled tokens, "
                     "per RL step, log axis (suite/mismatch.py: k3 KL, max abs probability difference, mean abs "
                     "per-sequence log-ratio)."))
-    points = [{"precision": r.precision, "metric": k, "value": r.summary.get("mismatch/step0/" + k[len("mismatch/"):])}
+    points = [{"precision": render.flow_label(r), "metric": k, "value": r.summary.get("mismatch/step0/" + k[len("mismatch/"):])}
               for r in runs for k in MISMATCH_PLOT]
     points = [p for p in points if isinstance(p["value"], (int, float))]
     if points:
-        figures.step0_bars(points, MISMATCH_PLOT, flows, fig_dir / "mismatch_step0")
+        figures.step0_bars(points, MISMATCH_PLOT, render.flow_order(render.flow_label(r) for r in runs),
+                           fig_dir / "mismatch_step0")
         head, rows = render.step0_table(runs)
         doc += [("fig", "mismatch_step0", "Step-0 mismatch (first step, before any update) by precision flow."),
                 ("table", head, rows, ratio_caption([{**r.summary, "task": r.task, "algorithm": r.algorithm,
@@ -438,8 +445,24 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
              "suite.config.load and compares hashes."),
             ("table", *render.env_table(runs), "From env.json; 'differs' lists each value with its runs."),
             ("p", "Commands that rerun every run (its axes, then the fields that differ from what those compose to):"),
-            ("pre", "\n".join(f"# {r.label}\n{provenance.rerun_command(r.config)}" for r in runs if r.config) or "(no configs)")]
+            ("pre", "\n".join(f"# {r.label}\n{command_of(r)}" for r in runs if r.config) or "(no configs)")]
     return doc
+
+
+def outside_answer(r: Run) -> str:
+    """The provenance answer of an outside loop's run: what backs its numbers (bundle.check), or NO and why."""
+    try:
+        return "outside loop, not rerun by suite run: " + bundle.describe_check(bundle.check(r.dir, r.config, r.env or {},
+                                                                                               r.metrics))
+    except ValueError as e:
+        return f"NO: {e}"
+
+
+def command_of(r: Run) -> str:
+    """The suite run command that reruns a run, or the command an outside loop recorded (not recomposable)."""
+    if r.framework == bundle.SUITE:
+        return provenance.rerun_command(r.config)
+    return "# " + r.framework + ", as recorded (not recomposed):\n" + str(((r.env or {}).get("bundle") or {}).get("command"))
 
 
 # ---------------------------------------------------------------------------- writing, CLI

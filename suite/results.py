@@ -404,6 +404,22 @@ def _verdict(steps_done, total_steps, threshold, error, peak, final, initial) ->
     return "unstable"
 
 
+def write_summary(run_dir, config: dict, error: str | None = None) -> dict:
+    """Write ``summary.json`` of a run directory: ``summarize`` over metrics.jsonl merged with
+    timing.jsonl (by step), plus the run's identity from its config dict. The suite's loop and the
+    writer for outside loops (suite/bundle.py) both end a run here, and the leaderboard recomputes
+    the same thing, so a summary is a pure function of the per-step rows and the config."""
+    run_dir = Path(run_dir)
+    rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
+    timing = {r["step"]: r for r in read_jsonl(run_dir / "timing.jsonl")} if (run_dir / "timing.jsonl").exists() else {}
+    merged = [{**r, **timing.get(r["step"], {})} for r in rows]
+    summary = summarize(merged, total_steps=config["steps"], threshold=config.get("threshold", 0.95), error=error)
+    summary.update({"run": run_dir.name, **{k: config.get(k) for k in ("task", "algorithm", "precision", "seed", "tier")},
+                    "config_hash": config_hash(config)})
+    atomic_write_json(run_dir / "summary.json", summary)
+    return summary
+
+
 # ----------------------------------------------------------------------------
 # Reading a run back
 

@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from suite import config as cfgmod
-from suite import machine, perfectible
+from suite import machine, perfectible, results
 from suite.algos import compute_advantages, get_algorithm, policy_loss
 from suite.engine import TorchEngine, left_pad
 from suite.mismatch import mismatch_anatomy, mismatch_metrics
@@ -55,9 +55,7 @@ from suite.results import (
     atomic_write_text,
     config_hash,
     env_info,
-    read_jsonl,
     run_dir_name,
-    summarize,
     truncate_jsonl,
 )
 from suite.tasks import get_task, prompt_ids, task_spec
@@ -406,14 +404,7 @@ def run(cfg, console: Console | None = None) -> Path:
 
 
 def write_summary(run_dir: Path, cfg, error: str | None) -> dict:
-    rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-    timing = {r["step"]: r for r in read_jsonl(run_dir / "timing.jsonl")} if (run_dir / "timing.jsonl").exists() else {}
-    merged = [{**r, **timing.get(r["step"], {})} for r in rows]
-    summary = summarize(merged, total_steps=cfg.steps, threshold=cfg.threshold, error=error)
-    summary.update({"run": run_dir.name, "task": cfg.task, "algorithm": cfg.algorithm, "precision": cfg.precision,
-                    "seed": cfg.seed, "tier": cfg.tier, "config_hash": config_hash(cfgmod.to_dict(cfg))})
-    atomic_write_json(run_dir / "summary.json", summary)
-    return summary
+    return results.write_summary(run_dir, cfgmod.to_dict(cfg), error)
 
 
 def _line(row: dict, timing: dict) -> str:

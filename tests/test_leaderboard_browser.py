@@ -133,3 +133,26 @@ def test_markup_in_bundles_is_shown_as_text(tmp_path, page):
     page.wait_for_timeout(200)
     assert dialogs == []
     assert page.errors == []
+
+
+def test_framework_column_filter_and_evidence(tmp_path, page, tiny_model):
+    """A bundle from an outside loop next to the suite's runs: its framework is a column and a filter, and its
+    detail says what backs its numbers and that its command is as recorded, not recomposed."""
+    from test_bundle import write_run
+
+    write_run(tmp_path / "mine", tiny_model[0], steps=2)
+    out = tmp_path / "site"
+    leaderboard.build([DEFAULT, tmp_path / "mine"], out)
+    page.goto((out / "index.html").as_uri())
+    cells = page.locator('table[data-task="arith"] tbody tr .fw').all_inner_texts()
+    assert sorted(set(cells)) == ["mylib 0.1", "suite " + json.loads((DEFAULT / "arith__grpo__fp16__s0" / "env.json")
+                                                                    .read_text())["git_sha"][:12]]
+    page.select_option("#filter-framework", "mylib 0.1")
+    assert rows(page) == ["bf16"]
+    page.locator("a.entry-link").first.click()
+    detail = page.locator("#detail-view")
+    detail.wait_for(state="visible")
+    text = detail.inner_text()
+    assert "recomputed from log-prob evidence" in text and "as recorded, not recomposed" in text
+    assert detail.locator("pre.cmd").inner_text() == "python train.py --bf16"
+    assert page.errors == []
