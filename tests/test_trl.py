@@ -11,12 +11,15 @@ import json
 import pytest
 import torch
 
-trl = pytest.importorskip("trl", reason="TRL is not installed (the trl extra: pip install 'lowprec-rl-suite[trl]')")
+# Through the bridge, which imports trl without letting it change the process's VLLM_LOGGING_LEVEL.
+trl_bridge = pytest.importorskip("suite.trl_bridge", reason="TRL is not installed (the trl extra: pip install "
+                                 "'lowprec-rl-suite[trl]')")
 
 from safetensors.torch import load  # noqa: E402
+import trl  # noqa: E402  (already imported by the bridge)
 from trl import GRPOConfig  # noqa: E402
 
-from suite import config, leaderboard, trl_bridge  # noqa: E402
+from suite import config, leaderboard  # noqa: E402
 from suite.engine import eos_ids  # noqa: E402
 
 
