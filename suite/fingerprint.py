@@ -44,7 +44,7 @@ def compute(gemm: str = "auto", workdir: Path | None = None, console: Console | 
     console = console or Console(quiet=True)
     with tempfile.TemporaryDirectory(prefix="suite-fingerprint-") as tmp:
         out = Path(workdir or tmp)
-        flows, inv = {}, []
+        flows = {}
         for flow in FLOWS:
             cfg = cfgmod.load(overrides(flow, gemm, out))
             console.print(f"fingerprint: {flow} ({cfg.steps} smoke steps)")

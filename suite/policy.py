@@ -36,6 +36,14 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
+# The warm start and the perfectible set are built with a fixed torch thread count, whichever command
+# builds them first (`suite main` prebuilds in its own process, `suite run` and `suite perfectible` after
+# setting cfg.threads) and whatever the core count: the thread count splits GEMM reductions, so a cached
+# policy would otherwise depend on who built it (on one AMX machine: 286 vs 197 perfectible prompts of
+# 1,024 built with 2 vs 1 threads). 2 is what every committed reference was built with. Part of the cache key.
+BUILD_THREADS = 2
+
+
 @dataclass(frozen=True)
 class PolicySpec:
     """Architecture and warm-start recipe of the embedded policy (set by the tier)."""
@@ -52,15 +60,7 @@ class PolicySpec:
     probe_prompts: int = 256
     eval_every: int = 25
     seed: int = 0
-    build_threads: int = 2  # torch threads of the warm start (and the perfectible set): see BUILD_THREADS
-
-
-# The warm start and the perfectible set are built with a fixed torch thread count, whichever command
-# builds them first (`suite main` prebuilds in its own process, `suite run` and `suite perfectible` after
-# setting cfg.threads) and whatever the core count: the thread count splits GEMM reductions, so a cached
-# policy would otherwise depend on who built it (on one AMX machine: 286 vs 197 perfectible prompts of
-# 1,024 built with 2 vs 1 threads). 2 is what every committed reference was built with. Part of the cache key.
-BUILD_THREADS = 2
+    build_threads: int = BUILD_THREADS  # torch threads of the warm start (and the perfectible set)
 
 
 @contextlib.contextmanager
