@@ -45,11 +45,15 @@ def _configs(args: list[str]):
 
 
 def cmd_run(args: list[str]) -> int:
+    from suite import dist
     from suite.train import run
 
     cfg = _configs(args)
+    world = dist.from_env()
+    if world is None and cfg.nproc * cfg.nnodes > 1:  # `suite run nproc=N`: torchrun starts N ranks of this command
+        return dist.launch(["run", *args], cfg.nproc, cfg.nnodes)
     run_dir = run(cfg, _console())
-    return _print_summary(run_dir)
+    return _print_summary(run_dir) if world is None or world["rank"] == 0 else 0
 
 
 def _print_summary(run_dir: Path) -> int:

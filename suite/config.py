@@ -159,6 +159,12 @@ class RunConfig:
     threads: int = 1
     """torch CPU threads per run. 1 by default: the policy's GEMMs are small, OpenMP spin-waits cost
     more than they give, and sweeps run cells side by side instead."""
+    nproc: int = 1
+    """Ranks per node (torchrun's --nproc_per_node): data-parallel rollouts, FSDP2-sharded training,
+    sharded checkpoints (docs/distributed.md). 1: one process, no process group. ``suite run nproc=N``
+    starts torchrun itself; under a torchrun or srun you launched, the launcher's world is used."""
+    nnodes: int = 1
+    """Nodes of the run (torchrun --nnodes, or Slurm's); started on every node by torchrun or srun."""
     out: str = "runs"
     """Root of the result bundles (``runs/`` is ignored by git; the committed reference results live in
     ``results/reference/<machine class>/`` and are never written by a run)."""
@@ -371,6 +377,14 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("prompts_per_step", lambda c: c.prompts_per_step >= 1, pos[0]),
         ("samples_per_prompt", lambda c: c.samples_per_prompt >= 2, "must be >= 2 (group-relative advantages need a group)"),
         ("updates_per_step", lambda c: c.updates_per_step >= 1, pos[0]),
+        ("nproc", lambda c: c.nproc >= 1, pos[0]),
+        ("nnodes", lambda c: c.nnodes >= 1, pos[0]),
+        ("nproc", lambda c: c.prompts_per_step % (c.nproc * c.nnodes) == 0,
+         f"{cfg.nproc * cfg.nnodes} ranks must split the {cfg.prompts_per_step} prompt groups of a step evenly "
+         "(prompts_per_step must be a multiple of nproc x nnodes)"),
+        ("nproc", lambda c: (c.prompts_per_step * c.samples_per_prompt // c.updates_per_step) % (c.nproc * c.nnodes) == 0,
+         f"{cfg.nproc * cfg.nnodes} ranks must split each minibatch of "
+         f"{cfg.prompts_per_step} x {cfg.samples_per_prompt} / {cfg.updates_per_step} sequences evenly"),
         ("micro_batch", lambda c: c.micro_batch is None or c.micro_batch >= 1, "must be >= 1 (or null: no accumulation)"),
         ("updates_per_step", lambda c: (c.prompts_per_step * c.samples_per_prompt) % c.updates_per_step == 0,
          f"must divide the rollout batch ({cfg.prompts_per_step} x {cfg.samples_per_prompt})"),
@@ -414,11 +428,27 @@ def validate(cfg: RunConfig) -> RunConfig:
     for name, ok, why in checks:
         if not ok(cfg):
             raise ValueError(f"{name}: {why} (got {_get(cfg, name)!r}).")
+    if cfg.nproc * cfg.nnodes > 1:
+        from suite import dist
+
+        dist.check_ranks(cfg.nproc, cfg.nnodes)
+        if resolve_flow(cfg).exact or resolve_flow(cfg).trainer_quant:
+            raise ValueError(f"precision: {cfg.precision} trains through the sampler's own engine code on the full "
+                             "weights, outside FSDP2's sharded forward; run it with nproc=1 (docs/distributed.md)")
+        if cfg.engine == "vllm":
+            raise ValueError("engine: vllm with nproc > 1 is not supported yet (one vLLM engine per rank needs vLLM's "
+                             "external launcher); use engine=torch, or nproc=1 with vllm.tensor_parallel_size")
     if cfg.engine == "vllm":
         from suite.vllm_engine import check_supported
 
         check_supported(cfg)
     return cfg
+
+
+def resolve_flow(cfg: RunConfig):
+    from suite.precision import resolve as flow
+
+    return flow(cfg.precision)
 
 
 def _get(cfg: RunConfig, dotted: str):

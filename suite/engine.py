@@ -24,6 +24,7 @@ and attention run through ``precision.lowp_linear`` / ``lowp_attention`` (see pr
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,21 @@ class Rollout:
     @property
     def n_tokens(self) -> int:
         return int(self.mask.sum().item())
+
+    @staticmethod
+    def concat(parts: list["Rollout"]) -> "Rollout":
+        """One batch from several (the ranks' rollouts, in rank order), right-padded to the longest response."""
+        if len(parts) == 1:
+            return parts[0]
+        R = max(p.tokens.shape[1] for p in parts)
+
+        def pad(t, value):
+            return F.pad(t, (0, R - t.shape[1]), value=value)
+        return Rollout(prompt_ids=[x for p in parts for x in p.prompt_ids],
+                       tokens=torch.cat([pad(p.tokens, PAD) for p in parts]),
+                       mask=torch.cat([pad(p.mask, 0.0) for p in parts]),
+                       logprobs=torch.cat([pad(p.logprobs, 0.0) for p in parts]),
+                       truncated=[x for p in parts for x in p.truncated])
 
 
 def eos_ids(config) -> list[int]:
@@ -97,13 +113,14 @@ class TorchEngine:
         self.n_kv = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.n_heads
         self.eps = config.rms_norm_eps
-        self.eos = torch.tensor(eos_ids(config))
+        self.eos = torch.tensor(eos_ids(config), device=device)
         rope = getattr(config, "rope_scaling", None) or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":  # only the default rotary is transcribed
             raise ValueError(f"engine=torch: rope scaling {rope} is not supported; use engine=vllm")
         theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]
         # HF default rope: inverse frequencies in fp32 (LlamaRotaryEmbedding).
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64).float() / self.head_dim))
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
+                                         / self.head_dim))
         self.w: dict[str, torch.Tensor] = {}
         self.w32: dict[str, torch.Tensor] = {}
         self.head32: torch.Tensor | None = None
@@ -182,10 +199,10 @@ class TorchEngine:
         if S == 1:  # decode: the new token sees every real key so far
             mask = key_valid[:, None, :T]
         else:  # prefill: causal, real keys only
-            causal = torch.ones(S, T, dtype=torch.bool).tril(diagonal=t0)
+            causal = torch.ones(S, T, dtype=torch.bool, device=ids.device).tril(diagonal=t0)
             # A pad query would see no key at all (NaN softmax); let it see itself. Its output is
             # never used, but a NaN in its V row would poison every real query (0 * NaN = NaN).
-            mask = (causal[None] & key_valid[:, None, :T]) | _diag(S, T, t0)[None]  # (B, S, T)
+            mask = (causal[None] & key_valid[:, None, :T]) | _diag(S, T, t0).to(ids.device)[None]  # (B, S, T)
         for i in range(self.cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             h = _rms_norm(x, self.w[p + "input_layernorm.weight"], self.eps)
@@ -221,16 +238,17 @@ class TorchEngine:
     def _start(self, ids: torch.Tensor, valid_prompt: torch.Tensor, n_new: int):
         """Prefill left-padded prompts ids (B, P); return (logits (B, V), cache, key_valid, last_pos)."""
         B, P = ids.shape
-        valid = torch.ones(B, P + n_new, dtype=torch.bool)  # generated slots are always real keys
+        valid = torch.ones(B, P + n_new, dtype=torch.bool, device=ids.device)  # generated slots are always real keys
         valid[:, :P] = valid_prompt
         pos = (valid[:, :P].long().cumsum(1) - 1).clamp(min=0)
         if self.functional_cache:
             cache = [(None, None) for _ in range(self.cfg.num_hidden_layers)]
         else:
             shape = (B, self.n_kv, P + n_new, self.head_dim)
-            cache = [(torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+            cache = [(torch.zeros(shape, dtype=self.dtype, device=ids.device),
+                      torch.zeros(shape, dtype=self.dtype, device=ids.device))
                      for _ in range(self.cfg.num_hidden_layers)]
-        freqs = torch.arange(P + n_new).float()[:, None] * self.inv_freq  # (P+N, D/2) fp32, as HF
+        freqs = torch.arange(P + n_new, device=ids.device).float()[:, None] * self.inv_freq  # (P+N, D/2) fp32, as HF
         emb = torch.cat((freqs, freqs), dim=-1)
         self._rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
         return self._forward(ids, pos, cache, 0, valid), cache, valid, pos[:, -1]
@@ -238,19 +256,26 @@ class TorchEngine:
     # ---- sampling ------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator) -> Rollout:
-        """Sample one response per prompt (prompts are left padded into one batch)."""
-        ids, valid_prompt = left_pad(prompts)
+                 generator: torch.Generator | torch.Tensor) -> Rollout:
+        """Sample one response per prompt (prompts are left padded into one batch).
+
+        ``generator``: a torch.Generator (one stream for the batch: the tokens depend on the batch
+        composition), or a (B,) tensor of per-sequence seeds (``sequence_seeds``): sequence b then
+        draws its tokens from its own stream, whatever else is in the batch or on which rank.
+        """
+        ids, valid_prompt = (t.to(self.device) for t in left_pad(prompts))
         B, P = ids.shape
-        tokens = torch.full((B, max_new_tokens), PAD, dtype=torch.long)
-        logps = torch.zeros(B, max_new_tokens)
-        mask = torch.zeros(B, max_new_tokens)
-        done = torch.zeros(B, dtype=torch.bool)
+        dev = ids.device
+        noise = uniforms(generator, max_new_tokens, dev) if isinstance(generator, torch.Tensor) else None
+        tokens = torch.full((B, max_new_tokens), PAD, dtype=torch.long, device=dev)
+        logps = torch.zeros(B, max_new_tokens, device=dev)
+        mask = torch.zeros(B, max_new_tokens, device=dev)
+        done = torch.zeros(B, dtype=torch.bool, device=dev)
         logits, cache, valid, last_pos = self._start(ids, valid_prompt, max_new_tokens)
         for t in range(max_new_tokens):
             # fp32 log-softmax of the low-precision logits, after temperature (vLLM "processed").
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
-            tok = _sample(logp, top_p, generator)
+            tok = _sample(logp, top_p, generator if noise is None else noise[:, t])
             live = ~done
             tokens[:, t] = torch.where(live, tok, PAD)
             logps[:, t] = torch.where(live, logp.gather(1, tok[:, None])[:, 0], 0.0)
@@ -260,8 +285,8 @@ class TorchEngine:
                 break
             last_pos = last_pos + 1
             logits = self._forward(tok[:, None], last_pos[:, None], cache, P + t, valid)
-        return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens[:, : t + 1], mask=mask[:, : t + 1],
-                       logprobs=logps[:, : t + 1], truncated=(~done).tolist())
+        return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens[:, : t + 1].cpu(),
+                       mask=mask[:, : t + 1].cpu(), logprobs=logps[:, : t + 1].cpu(), truncated=(~done).tolist())
 
     def training_weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Weights for a differentiable forward from the trainer's fp32 masters (casts kept in the
@@ -302,7 +327,7 @@ class TorchEngine:
             valid = attn.bool()
             valid[:, -n_resp:] = True  # as in generate: every generated slot is a real key
             pos = (attn.cumsum(1) - 1).clamp(min=0)
-            freqs = torch.arange(ids.shape[1]).float()[:, None] * self.inv_freq
+            freqs = torch.arange(ids.shape[1], device=ids.device).float()[:, None] * self.inv_freq
             emb = torch.cat((freqs, freqs), dim=-1)
             self._rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
             cache = [(None, None) for _ in range(self.cfg.num_hidden_layers)]
@@ -360,11 +385,37 @@ def _diag(S: int, T: int, t0: int) -> torch.Tensor:
     return m
 
 
-def _sample(logp: torch.Tensor, top_p: float, generator: torch.Generator) -> torch.Tensor:
-    """Draw one token per row from exp(logp), optionally restricted to the top-p nucleus."""
+def sequence_seeds(seed: int, step: int, groups: list[int], group_size: int) -> torch.Tensor:
+    """(len(groups) * group_size,) int64 seeds, one per sampled sequence: a function of (run seed, step,
+    prompt group's index in the step's batch, sample within the group) and of nothing else, so the
+    rank that samples a group (suite/dist.py) never changes its tokens."""
+    def one(g: int, j: int) -> int:
+        digest = hashlib.sha256(f"{seed}:{step}:{g}:{j}".encode()).digest()
+        return int.from_bytes(digest[:8], "little") >> 1  # a non-negative int64
+    return torch.tensor([one(g, j) for g in groups for j in range(group_size)], dtype=torch.long)
+
+
+def uniforms(seeds: torch.Tensor, n: int, device) -> torch.Tensor:
+    """(B, n) fp64 uniforms in [0, 1): row b is the first n draws of torch's generator seeded with seeds[b]."""
+    rows = [torch.rand(n, dtype=torch.float64, generator=torch.Generator().manual_seed(int(s))) for s in seeds]
+    return torch.stack(rows).to(device)
+
+
+def _sample(logp: torch.Tensor, top_p: float, rng: torch.Generator | torch.Tensor) -> torch.Tensor:
+    """Draw one token per row from exp(logp), optionally restricted to the top-p nucleus.
+
+    ``rng``: a generator (torch.multinomial over the batch), or (B,) uniforms u: inverse-CDF
+    sampling, token = the first index whose cumulative probability exceeds u x total, computed
+    per row in fp64 (a zero-probability token is never drawn).
+    """
     probs = logp.exp()
     if top_p < 1.0:
         sp, si = probs.sort(dim=-1, descending=True)
         drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix whose mass reaches top_p
         probs = torch.zeros_like(probs).scatter(-1, si, sp.masked_fill(drop, 0.0))
-    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+    if isinstance(rng, torch.Generator):
+        return torch.multinomial(probs, 1, generator=rng)[:, 0]
+    cdf = probs.double().cumsum(-1)  # (B, V)
+    tok = torch.searchsorted(cdf, (rng * cdf[:, -1])[:, None], right=True)[:, 0]
+    last = (probs > 0).cumsum(-1).argmax(-1)  # the last drawable token: u x total may round up to total
+    return torch.minimum(tok, last)

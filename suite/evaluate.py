@@ -308,16 +308,15 @@ def base_dir(env: dict) -> Path:
     raise RunProblem(f"base model {path} not found (env.json policy.path; also looked in {moved.parent})")
 
 
-def final_state(run_dir: Path) -> tuple[dict, dict]:
-    """(state_dict, {"step", "file", "sha256"}) of ``ckpt/latest.json``, checksum verified."""
-    import torch
+def final_state(run_dir: Path, model) -> tuple[dict, dict]:
+    """(state_dict, {"step", "file", "sha256"}) of ``ckpt/latest.json`` (a DCP checkpoint of any world size,
+    read into ``model``'s layout), checksum verified."""
+    from suite.checkpoint import CorruptCheckpoint, model_state
 
-    meta = json.loads((run_dir / "ckpt" / "latest.json").read_text())
-    path = run_dir / "ckpt" / meta["file"]
-    data = path.read_bytes() if path.exists() else b""
-    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-        raise RunProblem(f"checkpoint {path} is corrupted or missing (sha256 mismatch); not evaluated")
-    return torch.load(io.BytesIO(data), weights_only=False)["model"], meta
+    try:
+        return model_state(run_dir, model)
+    except CorruptCheckpoint as e:
+        raise RunProblem(f"{e} Not evaluated.") from None
 
 
 def _dir_fingerprint(path: Path) -> list:
@@ -397,8 +396,9 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
     done = []
     for r in runs:
         name = r["dir"].name
+        model, tok = load_policy(r["base"])
         try:
-            state, meta = final_state(r["dir"])
+            state, meta = final_state(r["dir"], model)
         except RunProblem as e:
             records.append({"run": str(r["dir"]), "status": "skipped", "reason": str(e)})
             console.print(f"[yellow]{name}: skipped: {e}[/]")
@@ -409,7 +409,6 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
                                          "tasks": include_dirs, "versions": versions, "scores": SCORES_VERSION},
                                         sort_keys=True).encode()).hexdigest()[:16]
         cache = cache_root() / "transfer" / "base" / f"{key}.json"
-        model, tok = load_policy(r["base"])
         if cache.exists():
             base = {**json.loads(cache.read_text()), "cached": True}
         else:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import io
 import json
 import time
 import traceback
@@ -31,10 +30,11 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
+from suite import checkpoint, dist, machine, perfectible, results
 from suite import config as cfgmod
-from suite import machine, perfectible, results
 from suite.algos import compute_advantages, get_algorithm, policy_loss
-from suite.engine import TorchEngine, left_pad
+from suite.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
+from suite.engine import Rollout, TorchEngine, left_pad, sequence_seeds
 from suite.mismatch import mismatch_anatomy, mismatch_metrics
 from suite.policy import (
     BUILD_THREADS,
@@ -50,7 +50,6 @@ from suite.provenance import same_experiment
 from suite.results import (
     REFERENCE_ROOT,
     append_jsonl,
-    atomic_write_bytes,
     atomic_write_json,
     atomic_write_text,
     config_hash,
@@ -63,10 +62,6 @@ from suite.tasks import get_task, prompt_ids, task_spec
 
 class RunDirConflict(ValueError):
     """The run directory holds a run of a different config."""
-
-
-class CorruptCheckpoint(RuntimeError):
-    """A checkpoint failed its checksum or could not be read."""
 
 
 # ---- data ---------------------------------------------------------------------------------
@@ -171,15 +166,16 @@ def micro_batches(idx: torch.Tensor, size: int | None) -> list[torch.Tensor]:
     return list(idx.split(size)) if size else [idx]
 
 
-def accumulation_weights(micro: list[torch.Tensor], mask: torch.Tensor, agg: str) -> list[float]:
+def accumulation_weights(micro: list[torch.Tensor], mask: torch.Tensor, agg: str,
+                         whole: torch.Tensor | None = None) -> list[float]:
     """Weights that make the sum of micro-batch losses equal the minibatch loss (gradient accumulation):
-    each micro-batch's share of the tokens for token-mean, of the sequences for the seq-mean modes."""
-    if agg == "token-mean":
-        sizes = [float(mask[c].sum()) for c in micro]
-    else:
-        sizes = [float(len(c)) for c in micro]
-    total = sum(sizes) or 1.0
-    return [s / total for s in sizes]
+    each micro-batch's share of the tokens for token-mean, of the sequences for the seq-mean modes.
+    ``whole``: the rows of the global minibatch when ``micro`` is only this rank's part of it (the
+    ranks' weights then sum to 1 and their gradients are summed)."""
+    def size(rows):
+        return float(mask[rows].sum()) if agg == "token-mean" else float(len(rows))
+    total = size(whole) if whole is not None else sum(size(c) for c in micro)
+    return [size(c) / (total or 1.0) for c in micro]
 
 
 def batch_tensors(prompt_ids: list[list[int]], tokens: torch.Tensor, mask: torch.Tensor):
@@ -216,44 +212,16 @@ def _diff(a: dict, b: dict, prefix: str = "") -> str:
     return "" if prefix else "same values, different hash"
 
 
-def save_checkpoint(run_dir: Path, step: int, trainer) -> None:
-    """Write ckpt/step_N.pt, then point ckpt/latest.json at it (with its sha256); drop older ones."""
-    buf = io.BytesIO()
-    torch.save({"step": step, **trainer.state_dict()}, buf)
-    data = buf.getvalue()
-    ck = run_dir / "ckpt"
-    atomic_write_bytes(ck / f"step_{step:06d}.pt", data)
-    atomic_write_json(ck / "latest.json", {"step": step, "file": f"step_{step:06d}.pt",
-                                           "sha256": hashlib.sha256(data).hexdigest()})
-    for old in ck.glob("step_*.pt"):
-        if old.name != f"step_{step:06d}.pt":
-            old.unlink()
-
-
-def load_checkpoint(run_dir: Path, trainer) -> int:
-    """Restore the last checkpoint; return its step (0 if none). A bad file is reported, not loaded."""
-    latest = run_dir / "ckpt" / "latest.json"
-    if not latest.exists():
-        return 0
-    meta = json.loads(latest.read_text())
-    path = run_dir / "ckpt" / meta["file"]
-    data = path.read_bytes() if path.exists() else b""
-    if hashlib.sha256(data).hexdigest() != meta["sha256"]:
-        raise CorruptCheckpoint(f"checkpoint {path} is corrupted or missing (sha256 mismatch); it was not loaded. "
-                                f"Delete {run_dir / 'ckpt'} to restart this run from scratch.")
-    state = torch.load(io.BytesIO(data), weights_only=False)
-    trainer.load_state_dict(state)
-    return int(state["step"])
-
-
 # ---- the run ---------------------------------------------------------------------------------
-def build_engines(cfg, model):
-    """Trainer and sampler of a run, both configured from the precision table and nothing else."""
+def build_engines(cfg, model, world: dist.World | None = None):
+    """Trainer and sampler of a run (on this rank's device), configured from the precision table and nothing else."""
     from suite.trainer import Trainer
 
-    flow = resolve(cfg.precision)
-    backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype), "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype)}
-    trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32)
+    flow, world = resolve(cfg.precision), world or dist.World()
+    device = world.device.split(":")[0]
+    backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype, device),
+                "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype, device)}
+    trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world)
     if cfg.engine == "vllm":  # vLLM starts from the policy's directory; sync() then loads the trainer's weights
         from suite.vllm_engine import VllmEngine
 
@@ -262,14 +230,26 @@ def build_engines(cfg, model):
         backends["sampler"] = "vllm"
         return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed), backends
     engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32,
-                         functional_cache=flow.exact, quant=flow.sampler_quant)
+                         functional_cache=flow.exact, quant=flow.sampler_quant, device=world.device)
     return trainer, engine, backends
 
 
 def run(cfg, console: Console | None = None) -> Path:
-    """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated."""
-    console = console or Console()
+    """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated.
+
+    Under torchrun or srun (suite/dist.py) every rank calls this; rank 0 alone writes the bundle.
+    """
+    world = dist.init(cfg.nproc, cfg.nnodes)
+    try:
+        return _run(cfg, world, console or Console())
+    finally:
+        dist.close(world)
+
+
+def _run(cfg, world: dist.World, console: Console) -> Path:
     torch.set_num_threads(cfg.threads)
+    if not world.main:
+        console = Console(quiet=True)
     flow, algo, task = resolve(cfg.precision), get_algorithm(cfg.algorithm), get_task(cfg.task, cfg.data)
     cfg_dict = cfgmod.to_dict(cfg)
     run_dir = Path(cfg.out) / cfg.name / run_dir_name(cfg.task, cfg.algorithm, cfg.precision, cfg.seed)
@@ -278,61 +258,77 @@ def run(cfg, console: Console | None = None) -> Path:
     if not complete and run_dir.resolve().is_relative_to(REFERENCE_ROOT):
         raise RunDirConflict(f"out: {run_dir} is inside the committed reference results ({REFERENCE_ROOT}), which runs "
                              "never write; run elsewhere (default out=runs) and promote a finished grid with `suite reference`")
-    claim_run_dir(run_dir, cfg_dict)
-    if complete:
+    if world.main:
+        claim_run_dir(run_dir, cfg_dict)
+    if dist.broadcast_object(complete, world):
         console.print(f"{run_dir}: already complete")
         return run_dir
 
     error = None
     try:
+        if world.local_rank != 0:  # one build per node (the cache is per machine), the other ranks read it
+            dist.barrier(world)
         model_dir, data_dir = prepare_data(cfg, console)
+        if world.local_rank == 0:
+            dist.barrier(world)
         items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
         if len(items) < cfg.prompts_per_step:
             raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
         model, tok = load_policy(model_dir)
-        trainer, engine, backends = build_engines(cfg, model)
-        start = load_checkpoint(run_dir, trainer)
+        trainer, engine, backends = build_engines(cfg, model, world)
+        start = checkpoint.load(run_dir, trainer, world)
         for name in ("metrics.jsonl", "timing.jsonl"):
-            if (run_dir / name).exists():
+            if world.main and (run_dir / name).exists():
                 truncate_jsonl(run_dir / name, start)
-        engine.sync(trainer.model.state_dict())
-        atomic_write_json(run_dir / "env.json", env_info({
-            "machine_class": machine.describe(cfg.gemm, cfg.threads),
-            "precision": flow.describe(), "gemm_backend": backends, "lm_head_fp32": cfg.lm_head_fp32, "engine": cfg.engine,
-            "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
-            "task": {"name": task.name, "version": task.version},
-            "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
-                        "build_threads": BUILD_THREADS, "provenance": prov},
-            "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())},
-        }))
+        engine.sync(trainer.full_weights())
+        observed = trainer.observe()
+        if world.main:
+            atomic_write_json(run_dir / "env.json", env_info({
+                "machine_class": machine.describe(cfg.gemm, cfg.threads),
+                "precision": flow.describe(), "gemm_backend": backends, "lm_head_fp32": cfg.lm_head_fp32,
+                "engine": cfg.engine, "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
+                "trainer_observed": observed, "world": world.describe(),
+                "task": {"name": task.name, "version": task.version},
+                "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
+                            "build_threads": BUILD_THREADS, "provenance": prov},
+                "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())},
+            }))
 
         G, T = cfg.samples_per_prompt, cfg.sampling.temperature
+        share = cfg.prompts_per_step // world.size  # prompt groups sampled by each rank (config.validate: exact)
+        mine = list(range(world.rank * share, (world.rank + 1) * share))
         reward_seen = task.reward_stats() if hasattr(task, "reward_stats") else {}
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, transient=True)
+                            TimeElapsedColumn(), console=console, transient=True, disable=not world.main)
         with progress:
             bar = progress.add_task(run_dir.name, total=cfg.steps, completed=start)
             for step in range(start + 1, cfg.steps + 1):
                 t0 = time.perf_counter()
-                # ---- sample: G responses per prompt from the sampler (low precision, KV cache)
+                # ---- sample: this rank's prompt groups, G responses each; a sequence's seed is a function of
+                # (seed, step, group, sample) only, so every world size samples the same tokens
                 batch = [items[i] for i in step_prompts(len(items), step, cfg.prompts_per_step, cfg.seed)]
-                prompts = [prompt_ids(tok, it) for it in batch for _ in range(G)]
-                gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-                roll = engine.generate(prompts, cfg.sampling.max_new_tokens, T, cfg.sampling.top_p, gen)
+                prompts = [prompt_ids(tok, batch[g]) for g in mine for _ in range(G)]
+                mine_roll = engine.generate(prompts, cfg.sampling.max_new_tokens, T, cfg.sampling.top_p,
+                                            sequence_seeds(cfg.seed, step, mine, G))
+                texts = tok.batch_decode(mine_roll.response_ids(), skip_special_tokens=True)
+                mine_rewards = [task.reward(batch[mine[i // G]], s, tr)
+                                for i, (s, tr) in enumerate(zip(texts, mine_roll.truncated))]
                 t_sample = time.perf_counter()
 
-                # ---- reward and group-relative advantage
-                texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
-                rewards = torch.tensor([task.reward(batch[i // G], s, tr)
-                                        for i, (s, tr) in enumerate(zip(texts, roll.truncated))])
+                # ---- reward and group-relative advantage, over the gathered global batch (groups stay whole)
+                gathered = dist.gather_objects((mine_roll, mine_rewards), world)
+                roll = Rollout.concat([r for r, _ in gathered])
+                rewards = torch.tensor([x for _, rs in gathered for x in rs])
                 adv = compute_advantages(rewards.view(-1, G), algo.advantage).view(-1)  # (B,)
 
-                # ---- trainer log-probs of the sampled tokens at the sampling parameters
+                # ---- trainer log-probs of the sampled tokens at the sampling parameters (each rank its rows)
                 ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
-                R = roll.tokens.shape[1]
+                B, R = len(ids), roll.tokens.shape[1]
+                own = torch.arange(B).tensor_split(world.size)[world.rank]
                 with torch.no_grad():  # in micro-batches: (B, R, vocab) fp32 logits of a real model do not fit at once
-                    parts = [trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T)
-                             for c in micro_batches(torch.arange(len(ids)), cfg.micro_batch)]
+                    parts = [tuple(t.cpu() for t in trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T))
+                             for c in micro_batches(own, cfg.micro_batch)]
+                    parts = [p for rank_parts in dist.gather_objects(parts, world) for p in rank_parts]
                     old_logp, entropy = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])  # (B, R)
                 t_logp = time.perf_counter()
 
@@ -340,22 +336,25 @@ def run(cfg, console: Console | None = None) -> Path:
                 row = {"step": step, **mismatch_metrics(old_logp, roll.logprobs, roll.mask),
                        **mismatch_anatomy(old_logp, roll.logprobs, roll.mask, entropy)}
 
-                # ---- updates: minibatches of the rollout batch, one PPO epoch
-                B = len(prompts)
+                # ---- updates: minibatches of the rollout batch, one PPO epoch; each rank takes an equal share
+                # of every minibatch and the gradients are summed over ranks (suite/trainer.py)
+                gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
                 perm = torch.randperm(B, generator=gen)
+                dev = trainer.device
+                old_d, mu_d, adv_d, mask_d = (t.to(dev) for t in (old_logp, roll.logprobs, adv, roll.mask))
                 updates = []
                 for mb in perm.chunk(cfg.updates_per_step):
-                    def loss_fn(mb):
-                        logp, _ = trainer.logprobs(ids[mb], attn[mb], R, roll.tokens[mb], T)
-                        return policy_loss(algo, logp, old_logp[mb], roll.logprobs[mb], adv[mb], roll.mask[mb],
+                    def loss_fn(c):
+                        logp, _ = trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T)
+                        return policy_loss(algo, logp, old_d[c], mu_d[c], adv_d[c], mask_d[c],
                                            norm_len=cfg.sampling.max_new_tokens)
-                    micro = micro_batches(mb, cfg.micro_batch)
-                    weights = accumulation_weights(micro, roll.mask, algo.agg)
+                    micro = micro_batches(mb.tensor_split(world.size)[world.rank], cfg.micro_batch)
+                    weights = accumulation_weights(micro, roll.mask, algo.agg, whole=mb)
                     updates.append(trainer.step([(functools.partial(loss_fn, c), w) for c, w in zip(micro, weights)]))
-                engine.sync(trainer.model.state_dict())  # weight sync after the optimizer steps
+                engine.sync(trainer.full_weights())  # weight sync after the optimizer steps
                 t_update = time.perf_counter()
 
-                # ---- log
+                # ---- log (rank 0; every number is the global one)
                 lengths = roll.mask.sum(1)
                 m = roll.mask.bool()
                 rates = rewards.view(-1, G).mean(1)
@@ -371,32 +370,39 @@ def run(cfg, console: Console | None = None) -> Path:
                 })
                 for key in updates[0]:
                     row[key] = sum(u[key] for u in updates) / len(updates)  # NaN grad norm stays NaN
-                if hasattr(task, "reward_stats"):  # symbolic-check counters of the math reward, this step's share
+                if hasattr(task, "reward_stats"):  # symbolic-check counters of the math reward, this step's, all ranks
                     stats = task.reward_stats()
-                    row.update({f"reward/{k}": v - reward_seen.get(k, 0) for k, v in stats.items()})
+                    mine_stats = {k: v - reward_seen.get(k, 0) for k, v in stats.items()}
+                    for k in mine_stats:
+                        row[f"reward/{k}"] = sum(d[k] for d in dist.gather_objects(mine_stats, world))
                     reward_seen = stats
-                if cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+                if world.main and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
                     row.update(evaluate(engine, tok, task, eval_settings(cfg, task), cfg.sampling.max_new_tokens,
                                         seed=cfg.seed * 1_000_003 + step + 500_000))
-                append_jsonl(run_dir / "metrics.jsonl", row)
                 n_tok = roll.n_tokens
                 t_end = time.perf_counter()
                 timing = {"step": step, "time/sample_s": t_sample - t0, "time/logprob_s": t_logp - t_sample,
                           "time/update_s": t_update - t_logp, "time/other_s": t_end - t_update,
                           "time/step_s": t_end - t0, "throughput/sampler_tok_s": n_tok / (t_sample - t0),
                           "throughput/trainer_tok_s": n_tok / (t_update - t_sample)}
-                append_jsonl(run_dir / "timing.jsonl", timing)
+                if world.main:
+                    append_jsonl(run_dir / "metrics.jsonl", row)
+                    append_jsonl(run_dir / "timing.jsonl", timing)
                 if step % cfg.ckpt_every == 0 or step == cfg.steps:
-                    save_checkpoint(run_dir, step, trainer)
+                    checkpoint.save(run_dir, step, trainer, world)
                 progress.advance(bar)
                 console.print(_line(row, timing))
+        if cfg.steps > start or not (run_dir / "policy").exists():
+            checkpoint.export_hf(run_dir / "policy", trainer, tok, world)  # the final policy, for transfer and users
     except BaseException as e:  # a kill or a crash still leaves an honest "incomplete" summary
         error = f"{type(e).__name__}: {e}"
-        atomic_write_text(run_dir / "error.txt", traceback.format_exc())
+        if world.main:
+            atomic_write_text(run_dir / "error.txt", traceback.format_exc())
         raise
     finally:
-        write_summary(run_dir, cfg, error)
-    if cfg.transfer:  # lm-eval transfer index of base vs final checkpoint; never fails the finished run
+        if world.main:
+            write_summary(run_dir, cfg, error)
+    if cfg.transfer and world.main:  # lm-eval transfer index of base vs final checkpoint; never fails the finished run
         from suite.evaluate import after_run
 
         after_run(run_dir, console)

@@ -10,6 +10,16 @@ fp16 needs dynamic loss scaling (arXiv 2510.26788 section 3; PyTorch GradScaler 
 scale the loss before backward, unscale before clipping, skip the step on inf/nan and halve
 the scale, double it after ``growth_interval`` clean steps. ``LossScaler`` is that, small
 enough to read and to checkpoint.
+
+Sharded (``World.distributed``, suite/dist.py): the model is FSDP2 (``fully_shard`` on every
+decoder layer, then on the root) over **fp32** parameter shards, and the flow's compute dtype
+still comes from autocast (or its emulation) inside the forward, exactly as unsharded, so the
+precision table stays the one place that decides it and a 1-rank FSDP2 run computes what a
+plain process computes (docs/distributed.md has the measured comparison with the other choice,
+``MixedPrecisionPolicy(param_dtype=bf16)``, which also rounds the residual stream and norms).
+Gradients are reduce-scattered in fp32 and summed (each rank's loss already carries its share of
+the global minibatch); the loss scaler skips the step on every rank when any rank's shard holds
+an inf (as ``ShardedGradScaler``), and clipping uses the global gradient norm.
 """
 
 from __future__ import annotations
@@ -19,6 +29,7 @@ import math
 
 import torch
 
+from suite import dist
 from suite.engine import TorchEngine
 from suite.precision import Flow, emulate_autocast, fp8_decoder_linears, fp32_lm_head
 
@@ -34,16 +45,18 @@ class LossScaler:
         self.good_steps = 0
         self.skipped = 0
 
-    def unscale_(self, params: list[torch.nn.Parameter]) -> bool:
-        """Divide grads by the scale in place; return True when any grad is inf or nan."""
+    def unscale_(self, params: list[torch.nn.Parameter], world: dist.World | None = None) -> bool:
+        """Divide grads by the scale in place; return True, on every rank, when any rank's grad shard is
+        inf or nan (an inf lands in one rank's shard after the reduce-scatter: all must skip together)."""
         found_inf = False
         for p in params:
             if p.grad is None:
                 continue
+            g = _local(p.grad)
             if self.enabled:
-                p.grad.div_(self.scale)
-            found_inf = found_inf or not bool(torch.isfinite(p.grad).all())
-        return found_inf
+                g.div_(self.scale)
+            found_inf = found_inf or not bool(torch.isfinite(g).all())
+        return dist.any_rank(found_inf, world) if world is not None else found_inf
 
     def update(self, found_inf: bool) -> None:
         if found_inf:
@@ -63,11 +76,19 @@ class LossScaler:
         self.scale, self.good_steps, self.skipped = s["scale"], s["good_steps"], s["skipped"]
 
 
-class Trainer:
-    """Holds the fp32 master model, its optimizer and loss scaler."""
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The local shard of a DTensor (FSDP2 parameters and grads), the tensor itself otherwise."""
+    return t.to_local() if hasattr(t, "to_local") else t
 
-    def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False):
-        self.model = model.float()
+
+class Trainer:
+    """Holds the fp32 master model (FSDP2-sharded over a world), its optimizer and loss scaler."""
+
+    def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False,
+                 world: dist.World | None = None):
+        self.world = world or dist.World()
+        self.device = torch.device(self.world.device)
+        self.model = model.float().to(self.device)
         self.flow = flow
         self.backend = backend
         self.dtype = flow.trainer_dtype
@@ -88,17 +109,71 @@ class Trainer:
         # activations, the same FP8 quantisers) on the full sequence, so the sampler's computation
         # is a subgraph of it; only GEMM shapes differ.
         self.unified = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
-                                    quant="fp8") if flow.trainer_quant == "fp8" else None)
+                                    quant="fp8", device=str(self.device)) if flow.trainer_quant == "fp8" else None)
+        if self.replay is not None:
+            self.replay.device = str(self.device)
+        if self.world.distributed:
+            if self.replay is not None or self.unified is not None:  # config.validate refuses it first
+                raise ValueError(f"precision {flow.name}: not supported sharded (its trainer runs the sampler's code)")
+            self._shard()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
                                      weight_decay=optim_cfg.weight_decay)
         self.grad_clip = optim_cfg.grad_clip
         self.scaler = LossScaler(enabled=flow.loss_scaling)
 
+    def _shard(self) -> None:
+        """FSDP2 over fp32 shards: every decoder layer is a unit, then the root (embeddings, final norm,
+        head); fp32 all-gathers and fp32 reduce-scatters, summed (not averaged) over ranks."""
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+        mp = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
+        for layer in self.model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(self.model, mp_policy=mp)
+        for m in self.model.modules():
+            if isinstance(m, FSDPModule):
+                m.set_gradient_divide_factor(1.0)  # a plain SUM (gloo has no PREMUL_SUM)
+                m.set_force_sum_reduction_for_comms(True)
+
     def _autocast(self):
+        """Autocast on the device the parameters live on (an autocast("cuda") around CPU tensors, or the
+        reverse, would silently compute in fp32)."""
         if self.backend == "native" and self.dtype != torch.float32:
-            return torch.autocast("cpu" if not torch.cuda.is_available() else "cuda", dtype=self.dtype)
+            return torch.autocast(self.autocast_device(), dtype=self.dtype)
         return contextlib.nullcontext()
+
+    def autocast_device(self) -> str:
+        return next(self.model.parameters()).device.type
+
+    def full_weights(self) -> dict[str, torch.Tensor]:
+        """Unsharded parameters (all-gathered from the FSDP2 shards on every rank): the weight sync's input."""
+        if not self.world.distributed:
+            return self.model.state_dict()
+        return {n: p.full_tensor() for n, p in self.model.named_parameters()}
+
+    @torch.no_grad()
+    def observe(self) -> dict[str, str]:
+        """The dtypes the trainer's forward actually produces: the first decoder GEMM's output and the
+        logits (one tiny forward, on every rank), recorded in env.json instead of the configured dtype."""
+        if self.replay is not None or self.unified is not None:  # the engine's GEMMs consume these weights
+            engine = self.replay or self.unified
+            w = engine.training_weights(dict(self.model.named_parameters()))
+            gemm = next(v.dtype for k, v in w.items() if k.endswith("qkv_proj.weight"))
+            return {"gemm_input": str(gemm), "autocast_device": "none"}
+        seen = {}
+        first = next(m for m in self.model.modules()
+                     if isinstance(m, torch.nn.Linear) and m is not self.model.get_output_embeddings())
+        hook = first.register_forward_hook(lambda m, i, o: seen.update(gemm=seen.get("gemm", o.dtype)))  # returns None
+        try:
+            ids = torch.full((1, 2), int(self.model.config.bos_token_id or 0), device=self.device)
+            with self._autocast():
+                logits = self.model(input_ids=ids).logits
+        finally:
+            hook.remove()
+        device = self.autocast_device() if self.backend == "native" and self.dtype != torch.float32 else "none"
+        return {"gemm_output": str(seen["gemm"]), "logits": str(logits.dtype), "autocast_device": device,
+                "param_device": str(next(self.model.parameters()).device)}
 
     def logprobs(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,6 +188,7 @@ class Trainer:
         if self.unified is not None:
             weights = self.unified.training_weights(dict(self.model.named_parameters()))
             return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights)
+        ids, attn, targets = ids.to(self.device), attn.to(self.device), targets.to(self.device)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
@@ -141,21 +217,33 @@ class Trainer:
                     metrics[k] = max(metrics[k], v) if k.endswith("/max") else min(metrics[k], v)
                 else:
                     metrics[k] = (v if k.endswith(("/max", "/min")) else metrics.get(k, 0.0) + w * v)
-        if len(parts) > 1:
+        if len(parts) > 1 or self.world.distributed:
             metrics["loss/policy"] = total
-        found_inf = self.scaler.unscale_(self.params) or not finite_loss
+        metrics = self._global(metrics)
+        found_inf = self.scaler.unscale_(self.params, self.world) or dist.any_rank(not finite_loss, self.world)
         if found_inf:
             grad_norm = float("nan")  # a skipped step reports NaN, never crashes (REFERENCE section 3)
         else:
-            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip))
+            grads = [p.grad for p in self.params if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads, 2.0)  # what clip_grad_norm_ computes, then clips with
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm)
+            grad_norm = float(norm)
             self.opt.step()
         self.scaler.update(found_inf)
         return {**metrics, "train/grad_norm": grad_norm, "train/skipped": float(found_inf)}
 
-    def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "opt": self.opt.state_dict(), "scaler": self.scaler.state_dict()}
-
-    def load_state_dict(self, s: dict) -> None:
-        self.model.load_state_dict(s["model"])
-        self.opt.load_state_dict(s["opt"])
-        self.scaler.load_state_dict(s["scaler"])
+    def _global(self, metrics: dict) -> dict:
+        """The ranks' weighted micro-batch metrics combined: sums of the weighted means, max of maxima, min of minima
+        (each rank's weights are its share of the global minibatch, so the sums are the global means)."""
+        if not self.world.distributed:
+            return metrics
+        keys = sorted(metrics)
+        out = {}
+        for op in ("sum", "max", "min"):
+            ks = [k for k in keys if (k.endswith("/max") and op == "max") or (k.endswith("/min") and op == "min")
+                  or (not k.endswith(("/max", "/min")) and op == "sum")]
+            if ks:
+                t = dist.all_reduce(torch.tensor([float(metrics[k]) for k in ks], dtype=torch.float64), self.world, op)
+                out.update(zip(ks, t.tolist()))
+        return out

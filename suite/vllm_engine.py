@@ -206,13 +206,15 @@ class VllmEngine:
 
     # ---- sampling ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator) -> Rollout:
-        """One response per prompt; temperature 0 is greedy decoding."""
+                 generator: torch.Generator | torch.Tensor) -> Rollout:
+        """One response per prompt; temperature 0 is greedy decoding. ``generator``: the batch's generator,
+        or (B,) per-sequence seeds (engine.sequence_seeds), each request's own seeded stream."""
         from vllm import SamplingParams, TokensPrompt
 
         if self.asleep:
             raise RuntimeError("the vLLM engine is asleep: sync() the new weights before sampling")
-        seeds = torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist()
+        seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
+                 else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
                                  seed=s, logprobs=0, stop_token_ids=self.eos, detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)

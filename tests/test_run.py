@@ -36,11 +36,19 @@ def test_run_writes_a_complete_bundle(tmp_path):
     assert len(row["reward/pass_rates"]) == 4
     timing = read_jsonl(d / "timing.jsonl")
     assert all(t["time/step_s"] > 0 and t["throughput/sampler_tok_s"] > 0 for t in timing)
-    # the trainer really trained: the checkpointed weights differ from the base policy's
-    ck = torch.load(d / "ckpt" / "step_000004.pt", weights_only=False)
+    assert env["world"]["world_size"] == 1 and env["world"]["backend"] is None
+    assert env["trainer_observed"]["gemm_output"] == "torch.float32"
+    # the trainer really trained: the checkpointed weights differ from the base policy's, and the exported
+    # HF directory holds exactly the checkpoint's weights
+    from suite.checkpoint import model_state
     from suite.policy import load_policy
     base, _ = load_policy(env["policy"]["path"])
-    assert any(not torch.equal(ck["model"][k], v) for k, v in base.state_dict().items())
+    state, meta = model_state(d, base)
+    assert meta["step"] == 4 and meta["file"] == "step_000004" and sorted(p.name for p in (d / "ckpt").iterdir()) == [
+        "latest.json", "step_000004"]
+    assert any(not torch.equal(state[k], v) for k, v in base.state_dict().items())
+    final, _ = load_policy(d / "policy")
+    assert all(torch.equal(state[k], v) for k, v in final.state_dict().items())
 
 
 def test_same_seed_gives_identical_metrics(tmp_path):
@@ -92,7 +100,7 @@ def test_corrupted_checkpoint_is_reported_not_loaded(tmp_path, monkeypatch):
         _kill_at(m, 7)
         with pytest.raises(KeyboardInterrupt):
             run(_cfg(tmp_path))
-    ck = _run_dir(tmp_path) / "ckpt" / "step_000002.pt"
+    ck = next((_run_dir(tmp_path) / "ckpt" / "step_000002").glob("*.distcp"))
     data = bytearray(ck.read_bytes())
     data[len(data) // 2] ^= 0xFF
     ck.write_bytes(bytes(data))
