@@ -196,12 +196,15 @@ def _fp8_gemm_cuda(qa, sa, qb, sb) -> torch.Tensor:
         b = qb[:, ks].contiguous().t()  # (k, N) column-major
         sa_j = sa[:, j : j + 1].contiguous()  # (M, 1)
         sb_j = sb[:, j].reshape(1, N).contiguous()  # (1, N)
-        try:
-            part = torch._scaled_mm(a, b, scale_a=sa_j, scale_b=sb_j, out_dtype=torch.float32)
-        except RuntimeError:  # the CUTLASS row-wise path (sm89, CUDA < 12.9) only emits bf16
-            part = torch._scaled_mm(a, b, scale_a=sa_j, scale_b=sb_j, out_dtype=torch.bfloat16).float()
-        out += part
+        out += torch._scaled_mm(a, b, scale_a=sa_j, scale_b=sb_j, out_dtype=torch.float32)
     return out
+
+
+# Set when torch._scaled_mm cannot emit fp32 here (the CUTLASS row-wise path on sm89 with CUDA < 12.9
+# only emits bf16). Rounding each K-slice's partial sum to bf16 would change the numbers, not only the
+# accumulation order, so such a device computes the GEMM the emulated way instead (exact products,
+# fp32 accumulation), on the GPU.
+_NO_FP32_SCALED_MM: set[str] = set()
 
 
 def _has_fp8_tensor_cores(t: torch.Tensor) -> bool:
@@ -221,8 +224,11 @@ def _gemm(qa, sa, qb, sb, reduce_dim: int = -1) -> torch.Tensor:
             return _gemm(qa.t(), sa.t(), qb.t(), sb.t())
         return dequantize_groupwise(qa, sa, dim=0).T @ dequantize_groupwise(qb, sb, dim=0)
     K, N = qa.shape[1], qb.shape[0]
-    if _has_fp8_tensor_cores(qa) and K % 16 == 0 and N % 16 == 0:
-        return _fp8_gemm_cuda(qa, sa, qb, sb)
+    if _has_fp8_tensor_cores(qa) and K % 16 == 0 and N % 16 == 0 and str(qa.device) not in _NO_FP32_SCALED_MM:
+        try:
+            return _fp8_gemm_cuda(qa, sa, qb, sb)
+        except RuntimeError:
+            _NO_FP32_SCALED_MM.add(str(qa.device))
     return _fp8_gemm_emulated(qa, sa, qb, sb)
 
 

@@ -365,6 +365,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     "reward/none_solved_frac": float((rates == 0).float().mean()),
                     "response/length/mean": float(lengths.mean()), "response/length/max": float(lengths.max()),
                     "response/truncated_frac": sum(roll.truncated) / B,
+                    # the sampled tokens themselves, so any two runs (e.g. 1 rank vs N ranks) can be compared
+                    "rollout/tokens_sha256": hashlib.sha256(roll.tokens.numpy().tobytes()).hexdigest()[:16],
                     "entropy/mean": float(entropy[m].mean()),
                     "train/loss_scale": trainer.scaler.scale, "train/skipped_steps": trainer.scaler.skipped,
                 })
