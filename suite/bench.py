@@ -137,7 +137,56 @@ def sampler_table(rows: list[dict]) -> Table:
     return t2
 
 
+def scaling_main(args: list[str], worlds: list[int], steps: int = 6) -> int:
+    """``suite bench nproc=1,2 ...``: the same run (same global batch) on 1, 2, ... ranks through torchrun;
+    median step time split, peak memory per rank, and the scaling efficiency t(1) / (N t(N))."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    console = make_console()
+    base = cfgmod.load(args)
+    rows = {}
+    for n in worlds:
+        with tempfile.TemporaryDirectory() as tmp:
+            cmd = [sys.executable, "-m", "suite.cli", "run", *args, f"nproc={n}", f"steps={steps}", f"out={tmp}",
+                   "name=bench", f"ckpt_every={steps}"]
+            console.print(f"bench: {n} rank(s): {' '.join(cmd[3:])}")
+            p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            if p.returncode != 0:
+                console.print(p.stdout[-2000:] + p.stderr[-2000:], markup=False)
+                return 1
+            d = next(Path(tmp, "bench").iterdir())
+            timing = read_jsonl(d / "timing.jsonl")[1:]  # drop the warm-up step
+            env = json.loads((d / "env.json").read_text())
+        rows[n] = {k: statistics.median(r[k] for r in timing) for k in timing[0] if k != "step"}
+        rows[n]["world"] = env["world"]
+    t1 = rows[worlds[0]]["time/step_s"] * worlds[0]
+    table = Table(title=f"data-parallel scaling, {base.precision}, {base.tier} tier ({base.prompts_per_step}x"
+                        f"{base.samples_per_prompt} responses per step, the same for every world size), {base.threads} "
+                        f"thread(s) per rank, medians over {steps - 1} steps; machine class "
+                        f"{machine.describe(base.gemm, base.threads)['id']}, {os.cpu_count()} cores")
+    for col in ("ranks", "backend", "step s", "sampling s", "trainer log-probs s", "update s", "other s",
+                "peak RSS / rank MiB", "speed-up", "efficiency"):
+        table.add_column(col)
+    for n, t in rows.items():
+        table.add_row(str(n), str(t["world"]["backend"]), f"{t['time/step_s']:.3f}", f"{t['time/sample_s']:.3f}",
+                      f"{t['time/logprob_s']:.3f}", f"{t['time/update_s']:.3f}", f"{t['time/other_s']:.3f}",
+                      f"{t['memory/peak_rss_mb/max']:.0f}", f"{t1 / t['time/step_s']:.2f}x",
+                      f"{t1 / (n * t['time/step_s']):.0%}")
+    console.print(table)
+    return 0
+
+
 def main(args: list[str]) -> int:
+    worlds = next((a.split("=", 1)[1] for a in args if a.startswith("nproc=") and "," in a), None)
+    if worlds:  # a scaling measurement over world sizes
+        try:
+            sizes = [int(x) for x in worlds.split(",")]
+        except ValueError:
+            raise ValueError(f"nproc: expected a list of rank counts like nproc=1,2 (got '{worlds}')") from None
+        return scaling_main([a for a in args if not a.startswith("nproc=")], sizes)
     console = make_console()
     steps = 11
     base = cfgmod.load(args)

@@ -386,7 +386,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 timing = {"step": step, "time/sample_s": t_sample - t0, "time/logprob_s": t_logp - t_sample,
                           "time/update_s": t_update - t_logp, "time/other_s": t_end - t_update,
                           "time/step_s": t_end - t0, "throughput/sampler_tok_s": n_tok / (t_sample - t0),
-                          "throughput/trainer_tok_s": n_tok / (t_update - t_sample)}
+                          "throughput/trainer_tok_s": n_tok / (t_update - t_sample),
+                          "memory/peak_rss_mb/max": max(dist.gather_objects(peak_memory_mb(trainer.device), world))}
                 if world.main:
                     append_jsonl(run_dir / "metrics.jsonl", row)
                     append_jsonl(run_dir / "timing.jsonl", timing)
@@ -409,6 +410,15 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
 
         after_run(run_dir, console)
     return run_dir
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    """This rank's peak memory so far: the device allocator's on a GPU, the process's peak RSS on the CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def write_summary(run_dir: Path, cfg, error: str | None) -> dict:
