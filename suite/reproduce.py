@@ -237,7 +237,7 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     tmp = dest.with_name(f".{grid}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for d in dirs:
-        shutil.copytree(d, tmp / d.name, ignore=shutil.ignore_patterns("ckpt", "error.txt"))
+        shutil.copytree(d, tmp / d.name, ignore=shutil.ignore_patterns("ckpt", "policy", "error.txt"))
     job = json.loads((Path(root) / "job.json").read_text()) if (Path(root) / "job.json").is_file() else {}
     meta_path = dest.parent / "reference.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
