@@ -15,9 +15,12 @@
    with ``run_cell`` as the task function: one cell in the job's process, its output in
    ``<run_dir>/log.txt``. A crash is recorded by ``train.run`` (``error.txt`` and an
    ``incomplete`` summary) and returned as a status, never raised, so the other jobs go on.
-   ``launcher=local`` instead runs each cell as its own ``suite run`` process (``jobs`` at a
-   time): a cell killed outright (OOM killer, segfault) is recorded too, which a joblib
-   worker cannot promise, so it is the local-parallel choice.
+   A cell of several ranks (``nproc``/``nnodes``) is started through torchrun by ``run_cell``
+   on a local launcher, or runs in every task of a submitit Slurm job whose shape (tasks and
+   GPUs per node, nodes) the sweep sets from the cells. ``launcher=local``
+   (``suite/local_launcher.py``) instead runs each cell as its own ``suite run`` process, as
+   many as fit in the core capacity: a cell killed outright (OOM killer, segfault) is
+   recorded too, which a joblib worker cannot promise, so it is the local-parallel choice.
 4. **Report.** The outcome table of the grid, then one line per failed cell with its error.
 
 Hydra's own files (``multirun.yaml``, each job's ``.hydra/`` and log, submitit's folders) go
@@ -31,8 +34,6 @@ import json
 import logging
 import os
 import re
-import shlex
-import subprocess
 import sys
 import time
 import traceback
@@ -41,18 +42,21 @@ from datetime import datetime
 from pathlib import Path
 
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
 from suite import config as cfgmod
 from suite.console import make_console
+from suite.local_launcher import (
+    capacity,
+    check_one_node,
+    cores,
+    launch_local,
+    read_summary,
+    record_failure,
+    steps_done,
+)
 from suite.provenance import hydra_value, same_experiment
 from suite.results import run_dir_name
+from suite.submitit_jobs import check_job_shape, check_one_shape, job_shape, sbatch_script
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +67,8 @@ USAGE = """usage: suite sweep grid=NAME [key=value ...] [hydra/launcher=NAME hyd
                    [launcher=local jobs=N] [dry_run=true]
 
 Any config field can be set or swept with Hydra syntax (seed=0,1,2 precision=bf16,fp16 tier=smoke);
-a value given for an axis replaces the grid's. See docs/sweeps.md.
+a value given for an axis replaces the grid's. launcher=local packs cells into jobs x threads cores
+(default: every core), a cell taking nproc x threads. See docs/sweeps.md.
 
 grids:
 """
@@ -137,7 +142,7 @@ def state(cell: Cell) -> str:
         return "complete"
     if s and s.get("error"):
         return "failed"
-    return "partial" if _steps_done(cell) else "new"
+    return "partial" if steps_done(cell) else "new"
 
 
 def check_run_dirs(cells: list[Cell]) -> None:
@@ -167,6 +172,11 @@ class Sweep:
     cells: list[Cell]
     hydra_overrides: list[str]
     options: dict = field(default_factory=dict)
+
+    @property
+    def ranks(self) -> tuple[int, int]:
+        """(nproc, nnodes) of the cells: the widest (one value for a submitit sweep, check_one_shape)."""
+        return max(((c.cfg.nproc, c.cfg.nnodes) for c in self.cells), key=lambda r: r[0] * r[1])
 
     @property
     def launcher(self) -> str:
@@ -217,8 +227,12 @@ def plan_grid(args: list[str]) -> Sweep:
     cells = expand(overrides)
     check_run_dirs(cells)
     sweep = Sweep(grid, cells, hydra_ovs, options)
+    if sweep.launcher == "local" or sweep.launcher in LOCAL_LAUNCHERS:
+        check_one_node(cells, sweep.launcher)  # a local launcher starts ranks on this machine only
+    check_one_shape(cells, sweep.launcher)
     if sweep.launcher != "local":
-        hydra_config(sweep)  # an unknown launcher or launcher field is refused here, before compute
+        hcfg = hydra_config(sweep)  # an unknown launcher or launcher field is refused here, before compute
+        check_job_shape(sweep.launcher, sweep.ranks, hcfg.hydra.launcher)
     return sweep
 
 
@@ -242,7 +256,7 @@ def _hydra_overrides(sweep: Sweep, sweep_dir: Path | None) -> list[str]:
     """Hydra's outputs under <out>/<name>/.hydra/<time>/<cell>/, no chdir; the user's settings win."""
     ours = {"hydra.sweep.dir": hydra_value(str(sweep_dir or sweep.cells[0].root / ".hydra" / "plan")),
             "hydra.sweep.subdir": "'${suite_task:${task},${tier}}__${algorithm}__${precision}__s${seed}'",
-            "hydra.job.chdir": "false"}
+            "hydra.job.chdir": "false", **job_shape(sweep.launcher, sweep.ranks, sweep.hydra_overrides)}
     given = {_key(o) for o in sweep.hydra_overrides}
     return [f"{k}={v}" for k, v in ours.items() if k not in given] + sweep.hydra_overrides
 
@@ -263,31 +277,92 @@ def _new_sweep_dir(root: Path) -> Path:
 
 # ---- the Hydra path: a launcher plugin runs run_cell once per cell -----------------------------
 def run_cell(job_cfg) -> dict:
-    """Hydra task function: run one cell in this process. A failure is recorded and returned, not raised."""
+    """Hydra task function: run one cell. A failure is recorded and returned, not raised.
+
+    One rank: in this process. Several ranks in a plain process (basic, joblib, submitit_local):
+    torchrun starts them (``dist.launch``), their output in the cell's log. Several ranks inside a
+    launcher's world (a submitit Slurm job of ``tasks_per_node`` tasks): every task runs the cell in
+    its own process and rank 0 writes; the other ranks log to their task's own output."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
+    from suite import dist
     from suite.train import run
 
     cfg = cfgmod.validate(cfgmod.resolve(OmegaConf.to_object(job_cfg)))
     cell = Cell(list(HydraConfig.get().overrides.task), cfg)
+    world = dist.from_env()
+    if world is not None and world["rank"] != 0:
+        return _run_other_rank(cell, world)
     cell.run_dir.mkdir(parents=True, exist_ok=True)
     log.info(f"{cell.run_dir.name}: started; log in {cell.run_dir / 'log.txt'}")
     error = None
     with (cell.run_dir / "log.txt").open("a") as f:
         console = make_console(f)
-        console.print(f"sweep: cell started at {time.time():.3f} (pid {os.getpid()}, "
-                      f"hydra job {HydraConfig.get().job.num}, {HydraConfig.get().runtime.output_dir})")
-        try:
-            run(cfg, console)
-        except Exception as e:  # train.run has written error.txt and an incomplete summary
-            error = f"{type(e).__name__}: {e}"
-            console.print(traceback.format_exc())
+        where = f"{world['size']} ranks from {world['launcher']}" if world else f"pid {os.getpid()}"
+        console.print(f"sweep: cell started at {time.time():.3f} ({where}, hydra job {HydraConfig.get().job.num}, "
+                      f"{HydraConfig.get().runtime.output_dir})")
+        if world is None and cfg.nproc * cfg.nnodes > 1:
+            code = _launch_ranks(cell, f)
+            if code != 0:  # a rank that raised has written the summary; a killed one has not
+                record_failure(cell, code)
+                error = (read_summary(cell) or {}).get("error") or f"process exited with code {code}"
+        else:
+            try:
+                run(cfg, console)
+            except Exception as e:  # train.run has written error.txt and an incomplete summary
+                error = f"{type(e).__name__}: {e}"
+                console.print(traceback.format_exc())
         console.print(f"sweep: cell finished at {time.time():.3f}" + (f" with {error}" if error else ""))
     s = read_summary(cell) or {}
     result = {"run": str(cell.run_dir), "verdict": s.get("verdict"), "error": error}
     (log.error if error else log.info)(f"{cell.run_dir.name}: {error or s.get('verdict')}")
     return result
+
+
+def _launch_ranks(cell: Cell, logf) -> int:
+    """``suite run <overrides>`` as the cell's ranks through torchrun; its output goes to the cell's log.
+
+    ``dist.launch`` lets the child inherit this process's stdout and stderr, so both descriptors point
+    at ``log.txt`` for the call (not the sweep's terminal) and are put back after it."""
+    from suite import dist
+
+    logf.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    unbuffered = os.environ.get("PYTHONUNBUFFERED")
+    os.environ["PYTHONUNBUFFERED"] = "1"  # a killed rank's last lines still reach the log
+    try:
+        os.dup2(logf.fileno(), 1)
+        os.dup2(logf.fileno(), 2)
+        return dist.launch(["run", *cell.overrides], cell.cfg.nproc, cell.cfg.nnodes)
+    except Exception as e:  # e.g. torchrun missing: a failed cell, not a stopped sweep
+        print(traceback.format_exc(), file=logf, flush=True)
+        log.error(f"{cell.run_dir.name}: could not start its ranks: {type(e).__name__}: {e}")
+        return 1
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+        if unbuffered is None:
+            os.environ.pop("PYTHONUNBUFFERED")
+        else:
+            os.environ["PYTHONUNBUFFERED"] = unbuffered
+
+
+def _run_other_rank(cell: Cell, world: dict) -> dict:
+    """A rank other than 0 inside a launcher's world: compute, write nothing; output to this task's log."""
+    from suite.train import run
+
+    error = None
+    try:
+        run(cell.cfg, make_console())
+    except Exception as e:
+        error = f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    return {"run": str(cell.run_dir), "rank": world["rank"], "verdict": None, "error": error}
 
 
 def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
@@ -318,95 +393,6 @@ def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
         returns = launcher.launch([c.overrides for c in cells], initial_job_idx=0)
         callbacks.on_multirun_end(config=cfg, config_name=CONFIG_NAME)
     return list(returns)
-
-
-def sbatch_script(launcher_cfg: dict, n_jobs: int) -> str:
-    """The sbatch file that hydra-submitit-launcher would submit for ``n_jobs`` cells (a job array when
-    n_jobs > 1), rendered with submitit's own template; nothing is submitted and Slurm need not exist.
-
-    Mirrors ``BaseSubmititLauncher.launch`` -> ``AutoExecutor.update_parameters`` ->
-    ``SlurmExecutor``: generic names (timeout_min, mem_gb, ...) become sbatch names (time, mem, ...)."""
-    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
-
-    params = {k: v for k, v in launcher_cfg.items()  # None means "not set" to submitit
-              if v is not None and k not in ("_target_", "submitit_folder", "max_num_timeout")}
-    executor = object.__new__(SlurmExecutor)  # only for its parameter conversion; __init__ looks for srun
-    params = executor._convert_parameters(params)
-    folder = launcher_cfg["submitit_folder"]
-    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(folder)])
-    return _make_sbatch_string(command=command, folder=folder, map_count=n_jobs if n_jobs > 1 else None, **params)
-
-
-# ---- our own local launcher: one `suite run` process per cell ----------------------------------
-def _steps_done(cell: Cell) -> int:
-    path = cell.run_dir / "metrics.jsonl"
-    return sum(1 for _ in path.open()) if path.exists() else 0
-
-
-def launch_local(cells: list[Cell], jobs: int, console: Console) -> dict[str, int]:
-    """Run cells as subprocesses, ``jobs`` at a time; return each run dir's exit code."""
-    # Longest first (exact and unified FP8 cost ~2x a step), so the last cells to finish are short ones.
-    pending, running, codes = sorted(cells, key=_relative_cost, reverse=True), {}, {}
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
-        bars = {str(c.run_dir): progress.add_task(c.run_dir.name, total=c.cfg.steps, completed=_steps_done(c))
-                for c in cells}
-        while pending or running:
-            while pending and len(running) < jobs:
-                cell = pending.pop(0)
-                cell.run_dir.mkdir(parents=True, exist_ok=True)
-                logf = (cell.run_dir / "log.txt").open("a")
-                proc = subprocess.Popen([sys.executable, "-m", "suite.cli", "run", *cell.overrides],
-                                        stdout=logf, stderr=subprocess.STDOUT, env=env)
-                running[proc] = (cell, logf)
-            time.sleep(1.0)
-            for proc, (cell, logf) in list(running.items()):
-                progress.update(bars[str(cell.run_dir)], completed=_steps_done(cell))
-                if proc.poll() is not None:
-                    logf.close()
-                    codes[str(cell.run_dir)] = proc.returncode
-                    del running[proc]
-                    if proc.returncode != 0:
-                        console.print(f"[red]{cell.run_dir.name} failed (exit {proc.returncode}); "
-                                      f"see {cell.run_dir / 'log.txt'}[/]")
-                        _record_failure(cell, proc.returncode)
-                    else:
-                        s = read_summary(cell) or {}
-                        console.print(f"{cell.run_dir.name}: {s.get('verdict')}, peak accuracy "
-                                      f"{s.get('accuracy/peak')} at step {s.get('accuracy/peak_step')}")
-    return codes
-
-
-def _relative_cost(cell: Cell) -> float:
-    """Rough cost of a cell for scheduling: steps x samples, doubled for the flows with heavier kernels."""
-    from suite.precision import resolve
-
-    flow = resolve(cell.cfg.precision)
-    heavy = flow.exact or flow.trainer_quant == "fp8"
-    return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * (2.0 if heavy else 1.0)
-
-
-def _record_failure(cell: Cell, code: int) -> None:
-    """A cell that died before writing its own summary (e.g. killed) still gets one."""
-    path = cell.run_dir / "summary.json"
-    if path.exists():
-        return
-    from suite.results import atomic_write_json, summarize
-
-    s = summarize([], total_steps=cell.cfg.steps, error=f"process exited with code {code}")
-    s.update({"run": cell.run_dir.name, "task": cell.cfg.task, "algorithm": cell.cfg.algorithm,
-              "precision": cell.cfg.precision, "seed": cell.cfg.seed})
-    atomic_write_json(path, s)
-
-
-def default_jobs(threads: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, threads))
-
-
-def read_summary(cell: Cell) -> dict | None:
-    path = cell.run_dir / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else None
 
 
 # ---- main --------------------------------------------------------------------------------------
@@ -462,7 +448,13 @@ def main(args: list[str]) -> int:
         for c in cells:
             console.print(f"  {states[c.run_dir]:<8} {c.run_dir}  {' '.join(c.overrides)}", markup=False,
                           highlight=False, soft_wrap=True)
-        if sweep.launcher != "local":
+        if sweep.launcher == "local":
+            jobs = int(sweep.options["jobs"]) if sweep.options.get("jobs") else None
+            console.print(f"local launcher: capacity {capacity(todo or cells, jobs)} cores "
+                          f"({f'jobs={jobs} x threads' if jobs else 'every core'}); a cell takes nproc x threads = "
+                          f"{', '.join(sorted({str(cores(c)) for c in cells}))} cores; a wider cell runs alone",
+                          highlight=False)
+        else:
             from omegaconf import OmegaConf
 
             hcfg = hydra_config(sweep, _new_sweep_dir(cells[0].root))
@@ -478,8 +470,7 @@ def main(args: list[str]) -> int:
         if sweep.launcher == "local" or sweep.launcher in LOCAL_LAUNCHERS:
             prebuild(todo, console)
         if sweep.launcher == "local":
-            jobs = int(sweep.options.get("jobs") or default_jobs(todo[0].cfg.threads))
-            launch_local(todo, jobs, console)
+            launch_local(todo, int(sweep.options["jobs"]) if sweep.options.get("jobs") else None, console)
         else:
             try:
                 launch_hydra(sweep, todo, _new_sweep_dir(cells[0].root))

@@ -1,0 +1,164 @@
+"""``suite sweep ... launcher=local``: each cell is its own ``suite run`` process, packed by cores.
+
+A cell occupies ``nproc x threads`` cores (its ranks, each with ``threads`` torch threads;
+``suite run nproc=N`` starts torchrun itself). Cells start while the cores in use stay within
+the **capacity**:
+
+- ``jobs=N`` given: ``N x threads`` cores, ``threads`` being the largest of the cells (one value
+  in nearly every sweep). So ``jobs`` keeps its old meaning for single-rank cells (N of them at a
+  time), and a cell of ``nproc=2`` takes two of the N slots;
+- no ``jobs``: ``os.cpu_count()`` cores.
+
+A cell needing more than the capacity runs alone (it is not refused: a slower run beats none).
+The queue is widest first, then longest (exact and unified FP8 cost ~2x a step), so wide cells
+start on an empty machine; when the head of the queue does not fit, the first smaller cell that
+fits starts (first fit). Multi-node cells cannot run here and are refused before any compute.
+
+A cell killed outright (OOM killer, segfault) still gets an ``incomplete`` summary and the others
+go on. Each cell's ``log.txt`` records when the sweep started and reaped it (``sweep: cell started
+at <unix time>`` / ``finished at``), the same lines ``sweep.run_cell`` writes.
+
+Cells are duck-typed (``.cfg``, ``.overrides``, ``.run_dir``): ``suite.sweep`` imports this
+module, never the other way round.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+
+# ---- the cell's files ----------------------------------------------------------------------------
+def read_summary(cell) -> dict | None:
+    path = cell.run_dir / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def steps_done(cell) -> int:
+    path = cell.run_dir / "metrics.jsonl"
+    return sum(1 for _ in path.open()) if path.exists() else 0
+
+
+def record_failure(cell, code: int) -> None:
+    """A cell that died before writing its own summary (e.g. killed) still gets one."""
+    path = cell.run_dir / "summary.json"
+    if path.exists():
+        return
+    from suite.results import atomic_write_json, summarize
+
+    s = summarize([], total_steps=cell.cfg.steps, error=f"process exited with code {code}")
+    s.update({"run": cell.run_dir.name, "task": cell.cfg.task, "algorithm": cell.cfg.algorithm,
+              "precision": cell.cfg.precision, "seed": cell.cfg.seed})
+    atomic_write_json(path, s)
+
+
+# ---- cores ---------------------------------------------------------------------------------------
+def cores(cell) -> int:
+    """Cores a cell occupies: its ranks on this node times each rank's torch threads."""
+    return cell.cfg.nproc * cell.cfg.threads
+
+
+def capacity(cells, jobs: int | None) -> int:
+    """Cores the sweep may fill: ``jobs x threads`` (largest threads of the cells), else every core."""
+    if jobs is None:
+        return os.cpu_count() or 1
+    return jobs * max((c.cfg.threads for c in cells), default=1)
+
+
+def check_one_node(cells, launcher: str) -> None:
+    """Refuse, before compute, a cell spanning several nodes: a local launcher starts ranks on this machine only."""
+    for c in cells:
+        if c.cfg.nnodes > 1:
+            raise ValueError(f"nnodes: the cell {c.run_dir.name} has nnodes={c.cfg.nnodes}, but launcher {launcher} "
+                             "runs cells on this machine only; use hydra/launcher=submitit_slurm (docs/sweeps.md)")
+
+
+def next_fit(pending: list, in_use: int, cap: int) -> int | None:
+    """Index of the first queued cell that fits beside the running ones; an idle machine takes any cell."""
+    for i, cell in enumerate(pending):
+        if in_use == 0 or in_use + cores(cell) <= cap:
+            return i
+    return None
+
+
+def relative_cost(cell) -> float:
+    """Rough cost of a cell for scheduling: steps x samples, doubled for the flows with heavier kernels."""
+    from suite.precision import resolve
+
+    flow = resolve(cell.cfg.precision)
+    heavy = flow.exact or flow.trainer_quant == "fp8"
+    return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * (2.0 if heavy else 1.0)
+
+
+# ---- the launcher --------------------------------------------------------------------------------
+def launch_local(cells: list, jobs: int | None, console: Console) -> dict[str, int]:
+    """Run cells as ``suite run`` subprocesses within the core capacity; return each run dir's exit code."""
+    check_one_node(cells, "local")
+    cap = capacity(cells, jobs)
+    pending = sorted(cells, key=lambda c: (cores(c), relative_cost(c)), reverse=True)
+    running, codes = {}, {}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    why = f"jobs={jobs} x threads" if jobs else "every core of this machine"
+    console.print(f"local launcher: {len(cells)} cell(s) queued; capacity {cap} cores ({why}); "
+                  "a cell takes nproc x threads cores")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=console) as progress:
+        bars = {str(c.run_dir): progress.add_task(f"{c.run_dir.name} queued", total=c.cfg.steps,
+                                                  completed=steps_done(c)) for c in cells}
+        while pending or running:
+            in_use = sum(cores(c) for c in running.values())
+            while (i := next_fit(pending, in_use, cap)) is not None:
+                cell = pending.pop(i)
+                in_use += cores(cell)
+                running[_start(cell, env)] = cell
+                alone = ", more than the capacity: it runs alone" if cores(cell) > cap else ""
+                console.print(f"running {cell.run_dir.name} ({cell.cfg.nproc} rank(s) x {cell.cfg.threads} "
+                              f"thread(s) = {cores(cell)} cores{alone}); {in_use}/{cap} cores in use, "
+                              f"{len(pending)} queued", highlight=False)
+                progress.update(bars[str(cell.run_dir)], description=f"{cell.run_dir.name} running")
+            time.sleep(1.0)
+            for proc, cell in list(running.items()):
+                progress.update(bars[str(cell.run_dir)], completed=steps_done(cell))
+                if proc.poll() is None:
+                    continue
+                del running[proc]
+                codes[str(cell.run_dir)] = proc.returncode
+                _finish(cell, proc, console)
+                progress.update(bars[str(cell.run_dir)],
+                                description=f"{cell.run_dir.name} {'done' if proc.returncode == 0 else 'failed'}")
+    return codes
+
+
+def _start(cell, env: dict) -> subprocess.Popen:
+    cell.run_dir.mkdir(parents=True, exist_ok=True)
+    with (cell.run_dir / "log.txt").open("a") as logf:  # the child keeps its own descriptor
+        logf.write(f"sweep: cell started at {time.time():.3f} ({cell.cfg.nproc} rank(s) x {cell.cfg.threads} "
+                   f"thread(s), launcher local)\n")
+        logf.flush()
+        return subprocess.Popen([sys.executable, "-m", "suite.cli", "run", *cell.overrides],
+                                stdout=logf, stderr=subprocess.STDOUT, env=env)
+
+
+def _finish(cell, proc: subprocess.Popen, console: Console) -> None:
+    code = proc.returncode
+    with (cell.run_dir / "log.txt").open("a") as logf:
+        logf.write(f"sweep: cell finished at {time.time():.3f} (exit code {code})\n")
+    if code != 0:
+        console.print(f"[red]{cell.run_dir.name} failed (exit {code}); see {cell.run_dir / 'log.txt'}[/]")
+        record_failure(cell, code)
+    else:
+        s = read_summary(cell) or {}
+        console.print(f"{cell.run_dir.name}: {s.get('verdict')}, peak accuracy "
+                      f"{s.get('accuracy/peak')} at step {s.get('accuracy/peak_step')}")

@@ -1,0 +1,136 @@
+"""Sweeps whose cells each take several ranks (``nproc``/``nnodes``).
+
+The local launcher packs cells by cores (a cell takes nproc x threads), Hydra's local launchers
+start a cell's ranks through torchrun, and a submitit Slurm sweep becomes one job per cell with a
+task and a GPU per rank. Everything here runs on this CPU (gloo); no GPU and no Slurm.
+"""
+
+import json
+import os
+import re
+from types import SimpleNamespace
+
+import pytest
+
+from suite import dist, local_launcher, sweep
+
+
+def _smoke(out, name, *extra):
+    """The sanity grid cut down to fp32 x grpo at smoke size, two RL steps per cell."""
+    return ["grid=sanity", "tier=smoke", "steps=2", f"out={out}", f"name={name}", "precision=fp32",
+            "algorithm=grpo", *extra]
+
+
+def _summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _span(run_dir) -> tuple[float, float]:
+    """When the sweep started and reaped the cell (the lines it writes to the cell's log.txt)."""
+    text = (run_dir / "log.txt").read_text()
+    start = re.findall(r"sweep: cell started at ([\d.]+)", text)
+    end = re.findall(r"sweep: cell finished at ([\d.]+)", text)
+    assert len(start) == 1 and len(end) == 1, text[-2000:]
+    return float(start[0]), float(end[0])
+
+
+def _cell(nproc, threads=1, nnodes=1):
+    return SimpleNamespace(cfg=SimpleNamespace(nproc=nproc, threads=threads, nnodes=nnodes))
+
+
+def test_capacity_counts_cores_and_a_cell_wider_than_it_runs_alone():
+    two, four, one = _cell(2), _cell(4), _cell(1)
+    assert local_launcher.capacity([two, one], jobs=2) == 2
+    assert local_launcher.capacity([_cell(1, threads=3), one], jobs=2) == 6  # jobs x the largest threads
+    assert local_launcher.capacity([two], jobs=None) == (os.cpu_count() or 1)
+    assert local_launcher.cores(_cell(2, threads=3)) == 6
+    assert local_launcher.next_fit([two, two], in_use=0, cap=2) == 0
+    assert local_launcher.next_fit([two], in_use=2, cap=2) is None          # a second 2-rank cell waits
+    assert local_launcher.next_fit([two, one], in_use=1, cap=2) == 1        # first fit: the 1-rank cell starts
+    assert local_launcher.next_fit([four], in_use=0, cap=2) == 0            # wider than the capacity: alone ...
+    assert local_launcher.next_fit([four, one], in_use=4, cap=2) is None    # ... and nothing beside it
+
+
+def test_local_launcher_runs_two_2_rank_cells_one_after_the_other(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert sweep.main(_smoke(out, "ranks", "seed=0,1", "nproc=2", "launcher=local", "jobs=2")) == 0
+    dirs = [out / "ranks" / f"arith__grpo__fp32__s{i}" for i in (0, 1)]
+    (s0, e0), (s1, e1) = sorted(_span(d) for d in dirs)
+    assert e0 <= s1, ((s0, e0), (s1, e1))  # capacity 2 cores, 2 cores each: never side by side
+    for d in dirs:
+        assert _summary(d)["verdict"] != "incomplete"
+        assert json.loads((d / "env.json").read_text())["world"]["world_size"] == 2
+    printed = capsys.readouterr().out
+    assert "capacity 2 cores" in printed and "1 queued" in printed and "running arith__grpo__fp32__s" in printed
+
+
+def test_basic_launcher_starts_a_cells_ranks_with_torchrun_and_records_a_failed_one(tmp_path, monkeypatch, capfd):
+    real = dist.launch
+    calls = []
+
+    def launch(argv, nproc, nnodes):  # seed 0: torchrun "killed" before any rank wrote a thing
+        calls.append((argv, nproc, nnodes))
+        return 9 if "seed=0" in argv else real(argv, nproc, nnodes)
+
+    monkeypatch.setattr(dist, "launch", launch)
+    out = tmp_path / "out"
+    assert sweep.main(_smoke(out, "hyd", "seed=0,1", "nproc=2")) == 1  # Hydra's basic launcher, in this process
+    bad, good = out / "hyd" / "arith__grpo__fp32__s0", out / "hyd" / "arith__grpo__fp32__s1"
+    assert [c[0][0] for c in calls] == ["run", "run"] and all(c[1:] == (2, 1) for c in calls)
+    s = _summary(bad)
+    assert s["verdict"] == "incomplete" and s["error"] == "process exited with code 9"
+    assert _summary(good)["verdict"] != "incomplete"  # ran after the failure
+    world = json.loads((good / "env.json").read_text())["world"]
+    assert world["world_size"] == 2 and world["launcher"] == "torchrun"
+    assert "step    2" in (good / "log.txt").read_text()  # the ranks' output is in the cell's log ...
+    printed = capfd.readouterr().out
+    assert "step    2" not in printed  # ... not on the sweep's terminal
+    assert f"FAILED {bad}: process exited with code 9" in printed
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["nproc=2", "nnodes=2", "launcher=local"], ["nnodes", "arith__grpo__fp32__s0", "launcher local"]),
+    (["nproc=2", "nnodes=2"], ["nnodes", "launcher basic", "submitit_slurm"]),
+    (["nproc=2", "launcher=local", "jobs=0"], ["jobs", ">= 1"]),
+    (["nproc=1,2", "name=r${nproc}", "hydra/launcher=submitit_slurm"],
+     ["nproc", "nproc=1", "nproc=2", "one job shape"]),
+    (["nproc=2", "hydra/launcher=submitit_slurm", "hydra.launcher.tasks_per_node=4"],
+     ["hydra.launcher.tasks_per_node", "4 given", "need 2"]),
+    (["nproc=2", "hydra/launcher=submitit_local", "hydra.launcher.tasks_per_node=2"],
+     ["hydra.launcher.tasks_per_node", "need 1"]),
+], ids=["local-nnodes", "basic-nnodes", "jobs", "slurm-mixed-nproc", "slurm-tasks", "local-tasks"])
+def test_ranks_a_launcher_cannot_start_are_refused_before_compute(tmp_path, extra, words):
+    if any("submitit" in e for e in extra):
+        pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    with pytest.raises(ValueError) as err:
+        sweep.main(_smoke(tmp_path, "no", "seed=0", *extra))
+    msg = str(err.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+    assert not any(tmp_path.iterdir())
+
+
+def test_slurm_dry_run_asks_for_a_task_and_a_gpu_per_rank(tmp_path, capsys):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
+    out = tmp_path / "out"
+    # The documented command for the published sanity test (docs/sweeps.md), planned on this CPU-only machine.
+    base = ["grid=sanity-r1d", "engine=torch", f"out={out}", "hydra/launcher=submitit_slurm",
+            "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=720", "dry_run=true"]
+    assert sweep.main([*base, "nproc=8"]) == 0
+    text = capsys.readouterr().out
+    for line in ("#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "#SBATCH --nodes=1",
+                 "#SBATCH --array=0-5%6", "#SBATCH --partition=gpu", "#SBATCH --time=720"):
+        assert line in text, line
+    assert sweep.main([*base, "nproc=8", "nnodes=2"]) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=8" in text
+    # GPUs asked for another way replace the default; a CPU partition asks for none.
+    assert sweep.main([*base, "nproc=8", "hydra.launcher.gres=gpu:a100:8"]) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --gres=gpu:a100:8" in text and "--gpus-per-node" not in text
+    assert sweep.main([*base, "nproc=8", "hydra.launcher.gpus_per_node=null"]) == 0
+    assert "--gpus-per-node" not in capsys.readouterr().out
+    # One rank per cell: the job is what it was (one task, the user's GPUs or none).
+    assert sweep.main([*base]) == 0
+    text = capsys.readouterr().out
+    assert "#SBATCH --ntasks-per-node=1" in text and "--gpus-per-node" not in text
+    assert not out.exists()
