@@ -61,7 +61,11 @@ class World:
 def from_env(env=None) -> dict | None:
     """The world the launcher made (torchrun first, then Slurm tasks), or None for one plain process.
 
-    An ``srun`` of one task (an interactive allocation) is one process, not a world of one.
+    Slurm counts only inside a job step (``srun``, which sets SLURM_STEP_ID; SLURM_STEPID on old
+    versions): the batch shell of ``sbatch --ntasks=8`` carries SLURM_NTASKS=8 and SLURM_PROCID=0
+    too, but it is one process, and taking it for rank 0 of 8 would wait forever for the other
+    seven. The step's own counts (SLURM_STEP_NUM_TASKS/NODES) win over the job's, since a step may
+    use part of the allocation. An ``srun`` of one task is one process, not a world of one.
     """
     env = os.environ if env is None else env
     if "RANK" in env and "WORLD_SIZE" in env:
@@ -69,8 +73,10 @@ def from_env(env=None) -> dict | None:
         local = int(env.get("LOCAL_WORLD_SIZE", size))
         return {"rank": int(env["RANK"]), "size": size, "local_rank": int(env.get("LOCAL_RANK", 0)),
                 "local_size": local, "nodes": max(1, size // max(local, 1)), "launcher": "torchrun"}
-    if int(env.get("SLURM_NTASKS", "1")) > 1 and "SLURM_PROCID" in env:
-        size, nodes = int(env["SLURM_NTASKS"]), int(env.get("SLURM_NNODES", "1"))
+    in_step = "SLURM_STEP_ID" in env or "SLURM_STEPID" in env
+    size = int(env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1")))
+    if in_step and size > 1 and "SLURM_PROCID" in env:
+        nodes = int(env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES", "1")))
         return {"rank": int(env["SLURM_PROCID"]), "size": size, "local_rank": int(env.get("SLURM_LOCALID", 0)),
                 "local_size": size // nodes, "nodes": nodes, "launcher": "slurm"}
     return None

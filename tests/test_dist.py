@@ -205,3 +205,25 @@ def test_more_ranks_than_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="has 1 GPU"):
         config.load([*SMOKE, "nproc=2"])
+
+
+SRUN_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "16", "SLURM_NNODES": "2", "SLURM_PROCID": "9",
+             "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "16", "SLURM_STEP_NUM_NODES": "2"}
+
+
+@pytest.mark.parametrize("env, world", [
+    ({}, None),
+    ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
+     {"rank": 3, "size": 4, "local_rank": 1, "local_size": 2, "nodes": 2, "launcher": "torchrun"}),
+    (SRUN_TASK, {"rank": 9, "size": 16, "local_rank": 1, "local_size": 8, "nodes": 2, "launcher": "slurm"}),
+    # an srun step on part of the allocation: the step's counts, not the job's
+    ({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "1", "SLURM_PROCID": "3"},
+     {"rank": 3, "size": 8, "local_rank": 1, "local_size": 8, "nodes": 1, "launcher": "slurm"}),
+    # the batch shell of `sbatch --ntasks=16`: one process, not rank 0 of a world that never comes
+    ({k: v for k, v in SRUN_TASK.items() if not k.startswith("SLURM_STEP")} | {"SLURM_PROCID": "0"}, None),
+    ({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}, None),  # srun of one task
+])
+def test_world_from_launcher_environment(env, world):
+    from suite.dist import from_env
+
+    assert from_env(env) == world
