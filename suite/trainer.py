@@ -156,11 +156,10 @@ class Trainer:
     def observe(self) -> dict[str, str]:
         """The dtypes the trainer's forward actually produces: the first decoder GEMM's output and the
         logits (one tiny forward, on every rank), recorded in env.json instead of the configured dtype."""
-        if self.replay is not None or self.unified is not None:  # the engine's GEMMs consume these weights
-            engine = self.replay or self.unified
-            w = engine.training_weights(dict(self.model.named_parameters()))
-            gemm = next(v.dtype for k, v in w.items() if k.endswith("qkv_proj.weight"))
-            return {"gemm_input": str(gemm), "autocast_device": "none"}
+        param_device = str(next(self.model.parameters()).device)
+        if self.replay is not None or self.unified is not None:
+            return {**self._observe_engine(self.replay or self.unified), "autocast_device": "none",
+                    "param_device": param_device}
         seen = {}
         first = next(m for m in self.model.modules()
                      if isinstance(m, torch.nn.Linear) and m is not self.model.get_output_embeddings())
@@ -173,7 +172,32 @@ class Trainer:
             hook.remove()
         device = self.autocast_device() if self.backend == "native" and self.dtype != torch.float32 else "none"
         return {"gemm_output": str(seen["gemm"]), "logits": str(logits.dtype), "autocast_device": device,
-                "param_device": str(next(self.model.parameters()).device)}
+                "param_device": param_device}
+
+    def _observe_engine(self, engine) -> dict[str, str]:
+        """The same two dtypes for the flows that train through the sampler's code (exact, unified FP8):
+        its first GEMM's output and its logits, seen in one tiny full-sequence pass on the training weights."""
+        seen, lin, forward = {}, engine._lin, engine._forward
+
+        def spy_lin(x, name):
+            out = lin(x, name)
+            seen.setdefault("gemm_output", str(out.dtype))
+            return out
+
+        def spy_forward(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            seen.setdefault("logits", str(out.dtype))
+            return out
+
+        engine._lin, engine._forward = spy_lin, spy_forward  # instance attributes shadow the methods
+        try:
+            ids = torch.full((1, 3), int(self.model.config.bos_token_id or 0), device=self.device)
+            with torch.no_grad():
+                engine.score_full(ids, torch.ones_like(ids), 1, ids[:, -1:], 1.0,
+                                  engine.training_weights(dict(self.model.named_parameters())))
+        finally:
+            del engine._lin, engine._forward
+        return seen
 
     def logprobs(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
                  temperature: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -227,3 +227,19 @@ def test_world_from_launcher_environment(env, world):
     from suite.dist import from_env
 
     assert from_env(env) == world
+
+
+@pytest.mark.parametrize("flow, gemm", [("exact", "torch.bfloat16"), ("fp8", "torch.bfloat16"),
+                                        ("fp16", "torch.float16"), ("fp32", "torch.float32")])
+def test_observed_trainer_dtypes_have_one_shape_for_every_flow(flow, gemm):
+    """env.json's trainer_observed: the same keys whether the trainer is the HF model under autocast or
+    the sampler's own code (exact, unified FP8), each value seen in a forward, never copied from the table."""
+    from suite.policy import PolicySpec, build_model
+    from suite.precision import resolve
+    from suite.trainer import Trainer
+
+    model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
+    seen = Trainer(model, resolve(flow), "native", config.OptimConfig(lr=1e-4)).observe()
+    assert set(seen) == {"gemm_output", "logits", "autocast_device", "param_device"}
+    assert seen["gemm_output"] == gemm and seen["param_device"] == "cpu"
+    assert seen["autocast_device"] == ("cpu" if flow == "fp16" else "none")
