@@ -103,7 +103,8 @@ class VllmConfig:
     """Run the model eagerly (no torch.compile, no CUDA graphs): start-up in seconds instead of minutes,
     which is what a tiny policy and a test suite want; set False for long GPU runs."""
     tensor_parallel_size: int = 1
-    """GPUs the engine shards the model over (1 on CPU)."""
+    """Devices one engine shards the model over. One process: GPUs of its own workers (1 on CPU). Under
+    nproc > 1: that many consecutive ranks share one engine (vLLM's external launcher; CPU ranks too)."""
     enable_sleep_mode: bool = False
     """GPU only: after each rollout put the engine to sleep (level 1: weights offloaded to host RAM, KV
     cache freed) so the trainer has the memory; it wakes up before the next weight sync."""
@@ -435,9 +436,6 @@ def validate(cfg: RunConfig) -> RunConfig:
         if resolve_flow(cfg).exact or resolve_flow(cfg).trainer_quant:
             raise ValueError(f"precision: {cfg.precision} trains through the sampler's own engine code on the full "
                              "weights, outside FSDP2's sharded forward; run it with nproc=1 (docs/distributed.md)")
-        if cfg.engine == "vllm":
-            raise ValueError("engine: vllm with nproc > 1 is not supported yet (one vLLM engine per rank needs vLLM's "
-                             "external launcher); use engine=torch, or nproc=1 with vllm.tensor_parallel_size")
     if cfg.engine == "vllm":
         from suite.vllm_engine import check_supported
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import time
 import traceback
 from pathlib import Path
@@ -78,6 +79,34 @@ def prepare_data(cfg, console: Console) -> tuple[Path, Path]:
         return _prepare_data(cfg, console)
 
 
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
+                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_STEPID")
+
+
+def _prepare_alone(cfg) -> None:
+    for k in LAUNCHER_ENV:
+        os.environ.pop(k, None)
+    prepare_data(cfg, Console())
+
+
+def prepare_data_outside_world(cfg, console: Console) -> tuple[Path, Path]:
+    """prepare_data for one rank of a world whose sampler is vLLM: the build runs in a fresh process.
+
+    A vLLM engine joins whatever process group its process has (it would wait in ``new_group`` for
+    ranks that are waiting for this build), and the perfectible set must be the one a single
+    process builds, so that a run on N ranks trains on the set of a 1-rank run. The child has no
+    launcher variables; once it has filled the cache, the call here only reads it."""
+    import multiprocessing
+
+    child = multiprocessing.get_context("spawn").Process(target=_prepare_alone, args=(cfg,))
+    child.start()
+    child.join()
+    if child.exitcode != 0:
+        raise RuntimeError(f"building the base policy and perfectible set in a separate process failed (exit code "
+                           f"{child.exitcode}); its error is printed above")
+    return prepare_data(cfg, console)
+
+
 def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
     """The base model directory and the training set for this config (built once, cached).
 
@@ -134,9 +163,14 @@ def eval_settings(cfg, task) -> dict:
             "top_p": e.top_p or float(spec.get("top_p", cfg.sampling.top_p))}
 
 
-def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int) -> dict[str, float]:
+def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
+             world: dist.World | None = None, tp: int = 1) -> dict[str, float]:
     """Held-out accuracy with the run's own sampler: eval/<split>/mean@<n> = mean reward over n samples
-    per prompt (AIME mean@32 at temperature 0.6, top-p 0.95 for sanity_r1d, as published)."""
+    per prompt (AIME mean@32 at temperature 0.6, top-p 0.95 for sanity_r1d, as published).
+
+    ``world``: vLLM engines of a data-parallel world step together (vLLM's DP lockstep), so every rank
+    evaluates: each sampler (a rank, or a group of ``tp`` ranks) takes a slice of every batch with the
+    per-request seeds a single engine would draw for it, and the rewards are gathered."""
     out, n = {}, settings["samples"]
     gen = torch.Generator().manual_seed(seed)
     for split in settings["splits"]:
@@ -144,9 +178,18 @@ def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int) 
         prompts = [prompt_ids(tok, it) for it in items for _ in range(n)]
         rewards = []
         for i in range(0, len(prompts), 256):  # bounded batches: the KV cache of the built-in engine is dense
-            roll = engine.generate(prompts[i:i + 256], max_new_tokens, settings["temperature"], settings["top_p"], gen)
+            chunk, rows = prompts[i:i + 256], list(range(i, min(i + 256, len(prompts))))
+            seeds = gen
+            if world is not None and world.distributed:
+                seeds = torch.randint(0, 2**31 - 1, (len(chunk),), generator=gen)  # = VllmEngine.generate's draw
+                part = torch.arange(len(chunk)).tensor_split(world.size // tp)[world.rank // tp]
+                rows, chunk, seeds = [i + int(k) for k in part], [chunk[int(k)] for k in part], seeds[part]
+            roll = engine.generate(chunk, max_new_tokens, settings["temperature"], settings["top_p"], seeds)
             texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
-            rewards += [task.reward(items[(i + j) // n], t, tr) for j, (t, tr) in enumerate(zip(texts, roll.truncated))]
+            mine = [task.reward(items[r // n], t, tr) for r, t, tr in zip(rows, texts, roll.truncated)]
+            if world is not None and world.distributed:
+                mine = [x for part in dist.gather_objects(mine, world)[::tp] for x in part]
+            rewards += mine
         out[f"eval/{split}/mean@{n}"] = sum(rewards) / len(rewards)
     return out
 
@@ -228,7 +271,7 @@ def build_engines(cfg, model, world: dist.World | None = None):
         if not model.name_or_path:
             raise ValueError("engine=vllm: the policy must be loaded from a directory (load_policy), vLLM starts from it")
         backends["sampler"] = "vllm"
-        return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed), backends
+        return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed, world=world), backends
     engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32,
                          functional_cache=flow.exact, quant=flow.sampler_quant, device=world.device)
     return trainer, engine, backends
@@ -268,7 +311,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
     try:
         if world.local_rank != 0:  # one build per node (the cache is per machine), the other ranks read it
             dist.barrier(world)
-        model_dir, data_dir = prepare_data(cfg, console)
+        model_dir, data_dir = (prepare_data_outside_world(cfg, console) if world.distributed and cfg.engine == "vllm"
+                               else prepare_data(cfg, console))
         if world.local_rank == 0:
             dist.barrier(world)
         items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
@@ -295,8 +339,11 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
             }))
 
         G, T = cfg.samples_per_prompt, cfg.sampling.temperature
-        share = cfg.prompts_per_step // world.size  # prompt groups sampled by each rank (config.validate: exact)
-        mine = list(range(world.rank * share, (world.rank + 1) * share))
+        # One sampler per rank, or per group of tp consecutive ranks (vLLM tensor parallel under its
+        # external launcher: vLLM's DP rank is RANK // tp); each samples an equal share of the prompt groups.
+        tp = cfg.vllm.tensor_parallel_size if cfg.engine == "vllm" and world.distributed else 1
+        share = cfg.prompts_per_step // (world.size // tp)  # config.validate: exact
+        mine = list(range(world.rank // tp * share, (world.rank // tp + 1) * share))
         reward_seen = task.reward_stats() if hasattr(task, "reward_stats") else {}
         progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                             TimeElapsedColumn(), console=console, transient=True, disable=not world.main)
@@ -316,7 +363,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 t_sample = time.perf_counter()
 
                 # ---- reward and group-relative advantage, over the gathered global batch (groups stay whole)
-                gathered = dist.gather_objects((mine_roll, mine_rewards), world)
+                gathered = dist.gather_objects((mine_roll, mine_rewards), world)[::tp]  # one copy per TP group
                 roll = Rollout.concat([r for r, _ in gathered])
                 rewards = torch.tensor([x for _, rs in gathered for x in rs])
                 adv = compute_advantages(rewards.view(-1, G), algo.advantage).view(-1)  # (B,)
@@ -378,9 +425,12 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     for k in mine_stats:
                         row[f"reward/{k}"] = sum(d[k] for d in dist.gather_objects(mine_stats, world))
                     reward_seen = stats
-                if world.main and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
-                    row.update(evaluate(engine, tok, task, eval_settings(cfg, task), cfg.sampling.max_new_tokens,
-                                        seed=cfg.seed * 1_000_003 + step + 500_000))
+                lockstep = cfg.engine == "vllm" and world.distributed  # every rank's vLLM engine must step
+                if (world.main or lockstep) and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
+                    scores = evaluate(engine, tok, task, eval_settings(cfg, task), cfg.sampling.max_new_tokens,
+                                      seed=cfg.seed * 1_000_003 + step + 500_000, world=world if lockstep else None,
+                                      tp=tp)
+                    row.update(scores if world.main else {})
                 n_tok = roll.n_tokens
                 t_end = time.perf_counter()
                 timing = {"step": step, "time/sample_s": t_sample - t0, "time/logprob_s": t_logp - t_sample,

