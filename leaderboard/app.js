@@ -11,7 +11,7 @@
   var DATA = window.LEADERBOARD;
   var SVG_NS = "http://www.w3.org/2000/svg";
   var SEED_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
-  var state = { sort: {}, filters: { precision: "", algorithm: "", model: "", hardware: "" } };
+  var state = { sort: {}, filters: { precision: "", algorithm: "", model: "", framework: "", hardware: "" } };
 
   // ---- small DOM helpers (text only) ---------------------------------------------------
   function el(tag, attrs, children) {
@@ -93,6 +93,8 @@
         cell: function (e) { return el("span", { class: "prec", text: e.precision }); } },
       { key: "model", label: "Model", cls: "wrap-cell", value: function (e) { return e.model; },
         cell: function (e) { return e.model; } },
+      { key: "framework", label: "Framework", title: "the RL loop that trained it and its version (docs/bundle.md)",
+        value: function (e) { return e.framework; }, cell: function (e) { return el("span", { class: "fw", text: e.framework }); } },
       { key: "verdict", label: "Verdict", num: true, title: "runs that pass / seeds",
         value: function (e) { return e.passes / e.seeds; }, cell: verdictBadge },
       { key: "peak", label: "Peak acc", num: true, title: "peak training accuracy: IQM over seeds [95% bootstrap CI]",
@@ -180,13 +182,14 @@
   function matches(e) {
     var f = state.filters;
     return (!f.precision || e.precision === f.precision) && (!f.algorithm || e.algorithm === f.algorithm) &&
-           (!f.model || e.model === f.model) && (!f.hardware || e.hardware.indexOf(f.hardware) >= 0);
+           (!f.model || e.model === f.model) && (!f.framework || e.framework === f.framework) &&
+           (!f.hardware || e.hardware.indexOf(f.hardware) >= 0);
   }
 
   function filterBar() {
     var bar = el("div", { class: "filters", role: "search" });
     var entries = allEntries();
-    [["precision", "Precision"], ["algorithm", "Algorithm"], ["model", "Model"], ["hardware", "Hardware"]]
+    [["precision", "Precision"], ["algorithm", "Algorithm"], ["model", "Model"], ["framework", "Framework"], ["hardware", "Hardware"]]
       .forEach(function (pair) {
         var name = pair[0];
         var values = {};
@@ -208,7 +211,7 @@
     root.textContent = "";
     root.appendChild(el("details", { class: "about" }, [
       el("summary", { text: "How to read this table" }),
-      el("p", {}, ["One row per (algorithm, precision flow, model); its seeds are aggregated. ",
+      el("p", {}, ["One row per (algorithm, precision flow, model, framework); its seeds are aggregated. ",
                    "Accuracy is training accuracy on the perfectible prompts: IQM over seeds with a " + DATA.ci + " in brackets. ",
                    "Mismatch compares the sampler's and the trainer's probabilities of the sampled tokens; lower is better. ",
                    "Click a column header to sort, an algorithm to open the entry's curves and provenance."]),
@@ -385,7 +388,8 @@
     var threshold = runs[0].summary.threshold;
 
     root.appendChild(el("h2", { class: "detail-title" }, [el("span", { text: e.algorithm }), " \u00B7 ",
-      el("span", { class: "prec", text: e.precision }), " \u00B7 ", el("span", { text: e.model })]));
+      el("span", { class: "prec", text: e.precision }), " \u00B7 ", el("span", { text: e.model }), " \u00B7 ",
+      el("span", { class: "fw", text: e.framework })]));
     root.appendChild(el("p", { class: "muted" }, ["task ", el("code", { text: e.task }), ", tier ", el("code", { text: String(e.tier) }),
       e.variant ? ", " + e.variant : "", ", entry ", el("code", { text: e.id })]));
     root.appendChild(el("div", { class: "facts" }, [
@@ -444,6 +448,8 @@
       .map(function (k) { return k + " " + p.packages[k]; }).join(", ");
     var rows = [
       ["Source", r.source],
+      ["Framework", r.framework],
+      ["Numbers backed by", p.backing || "the suite's own loop: the command below reruns it"],
       ["Config hash", p.config_hash],
       ["Git commit", p.git_sha + (p.git_dirty ? "  (dirty: uncommitted changes when it ran)" : "  (clean)")],
       ["Hardware", r.hardware + (p.gpus && p.gpus.length ? "" : (p.torch_threads ? ", " + p.torch_threads + " torch thread(s)" : ""))],
@@ -458,7 +464,9 @@
     return el("div", { class: "card" }, [
       el("h4", {}, ["Seed " + r.seed + " \u2014 ", el("code", { text: r.run })]),
       dl,
-      el("p", { class: "cmd-label", text: "Reproduce (at commit " + String(p.git_sha).slice(0, 12) + "; this command recomposes to config hash " + p.config_hash + ", checked when the site was built):" }),
+      el("p", { class: "cmd-label", text: p.command_checked === false
+        ? "Started with (an outside loop: this command is as recorded, not recomposed; its numbers are checked against the evidence above):"
+        : "Reproduce (at commit " + String(p.git_sha).slice(0, 12) + "; this command recomposes to config hash " + p.config_hash + ", checked when the site was built):" }),
       el("pre", { class: "cmd" }, [el("code", { text: p.command })]),
       addedNote(p.fields_added_since),
       el("details", {}, [el("summary", { text: "Full resolved config" }), el("pre", { class: "config", text: JSON.stringify(r.config, null, 2) })])
