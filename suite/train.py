@@ -309,12 +309,18 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
 
     error = None
     try:
-        if world.local_rank != 0:  # one build per node (the cache is per machine), the other ranks read it
-            dist.barrier(world)
-        model_dir, data_dir = (prepare_data_outside_world(cfg, console) if world.distributed and cfg.engine == "vllm"
-                               else prepare_data(cfg, console))
-        if world.local_rank == 0:
-            dist.barrier(world)
+        built = failed = None
+        if world.local_rank == 0:  # one build per node (the cache is per machine), the other ranks read it
+            try:
+                built = (prepare_data_outside_world(cfg, console) if world.distributed and cfg.engine == "vllm"
+                         else prepare_data(cfg, console))
+            except Exception as e:
+                failed = e
+        dist.barrier(world)
+        if dist.any_rank(failed is not None, world):  # a failed build stops every rank, not only the builder
+            raise failed or RuntimeError("building the base policy or perfectible set failed on another node; see "
+                                         "the log of its local rank 0")
+        model_dir, data_dir = built or prepare_data(cfg, console)
         items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
         if len(items) < cfg.prompts_per_step:
             raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")

@@ -160,6 +160,17 @@ def test_resume_with_another_world_size_reshards(tmp_path):
         "step": 3, "file": "step_000003", "sha256": "", "world_size": 1}
 
 
+def test_a_build_failing_on_local_rank_0_stops_every_rank(tmp_path):
+    """Only local rank 0 builds the cached policy and perfectible set; when it fails, the other ranks must
+    stop with an error too instead of waiting at the barrier (the timeout below only guards against a hang)."""
+    worker = Path(__file__).with_name("dist_build_worker.py")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(worker), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert (tmp_path / "rank0.txt").read_text() == "OSError: disk full while writing the policy"
+    assert (tmp_path / "rank1.txt").read_text().startswith("RuntimeError: building the base policy")
+
+
 def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     worker = Path(__file__).with_name("dist_worker.py")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
