@@ -30,10 +30,3 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   echo "$want" > "$stamp"
 fi
-# Debian's Chromium drives the browser tests of the report and the leaderboard (through
-# Playwright; no browser download). Installed once, only where apt can run.
-if ! command -v chromium >/dev/null 2>&1; then
-  SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo "sudo -n")
-  ($SUDO apt-get install -y -q chromium >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; }) \
-    || echo "setup: could not install chromium (apt); the browser tests will fail until it is installed" >&2
-fi

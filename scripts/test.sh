@@ -3,5 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The browser tests of the report and the leaderboard drive Debian's Chromium through Playwright (no
+# browser download). CI installs it here; elsewhere nothing is installed and those tests skip, saying why.
+if [ -n "${CI:-}" ] && ! command -v chromium >/dev/null 2>&1; then
+  SUDO=$([ "$(id -u)" = 0 ] && echo "" || echo "sudo -n")
+  ($SUDO apt-get install -y -q chromium >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; }) \
+    || echo "test set-up: could not install chromium (apt); the browser tests will fail in CI" >&2
+fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 exec .venv/bin/python -m pytest -q "$@"

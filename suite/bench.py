@@ -153,7 +153,7 @@ def scaling_main(args: list[str], worlds: list[int], steps: int = 6) -> int:
             cmd = [sys.executable, "-m", "suite.cli", "run", *args, f"nproc={n}", f"steps={steps}", f"out={tmp}",
                    "name=bench", f"ckpt_every={steps}"]
             console.print(f"bench: {n} rank(s): {' '.join(cmd[3:])}")
-            p = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
             if p.returncode != 0:
                 console.print(p.stdout[-2000:] + p.stderr[-2000:], markup=False)
                 return 1

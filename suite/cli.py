@@ -91,6 +91,9 @@ def cmd_main(args: list[str]) -> int:
     from suite.results import atomic_write_json, atomic_write_text, env_info
 
     t0 = time.time()
+    # The embedded grid needs no hub: say so to every library (a user's explicit setting wins).
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     plan = sweep.plan_grid(["grid=sanity", *args])  # validates every cell first
     root = plan.cells[0].root
     todo = [c for c in plan.cells if sweep.state(c) != "complete"]
@@ -226,7 +229,6 @@ COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "t
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE)

@@ -109,7 +109,7 @@ def launch_local(cells: list, jobs: int | None, console: Console) -> dict[str, i
     cap = capacity(cells, jobs)
     pending = sorted(cells, key=lambda c: (cores(c), relative_cost(c)), reverse=True)
     running, codes = {}, {}
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the user's hub settings pass through to every cell
     why = f"jobs={jobs} x threads" if jobs else "every core of this machine"
     console.print(f"local launcher: {len(cells)} cell(s) queued; capacity {cap} cores ({why}); "
                   "a cell takes nproc x threads cores")

@@ -142,7 +142,6 @@ def _set_env() -> None:
     """Process-wide vLLM settings, before vLLM is imported (vllm/envs.py reads them lazily)."""
     # The engine core in this process: weight syncs pass tensors by reference (no pickling, no disk).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local policy directory; never reach a hub
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     if device() == "cpu":

@@ -134,3 +134,28 @@ def test_slurm_dry_run_asks_for_a_task_and_a_gpu_per_rank(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "#SBATCH --ntasks-per-node=1" in text and "--gpus-per-node" not in text
     assert not out.exists()
+
+
+def test_local_launcher_passes_the_users_hub_settings_to_every_cell(tmp_path, monkeypatch):
+    """A connected machine that says HF_HUB_OFFLINE=0 gets it in every cell (real tasks download there);
+    the suite does not force offline mode on a sweep."""
+    seen = []
+
+    class Done:
+        returncode = 0
+
+        def __init__(self, cmd, env, **kw):
+            seen.append(env)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    monkeypatch.setattr(local_launcher.subprocess, "Popen", Done)
+    monkeypatch.setattr(local_launcher.time, "sleep", lambda s: None)
+    from suite import config
+
+    cell = sweep.Cell(["tier=smoke"], config.load(["tier=smoke", f"out={tmp_path}"]))
+    local_launcher.launch_local([cell], jobs=1, console=local_launcher.Console(quiet=True))
+    assert seen and seen[0]["HF_HUB_OFFLINE"] == "0" and "HF_DATASETS_OFFLINE" not in seen[0]
