@@ -45,6 +45,8 @@ def _configs(args: list[str]):
 
 
 def cmd_run(args: list[str]) -> int:
+    """One RL run (or its resumption) into <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/;
+    nproc=N starts N ranks through torchrun (docs/distributed.md)."""
     from suite import dist
     from suite.train import run
 
@@ -67,6 +69,7 @@ def _print_summary(run_dir: Path) -> int:
 
 
 def cmd_perfectible(args: list[str]) -> int:
+    """Build (or read from the cache) the base policy and the perfectible set of this config."""
     from suite import perfectible
     from suite.train import prepare_data
 
@@ -132,9 +135,18 @@ def cmd_main(args: list[str]) -> int:
 
 
 def cmd_table(args: list[str]) -> int:
+    """suite table [RESULTS_DIR]: the outcome table of a results directory (default runs/sanity)."""
     from suite import report
 
-    _console().print(report.outcome_table(Path(args[0] if args else "runs/sanity")))
+    if args and args[0] in ("-h", "--help"):
+        print(cmd_table.__doc__)
+        return 0
+    root = Path(args[0] if args else "runs/sanity")
+    if not root.is_dir():
+        raise ValueError(f"{root}: no such results directory")
+    if not any(root.glob("*/summary.json")):
+        raise ValueError(f"{root}: no run in it (no <run>/summary.json)")
+    _console().print(report.outcome_table(root))
     return 0
 
 
@@ -165,6 +177,7 @@ def cmd_fingerprint(args: list[str]) -> int:
 
 
 def cmd_bench(args: list[str]) -> int:
+    """Step-time split of a few steps (engine vs HF generate); nproc=1,2 measures data-parallel scaling."""
     from suite import bench
 
     return bench.main(args)
@@ -177,6 +190,7 @@ def cmd_sweep(args: list[str]) -> int:
 
 
 def cmd_mismatch(args: list[str]) -> int:
+    """Step-0 training-inference mismatch of every precision flow on the same policy and samples."""
     from suite import bench
 
     return bench.mismatch_main(args)
@@ -227,6 +241,61 @@ COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "t
             "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
 
 
+# Subcommands whose key=value arguments are run-config fields (suite/config.py: RunConfig).
+CONFIG_COMMANDS = ("run", "perfectible", "bench", "mismatch", "main")
+
+
+def _field_docs(cls) -> dict[str, str]:
+    """The docstring under each field of a config dataclass (the string literal that follows it)."""
+    import ast
+    import inspect
+    import textwrap
+
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {a.target.id: " ".join(b.value.value.split()) for a, b in zip(body, body[1:])
+            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+            and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+
+
+def field_help(cls, prefix: str = "") -> list[str]:
+    """Every field as ``name=default`` and its docstring, nested configs as ``section.name``."""
+    import dataclasses
+    import textwrap
+
+    lines, docs = [], _field_docs(cls)
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if dataclasses.is_dataclass(default):
+            lines += field_help(type(default), f"{prefix}{f.name}.")
+            continue
+        lines.append(f"  {prefix}{f.name}={default}")
+        lines += textwrap.wrap(docs.get(f.name, ""), 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
+    return lines
+
+
+def _config_help(command: str, args: list[str]) -> int | None:
+    """``--help`` (every field, default and docstring) and ``--cfg job`` (the resolved, validated config)
+    for the subcommands that take config fields; None when neither was asked."""
+    import dataclasses
+    import json
+
+    from suite import config
+
+    if "-h" in args or "--help" in args:
+        print(f"usage: suite {command} [key=value ...] [--cfg job]\n\n{COMMANDS[command].__doc__ or ''}\n\n"
+              "Config fields (key=default; the tier fills what is not given; --cfg job prints the result):")
+        print("\n".join(field_help(config.RunConfig)))
+        return 0
+    if "--cfg" in args:
+        i = args.index("--cfg")
+        if args[i + 1:i + 2] != ["job"]:
+            raise ValueError("--cfg: only `--cfg job` (the resolved config of this command line) is supported")
+        cfg = config.load(args[:i] + args[i + 2:])
+        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+        return 0
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -239,6 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"suite: {unknown('command', argv[0], COMMANDS)}", file=sys.stderr)
         return 2
     try:
+        if argv[0] in CONFIG_COMMANDS and (done := _config_help(argv[0], argv[1:])) is not None:
+            return done
         return COMMANDS[argv[0]](argv[1:])
     except ValueError as e:
         print(f"suite {argv[0]}: error: {e}", file=sys.stderr)
