@@ -428,8 +428,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 if hasattr(task, "reward_stats"):  # symbolic-check counters of the math reward, this step's, all ranks
                     stats = task.reward_stats()
                     mine_stats = {k: v - reward_seen.get(k, 0) for k, v in stats.items()}
-                    for k in mine_stats:
-                        row[f"reward/{k}"] = sum(d[k] for d in dist.gather_objects(mine_stats, world))
+                    every = dist.gather_objects(mine_stats, world)[::tp]  # one gather; one copy per TP group
+                    row.update({f"reward/{k}": sum(d[k] for d in every) for k in mine_stats})
                     reward_seen = stats
                 lockstep = cfg.engine == "vllm" and world.distributed  # every rank's vLLM engine must step
                 if (world.main or lockstep) and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
