@@ -5,4 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+# The main job keeps its policies and datasets in the checkout (git-ignored), so a fresh clone rebuilds
+# everything it reports; every other command uses the user cache (~/.cache/lowprec-rl-suite).
+export SUITE_CACHE="${SUITE_CACHE:-$PWD/.cache}"
 exec .venv/bin/suite main "$@"

@@ -440,7 +440,26 @@ def validate(cfg: RunConfig) -> RunConfig:
         from suite.vllm_engine import check_supported
 
         check_supported(cfg)
+    _check_extras(cfg)
     return cfg
+
+
+def _check_extras(cfg: RunConfig) -> None:
+    """A feature whose packages are an optional extra (pyproject.toml) is refused before any compute,
+    naming the extra, when they are not installed."""
+    import importlib.util
+
+    from suite.tasks import REGISTRY
+
+    needs = []
+    if getattr(REGISTRY[cfg.task], "takes_data", False):  # the dataset tasks: rows via datasets, math-verify grading
+        needs += [("task", cfg.task, "datasets", "math"), ("task", cfg.task, "math_verify", "math")]
+    if cfg.transfer:
+        needs.append(("transfer", cfg.transfer, "lm_eval", "transfer"))
+    for field_name, value, module, extra in needs:
+        if importlib.util.find_spec(module) is None:
+            raise ValueError(f"{field_name}={value} needs the optional package {module!r}: "
+                             f"pip install 'lowprec-rl-suite[{extra}]'")
 
 
 def resolve_flow(cfg: RunConfig):

@@ -180,7 +180,7 @@ class HubTask:
         self.max_new_tokens = (spec.get("sampling") or {}).get("max_new_tokens")
         self.data = data
         if self.reward_kind == "boxed" and importlib.util.find_spec("math_verify") is None:
-            raise DataError(f"task {self.name}: its reward needs math-verify: pip install 'math-verify[antlr4_9_3]'")
+            raise DataError(f"task {self.name}: its reward needs math-verify: pip install 'lowprec-rl-suite[math]'")
 
         fn, required = FORMATS[self.format]
         suffix = str(spec.get("prompt_suffix") or "")

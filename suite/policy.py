@@ -75,9 +75,15 @@ def torch_threads(n: int):
 
 
 def cache_root() -> Path:
-    """Where built policies and datasets live (``$SUITE_CACHE`` or ``<repo>/.cache``)."""
+    """Where built policies and datasets live: ``$SUITE_CACHE``, else the user's cache directory
+    (``$XDG_CACHE_HOME/lowprec-rl-suite``, by default ``~/.cache/lowprec-rl-suite``), so an installed
+    package never writes next to its own files. The main job sets ``$SUITE_CACHE`` to the checkout's
+    ``.cache`` (scripts/main.sh), so a fresh clone rebuilds everything it reports."""
     env = os.environ.get("SUITE_CACHE")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / ".cache"
+    if env:
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "lowprec-rl-suite"
 
 
 def build_tokenizer(alphabet: str, chat: bool = False):

@@ -1,0 +1,106 @@
+"""The package works outside the checkout: the wheel built from the repository carries its code and
+data files, builds without warnings, and, installed in a fresh virtualenv in a temporary directory,
+runs a smoke run from there. The user cache is the default cache."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import sysconfig
+import zipfile
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> tuple[Path, str]:
+    """The wheel of this checkout and pip's output while building it."""
+    out = tmp_path_factory.mktemp("wheel")
+    # No build isolation: setuptools comes from the test environment, not from the network.
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out),
+                           str(REPO)], capture_output=True, text=True, cwd=out)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (whl,) = out.glob("lowprec_rl_suite-*.whl")
+    return whl, proc.stdout + proc.stderr
+
+
+def test_the_wheel_builds_without_warnings_and_carries_every_file_the_checkout_tracks(wheel):
+    whl, log = wheel
+    assert "warning" not in log.lower(), log
+    names = set(zipfile.ZipFile(whl).namelist())
+    tracked = subprocess.run(["git", "ls-files", "suite"], cwd=REPO, capture_output=True, text=True,
+                             check=True).stdout.split()
+    missing = [f for f in tracked if f not in names and not f.endswith(".pyc")]
+    assert not missing, f"files under suite/ the wheel lacks: {missing}"
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
+    meta = zipfile.ZipFile(whl).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
+    assert "License-Expression: Apache-2.0" in meta
+    core = [Requirement(line.split(":", 1)[1].strip()) for line in meta.splitlines()
+            if line.startswith("Requires-Dist:") and "extra ==" not in line]
+    assert not [r.name for r in core if not r.specifier], "every core dependency has a version range"
+    assert {"lm-eval", "math-verify", "datasets", "vllm", "trl"}.isdisjoint(r.name for r in core)
+
+
+def test_a_wheel_installed_outside_the_checkout_runs_a_smoke_run(wheel, tmp_path, suite_cache):
+    whl, _ = wheel
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(SUITE_CACHE=suite_cache, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True, env=env).stdout.strip())
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", "--no-index",
+                    str(whl)], check=True, capture_output=True, env=env)
+    # The dependencies come from this environment (a .pth line adds its site-packages after the venv's own;
+    # paths a .pth adds are not scanned for further .pth files, so the checkout's editable install stays out).
+    (site / "deps_from_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+
+    proc = subprocess.run([py, "-c", "import suite; print(suite.__file__)"], capture_output=True, text=True,
+                          cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    where = proc.stdout.strip()
+    assert Path(where).is_relative_to(venv), where
+    # Every core requirement of the wheel is met by what the venv sees.
+    check = ("import importlib.metadata as m; from packaging.requirements import Requirement as R; "
+             "bad = [str(r) for r in map(R, m.requires('lowprec-rl-suite')) if r.marker is None "
+             "and not r.specifier.contains(m.version(r.name), prereleases=True)]; print(bad); assert not bad")
+    subprocess.run([py, "-c", check], check=True, cwd=tmp_path, env=env)
+
+    proc = subprocess.run([venv / "bin" / "suite", "run", "tier=smoke", "steps=2", "out=runs"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = (tmp_path / "runs").glob("*/*__s0")
+    for name in ("config.json", "metrics.jsonl", "timing.jsonl", "summary.json", "env.json"):
+        assert (run_dir / name).is_file(), name
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_the_cache_defaults_to_the_users_cache_directory(monkeypatch, tmp_path):
+    from suite.policy import cache_root
+
+    monkeypatch.delenv("SUITE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache_root() == tmp_path / "xdg" / "lowprec-rl-suite"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache_root() == tmp_path / "home" / ".cache" / "lowprec-rl-suite"
+    monkeypatch.setenv("SUITE_CACHE", str(tmp_path / "mine"))
+    assert cache_root() == tmp_path / "mine"
+
+
+def test_a_feature_whose_extra_is_missing_is_refused_before_compute_naming_the_extra(monkeypatch):
+    import importlib.util
+
+    from suite import config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))
+    with pytest.raises(ValueError, match=r"transfer=True needs the optional package 'lm_eval': "
+                                         r"pip install 'lowprec-rl-suite\[transfer\]'"):
+        config.load(["tier=smoke", "transfer=true"])
