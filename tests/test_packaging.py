@@ -5,6 +5,7 @@ runs a smoke run from there. The user cache is the default cache."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -20,10 +21,18 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> tuple[Path, str]:
     """The wheel of this checkout and pip's output while building it."""
-    out = tmp_path_factory.mktemp("wheel")
+    out, src = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("source")
+    # Built from a copy of the files git sees (tracked or new, not ignored): setuptools writes build/ into the
+    # source tree, and a stale build/lib there would end up in the wheel.
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO, capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    for f in files:
+        if (REPO / f).is_file():
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / f, src / f)
     # No build isolation: setuptools comes from the test environment, not from the network.
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out),
-                           str(REPO)], capture_output=True, text=True, cwd=out)
+                           str(src)], capture_output=True, text=True, cwd=out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (whl,) = out.glob("lowprec_rl_suite-*.whl")
     return whl, proc.stdout + proc.stderr
