@@ -1,6 +1,6 @@
 """The algorithm table: one name -> (advantage, surrogate, IS correction, aggregation).
 
-Notation (REFERENCE section 2, after arXiv 2510.26788 "Defeating the Training-Inference
+Notation (after arXiv 2510.26788 "Defeating the Training-Inference
 Mismatch via FP16", code github.com/sail-sg/Precision-RL):
   mu           the sampler (rollout engine) that drew y, at the old parameters theta'
   pi_theta'    the trainer at those same old parameters (`old_logp`, no grad)
@@ -278,7 +278,7 @@ def is_weights(
     truncated to C (TIS), set to 0 (MIS) or kept (plain IS), per `_CORRECTIONS`.
 
     Metrics: is/weight/{mean,min,max} of the raw weight before truncation or masking (the
-    mismatch signal; REFERENCE section 8 warns outside [0.5, 2]); is/truncated_frac
+    mismatch signal; a practitioners' rule of thumb warns outside [0.5, 2]); is/truncated_frac
     (TIS) and is/masked_frac (MIS), the fraction of units (tokens or sequences) whose raw
     weight exceeded C and was truncated, resp. masked (0.0 for the other kind); is/ess, the normalised effective sample size (sum w)^2 / (n sum w^2) of the
     weights actually applied (1 = uniform, 0 = everything masked).

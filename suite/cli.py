@@ -150,6 +150,39 @@ def cmd_table(args: list[str]) -> int:
     return 0
 
 
+def cmd_grids(args: list[str]) -> int:
+    """suite grids: every grid (``suite sweep grid=NAME``) and regime (``regime=NAME``) with its axes, number of
+    cells, steps per cell and wall time per machine class: measured where a committed reference ran the grid,
+    else estimated from the reference runs of the same kind of cell (sequential), else not given."""
+    from rich.table import Table
+
+    from suite import grids
+    from suite.reproduce import REFERENCE_ROOT
+
+    if args:
+        if args[0] in ("-h", "--help"):
+            print(cmd_grids.__doc__)
+            return 0
+        raise ValueError(f"suite grids takes no arguments (got {' '.join(args)!r})")
+    console = _console()
+    rows = grids.catalogue(REFERENCE_ROOT)
+    classes = sorted({cls for r in rows for cls in r["time"]})
+    table = Table("grid", "cells", "axes", "steps (tier)", *classes,
+                  title="grids; wall time per machine class: m = measured as the committed reference ran it, "
+                        "e = estimate, its cells one after another")
+    for row in rows:
+        axes = " x ".join(f"{len(v)} {k}" for k, v in row["axes"].items())
+        times = [f"{row['time'][c][1] / 60:.0f} min {row['time'][c][0][0]}" if c in row["time"] else "-" for c in classes]
+        table.add_row(row["grid"], str(row["cells"]), axes, f"{','.join(map(str, row['steps']))} ({row['tiers'][0]})",
+                      *times)
+    console.print(table)
+    regimes = Table("regime", "sets", "what it tests", title="regimes (regime=NAME, on top of the tier)")
+    for name, r in grids.REGIMES.items():
+        regimes.add_row(name, " ".join(f"{k}={v}" for k, v in r["set"].items()) or "-", r["doc"])
+    console.print(regimes)
+    return 0
+
+
 def cmd_reference(args: list[str]) -> int:
     """suite reference RESULTS_DIR [--grid NAME] [--allow-dirty]: commit-ready copy of a finished grid into
     results/reference/<machine class>/<grid>/ (the reference later runs of this class are compared with)."""
@@ -219,6 +252,10 @@ def cmd_transfer(args: list[str]) -> int:
 
 def cmd_trl_run(args: list[str]) -> int:
     """suite trl-run [key=value ...]: the sanity test of a suite config trained by TRL (the trl extra)."""
+    from suite import config
+
+    if not (args and args[0] in ("-h", "--help")):
+        config.load(args)  # bad input is refused before TRL (and its import-time notices) loads
     try:
         from suite import trl_bridge
     except ImportError as e:
@@ -236,7 +273,7 @@ def cmd_import(args: list[str]) -> int:
 
 
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
-            "mismatch": cmd_mismatch, "sweep": cmd_sweep,
+            "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids,
             "report": cmd_report, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer,
             "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
 

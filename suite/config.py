@@ -131,7 +131,7 @@ class EvalConfig:
 @dataclass
 class RunConfig:
     task: Optional[str] = None
-    """Task name (files in tasks/, registry in suite/tasks.py). None: the tier's task."""
+    """Task name (files in suite/task_files/, registry in suite/tasks.py). None: the tier's task."""
     model: Optional[str] = None
     """Base model (None: the task tier's, else embedded): embedded (the tiny Llama the suite builds), a preset (r1d-1.5b, qwen2.5-math-1.5b, qwen3-1.7b;
     suite/models.py), or a local HF model directory."""
@@ -149,7 +149,7 @@ class RunConfig:
     tier: str = "small"
     """Scale dial: smoke (tests, seconds), small (the main job), full (longer, larger)."""
     regime: str = "base"
-    """A named bundle of settings of the collapse search (suite/grids.py REGIMES, issue 9): applied on top
+    """A named bundle of settings of the collapse search (suite/grids.py REGIMES): applied on top
     of the tier to every field still at its default; base changes nothing."""
     engine: str = "torch"
     """Sampler engine: torch (built-in, suite/engine.py) or vllm (vLLM in-process, suite/vllm_engine.py;
@@ -184,7 +184,7 @@ class RunConfig:
     updates_per_step: int = 2
     """Optimizer updates (minibatches) per rollout batch, 1 PPO epoch; the published recipe uses 4."""
     threshold: float = 0.95
-    """Pass threshold on training accuracy (REFERENCE section 1: > 95%)."""
+    """Pass threshold on training accuracy (arXiv 2510.26788: > 95%)."""
     ckpt_every: int = 5
     """Checkpoint every N steps (and at the end); a rerun resumes from the last one."""
     transfer: bool = False
@@ -344,7 +344,7 @@ def _apply_task_tier(cfg: RunConfig) -> None:
 
     _choice("task", cfg.task, _task_names())
     _fill_defaults(cfg, (task_spec(cfg.task).get("tiers") or {}).get(cfg.tier) or {},
-                   f"tasks/{cfg.task}.yaml tiers.{cfg.tier}")
+                   f"suite/task_files/{cfg.task}.yaml tiers.{cfg.tier}")
 
 
 def _task_names():

@@ -10,7 +10,7 @@ versions and data, lm-eval's version and the back end, so a grid of runs on one 
 the base once.
 
 Groups:
-- ``embedded`` (the tiny policy and its arith tasks): six lm-eval tasks in ``tasks/lm_eval/``,
+- ``embedded`` (the tiny policy and its arith tasks): six lm-eval tasks in ``suite/task_files/lm_eval/``,
   two per group, whose data the suite writes into its cache (nothing from a hub). They only use
   the policy's alphabet "0123456789+=,#" (anything else would become <pad>). Measured on the main
   job's policy and runs: docs/transfer.md.
@@ -540,6 +540,9 @@ def cli(args: list[str]) -> int:
     a = p.parse_args(args)
     from suite.report import _is_run_dir, find_run_dirs
 
+    missing = [str(d) for d in a.runs if not d.exists()]
+    if missing:
+        raise ValueError(f"{', '.join(missing)}: no such run or results directory")
     dirs = []
     for d in a.runs:
         if _is_run_dir(d) or (d / "config.json").is_file():

@@ -1,4 +1,4 @@
-"""FP8 linear layers with the DeepSeek-V3 / Jet-RL block-scaled recipe (REFERENCE section 5).
+"""FP8 linear layers with the DeepSeek-V3 / Jet-RL block-scaled recipe (arXiv 2412.19437 Sec. 3.3; Jet-RL, arXiv 2601.14243).
 
 The format
 ==========

@@ -32,11 +32,11 @@ def _algorithms() -> list[str]:
     return list(ALGORITHMS)
 
 
-# The precision-robust algorithms of the published sanity test (REFERENCE section 1):
+# The precision-robust algorithms of the published sanity test (arXiv 2510.26788):
 # plain PPO-clip, token-level truncated IS, sequence-level IS policy gradient.
 SANITY_ALGORITHMS = ["grpo", "grpo_token_tis", "pg_seq_is"]
 
-# The collapse search (issue 9): regimes chosen for *sensitivity*, the way the published test
+# The collapse search: regimes chosen for *sensitivity*, the way the published test
 # chose a small perfectible set trained for many epochs (arXiv 2510.26788 section 4). Every
 # precision runs the same settings; `regime=` applies a bundle on top of the tier (config.resolve).
 REGIMES: dict[str, dict[str, Any]] = {
@@ -45,7 +45,7 @@ REGIMES: dict[str, dict[str, Any]] = {
                  "set": {"perfectible.max_prompts": 32}},
     "adam-eps": {"doc": "AdamW eps 1e-15 as published: sign-like updates on near-zero gradients",
                  "set": {"optim.eps": 1e-15}},
-    "lr-edge": {"doc": "lr 2e-4, just below the 3e-4 that destroyed every precision (REFERENCE 9): "
+    "lr-edge": {"doc": "lr 2e-4, high for this policy: "
                        "low precision narrows the stable lr range (arXiv 2405.18710)",
                 "set": {"optim.lr": 2e-4}},
     "many-updates": {"doc": "8 optimizer updates per rollout (minibatches of 16): the later updates are "
@@ -84,8 +84,8 @@ GRIDS: dict[str, dict[str, Any]] = {
         "overrides": [],
     },
     "collapse-search": {
-        "doc": "issue 9: five regimes chosen for sensitivity x fp32/fp16/bf16/bf16_fp8rollout x plain GRPO, three "
-               "seeds (60 runs, ~1 h on 2 cores; regime=... picks any of REGIMES)",
+        "doc": "five regimes chosen for sensitivity x fp32/fp16/bf16/bf16_fp8rollout x plain GRPO, three "
+               "seeds (60 runs; regime=... picks any of REGIMES)",
         "axes": {"regime": ["base", "tiny-set", "lr-edge", "many-updates", "stress"],
                  "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "name=collapse-search/${regime}"],
@@ -97,7 +97,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         "overrides": ["task=sanity_r1d", "tier=full", "engine=vllm"],
     },
     "algorithms": {
-        "doc": "every algorithm of suite.algos in bf16 (collapses) and fp16 (the fix), two seeds",
+        "doc": "every algorithm of suite.algos in bf16 and fp16, two seeds",
         "axes": {"algorithm": _algorithms, "precision": ["bf16", "fp16"], "seed": [0, 1]},
         "overrides": [],
     },
@@ -121,3 +121,62 @@ def describe() -> str:
         lines.append(f"  {name:<20} {size}{extra}: {g['doc']}")
     return "\n".join(lines)
 
+
+
+# ---- `suite grids`: sizes and wall times --------------------------------------------------------
+def _reference_times(reference_root) -> dict:
+    """{machine class: {(task, tier, regime, precision, steps): [seconds per run]}} from the committed references'
+    run bundles (summary.json ``time/total_s``, config.json): what each kind of cell took where it was run."""
+    import json
+
+    out: dict = {}
+    for summary in sorted(reference_root.glob("*/*/**/summary.json")):
+        try:
+            s, c = json.loads(summary.read_text()), json.loads((summary.parent / "config.json").read_text())["config"]
+        except (OSError, ValueError, KeyError):
+            continue
+        if s.get("time/total_s") is None:
+            continue
+        cls = summary.relative_to(reference_root).parts[0]
+        key = (c["task"], c["tier"], c.get("regime"), c["precision"], c["steps"])
+        out.setdefault(cls, {}).setdefault(key, []).append(float(s["time/total_s"]))
+    return out
+
+
+def catalogue(reference_root) -> list[dict]:
+    """Every grid and regime: axes, cells, steps per cell, and wall time per machine class.
+
+    The time is *measured* where a committed reference ran the grid (its ``reference.json`` job), else an
+    *estimate*: the sum over the grid's cells of the mean time of reference runs with the same task, tier,
+    regime, flow and steps on that class (cells run one after another; the algorithm is not matched: every
+    algorithm runs the same loop). A class without such runs gets no figure.
+    Nothing is extrapolated across steps, tiers or machine classes."""
+    import itertools
+    import json
+
+    from suite import config
+
+    times = _reference_times(reference_root)
+    jobs = {}
+    for ref in sorted(reference_root.glob("*/reference.json")):
+        for name, job in (json.loads(ref.read_text()).get("jobs") or {}).items():
+            if job.get("wall_time_s"):
+                jobs[(ref.parent.name, name)] = float(job["wall_time_s"])
+    rows = []
+    for name in GRIDS:
+        g = get(name)
+        cells = [dict(zip(g["axes"], v)) for v in itertools.product(*g["axes"].values())]
+        cfgs = [config.resolve(config.from_overrides(
+            [*(o for o in g["overrides"] if "${" not in o), *(f"{k}={v}" for k, v in c.items())])) for c in cells]
+        per_class = {}
+        for cls in sorted({p.parent.name for p in reference_root.glob("*/reference.json")}):
+            if (cls, name) in jobs:
+                per_class[cls] = ("measured", jobs[(cls, name)])
+                continue
+            runs = [times.get(cls, {}).get((c.task, c.tier, c.regime, c.precision, c.steps)) for c in cfgs]
+            if runs and all(runs):
+                per_class[cls] = ("estimate", sum(sum(r) / len(r) for r in runs))
+        rows.append({"grid": name, "doc": g["doc"], "axes": g["axes"], "cells": len(cells),
+                     "steps": sorted({c.steps for c in cfgs}), "tiers": sorted({c.tier for c in cfgs}),
+                     "time": per_class})
+    return rows

@@ -1,6 +1,6 @@
 """Math tasks read from the Hugging Face hub or from a local copy: ``sanity_r1d``, ``math``, ``gsm8k``.
 
-Each task file in ``tasks/`` names, per split, a hub repo and the files inside it; the rows are
+Each task file in ``suite/task_files/`` names, per split, a hub repo and the files inside it; the rows are
 read with ``datasets.load_dataset`` and turned into ``Item``s by one small function per row
 format (``verl``: the published sanity-test schema; ``math``: problem/solution[/answer];
 ``gsm8k``: question/answer). Where the rows come from is one string, ``data``:
@@ -151,7 +151,7 @@ def _first_line(e: Exception) -> str:
 # ---------------------------------------------------------------------------- the task
 
 class HubTask:
-    """A math task whose items come from a dataset (``tasks/{sanity_r1d,math,gsm8k}.yaml``).
+    """A math task whose items come from a dataset (``suite/task_files/{sanity_r1d,math,gsm8k}.yaml``).
 
     Public surface, besides ``split``/``trace``/``reward`` (the task protocol of suite/tasks.py):
     ``eval`` (the task file's evaluation settings: splits, metric, n, temperature, top_p),

@@ -19,7 +19,7 @@ the site must work opened from disk with no server and no network.
    site; it never enters half-way.
 2. **Aggregate seeds.** Runs whose configs differ only in ``seed`` (and where they were written)
    form one entry: verdict as passes / seeds, IQM and a percentile bootstrap CI of the IQM over
-   seeds (suite/stats.py: rliable's conventions, REFERENCE.md section 7), step-0 and final
+   seeds (suite/stats.py: rliable's conventions, arXiv 2108.13264), step-0 and final
    mismatch, cost.
 3. **Write the site into a temporary directory, then swap it in** (``_swap_in``): readers see
    the old site or the new one, and a build that fails leaves the old one untouched.

@@ -1,7 +1,7 @@
 """Rule-based rewards for math answers: extraction, normalisation, and a symbolic check that
 can never hang the run.
 
-The published sanity test (REFERENCE section 1; Precision-RL runs it with Oat's
+The published sanity test (arXiv 2510.26788; Precision-RL runs it with Oat's
 ``r1_distill_qwen_math_reward_fn``, github.com/sail-sg/oat ``oat/utils/math_grader.py``) scores a
 response 1 iff
 
@@ -312,7 +312,7 @@ def boxed_reward(response: str, ground_truth: str, truncated: bool, timeout: flo
 
 
 def r1_reward(response: str, ground_truth: str, truncated: bool, timeout: float = DEFAULT_TIMEOUT) -> float:
-    """The published sanity-test reward (REFERENCE section 1): exactly one ``</think>``, last box
+    """The published sanity-test reward (arXiv 2510.26788, Precision-RL's Oat reward): exactly one ``</think>``, last box
     after it equivalent to the ground truth, not truncated."""
     return boxed_reward(response, ground_truth, truncated, timeout, require_think=True)
 

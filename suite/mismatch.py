@@ -14,7 +14,7 @@ population std (divide by n): they must exist for a batch of one.
 
 Keys, formulas and their counterparts elsewhere (formulas and signs checked against the
 VeRL `compute_offpolicy_metrics`, Oat `PPOLearner` and slime loss sources; the TRL and
-prime-rl names are as REFERENCE section 3 lists them; a framework not named has no
+prime-rl's name (`mismatch_kl`, k3 form) was not read from its source; a framework not named has no
 counterpart we know of):
 
   mismatch/kl_k1                    mean(log mu - log pi), k1 estimate of KL(mu || pi)
@@ -39,7 +39,7 @@ counterpart we know of):
   mismatch/chi2_seq                 E_seq[rho_seq^2] - 1, rho_seq = prod_t rho_t
       VeRL rollout_corr/chi2_seq
   mismatch/exp_abs_logprob_diff/mean   mean exp(abs(log pi - log mu))
-      health signal of REFERENCE section 8 (good below 1.03-1.05); 1.0 when identical
+      health signal (a practitioners' rule of thumb: good below 1.03-1.05); 1.0 when identical
 
 (1) slime averages per sequence first, then over sequences; ours pools tokens.
 IS-weight diagnostics (TRL `sampling/importance_sampling_ratio/{min,mean,max}`, VeRL
@@ -49,7 +49,7 @@ correction in use and are returned by `suite.algos.policy_loss` under `is/*`.
 `log_ppl_diff` sign: trainer log-perplexity minus sampler log-perplexity, per sequence,
 then averaged; positive when the trainer finds the sampled text less likely than the
 sampler did. This equals VeRL's (mean log mu - mean log pi), and log of each sequence's
-ppl_ratio. Health thresholds (REFERENCE section 8): exp_abs_logprob_diff/mean below
+ppl_ratio. Health thresholds (practitioners' rules of thumb, not a published standard): exp_abs_logprob_diff/mean below
 1.03-1.05 and KL estimates below 1e-3; watch prob_diff/max, not only the mean.
 """
 
@@ -111,7 +111,7 @@ def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -
 
     trainer_logp, sampler_logp: (B, T) log-probs of the sampled tokens under pi and mu,
     computed at the same parameters (before the update). mask: (B, T), 1 on response
-    tokens. Formulas: REFERENCE section 3; VeRL `compute_offpolicy_metrics` for the
+    tokens. Formulas: VeRL `compute_offpolicy_metrics` for the
     rollout_corr/* ones.
     """
     log_ratio, m = _masked_log_ratio(trainer_logp, sampler_logp, mask)  # (B, T)
@@ -164,7 +164,7 @@ def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -
 # bounds per-token ratios, sequence-level IS/MIS sees the accumulated log-ratio (Liu, Li et
 # al. 2025, "When Speed Kills Stability"). The published BF16 runs show the mismatch growing
 # before the collapse (arXiv 2510.26788 Fig. 2) without saying where it sits; these per-step
-# numbers answer that on our runs (issue 9: the mechanism measured, not only the outcome).
+# numbers answer that on our runs (the mechanism measured, not only the outcome).
 PI_BINS = ((0.0, 0.5, "lt0.5"), (0.5, 0.9, "0.5-0.9"), (0.9, 0.99, "0.9-0.99"), (0.99, 1.0 + 1e-9, "ge0.99"))
 POS_BINS = 4  # quarters of each response, by relative position
 

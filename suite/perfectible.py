@@ -1,6 +1,6 @@
 """The perfectible-set builder: keep the prompts a model solves sometimes but not always.
 
-Recipe of the published sanity test (arXiv 2510.26788; REFERENCE section 1): sample k
+Recipe of the published sanity test (arXiv 2510.26788): sample k
 responses per prompt with the base policy, keep prompts whose pass rate lies in
 [lo, hi] = [0.2, 0.8] (k = 40 there; 1,460 MATH problems survive for R1-Distill-Qwen-1.5B).
 Every prompt kept is learnable by that policy, so a sound RL recipe must drive training

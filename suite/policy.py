@@ -6,7 +6,7 @@ lm-eval like any hub checkpoint. It is warm-started by supervised learning on th
 reference traces and stopped as soon as its *sampled* accuracy (temperature 1, the RL
 sampling setting) on a probe set reaches ``target_acc``: an undertrained policy solves many
 prompts sometimes but not always, which is what the perfectible filter needs
-(REFERENCE section 1: pass rate in [0.2, 0.8]).
+(arXiv 2510.26788: pass rate in [0.2, 0.8]).
 
 Everything is seeded and the build is cached under ``<cache>/policies/<key>/`` where the key
 hashes the spec and the task version, so a second call returns at once.

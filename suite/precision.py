@@ -1,6 +1,6 @@
 """Precision flows: the one place where a run's precision becomes dtypes.
 
-A *precision flow* names how both engines compute (REFERENCE section 4):
+A *precision flow* names how both engines compute (arXiv 2510.26788 Sec. 4; Jet-RL, arXiv 2601.14243):
 
 - the **trainer** keeps fp32 master weights and fp32 optimizer states in every flow
   (as the published sanity test does, arXiv 2510.26788 section 4) and runs its
@@ -195,7 +195,7 @@ def fp32_lm_head(model: torch.nn.Module) -> None:
 
     ScaleRL / MiniMax-M1 / TRL ``cast_lm_head_to_fp32``: the logits, hence every log-prob, come
     from an fp32 GEMM on fp32 weights. Applied to sampler and trainer together, one-sided
-    makes the mismatch worse (REFERENCE section 8).
+    makes the mismatch worse (arXiv 2510.26788 discusses the LM-head fix).
     """
     head = model.get_output_embeddings()
 

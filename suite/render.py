@@ -32,7 +32,7 @@ MISMATCH_PLOT = {"mismatch/kl_k3": "k3 KL (sampler || trainer)", "mismatch/prob_
 IS_PLOT = {"is/ess": "IS effective sample size (normalised)", "is/weight/max": "max raw IS weight"}
 EXTRA_PREFIXES = ("eval/", "transfer/")  # held-out evaluation and transfer index, when runs have them
 
-# Published outcomes of the sanity test (arXiv 2510.26788; REFERENCE.md section 1, numbers are
+# Published outcomes of the sanity test (arXiv 2510.26788, numbers are
 # approximate write-ups of the paper). `algorithm` None matches any algorithm of that flow;
 # `expect` is the set of our verdicts consistent with the published outcome.
 PUBLISHED_SANITY = (

@@ -209,7 +209,7 @@ def outcome_table(root: Path) -> Table:
     return t
 
 
-SEARCH_DIR = "collapse-search"  # the collapse search's results, next to the main job's (issue 9)
+SEARCH_DIR = "collapse-search"  # the collapse search's results, next to the main job's
 
 
 def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
@@ -403,7 +403,7 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     if rows:
         doc += [("h", "Importance-sampling diagnostics", "is"),
                 ("table", head, rows, "is/* metrics of suite/algos.py (mean [min, max] over all steps of all runs "
-                 "in the cell): raw IS weights before truncation or masking (REFERENCE section 8 warns outside "
+                 "in the cell): raw IS weights before truncation or masking (practitioners' rule of thumb: a warning outside "
                  "[0.5, 2]), fraction truncated (TIS) or masked (MIS), normalised ESS of the applied weights "
                  "(1 = uniform).")]
         iss = {k: v for k, v in ((k, _series(runs, k)) for k in IS_PLOT) if v}
@@ -414,7 +414,7 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     head, rows = render.sanity_table(runs)
     if rows:
         doc += [("h", "Published sanity test (arXiv 2510.26788)", "sanity"),
-                ("table", head, rows, "Published outcomes as summarised in REFERENCE.md section 1 (approximate "
+                ("table", head, rows, "Published outcomes of arXiv 2510.26788 (read off its figures, approximate "
                  "figures from the paper, 1.5B model, 1,460 MATH problems). Consistent: our complete runs' "
                  "verdicts fall in the set the published outcome implies.")]
 

@@ -1,6 +1,6 @@
 """The run bundle: one directory per run, and the only thing reports read.
 
-Layout (REFERENCE.md section 7; run names follow cleanrl's `env__algo__seed`):
+Layout (rliable/openrlbenchmark conventions; run names follow cleanrl's `env__algo__seed`):
 
     <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/
         config.json     the resolved config, exactly what ran

@@ -1,6 +1,6 @@
 """Across-seed statistics for reports: pure functions of plain lists and arrays.
 
-Conventions (REFERENCE section 7; rliable, arXiv 2108.13264, and openrlbenchmark):
+Conventions (rliable, arXiv 2108.13264, and openrlbenchmark):
 - mean +/- std of one number per seed; std is the *sample* std (ddof=1), so a cell with
   one seed has no std (None) rather than a misleading 0;
 - IQM, the interquartile mean: drop floor(n/4) values at each end of the sorted sample

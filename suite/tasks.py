@@ -1,6 +1,6 @@
 """Verifiable tasks: prompts, reference traces and rewards.
 
-A task is read from its versioned file in ``tasks/`` (like lm-eval's task YAMLs) and exposes
+A task is read from its versioned file in ``suite/task_files/`` (like lm-eval's task YAMLs) and exposes
 ``split(name, n)``, ``trace(item)`` (the correct step-by-step response, used only for the
 supervised warm start) and ``reward(item, response, truncated)``. The registry answers a typo
 with "did you mean".
@@ -10,7 +10,7 @@ written as a trace of 53 and 33 tokens. The math tasks ``sanity_r1d`` (the publi
 ``math`` and ``gsm8k`` read their rows from the Hugging Face hub or a local copy
 (suite/hub_tasks.py) and score responses with suite/math_reward.py.
 Length matters: the training-inference mismatch is per token, so a sequence's log-ratio
-(and its importance weight) accumulates over the trace (REFERENCE sections 1 and 8).
+(and its importance weight) accumulates over the trace (arXiv 2510.26788).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import yaml
 from suite.hub_tasks import HubTask
 from suite.names import lookup
 
-TASK_DIR = Path(__file__).resolve().parent.parent / "tasks"
+TASK_DIR = Path(__file__).resolve().parent / "task_files"  # shipped in the wheel (package data)
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Item:
 
 
 class ArithTask:
-    """Column-wise addition of two zero-padded numbers (``tasks/arith.yaml``)."""
+    """Column-wise addition of two zero-padded numbers (``suite/task_files/arith.yaml``)."""
 
     # The characters the embedded tokenizer must cover (see policy.py).
     alphabet = "0123456789+=,#"
@@ -128,7 +128,7 @@ def task_spec(name: str) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def get_task(name: str, data: str | None = None):
-    """Load a task by name from its file in ``tasks/`` (cached per (name, data): a task object is
+    """Load a task by name from its file in ``suite/task_files/`` (cached per (name, data): a task object is
     read-only). ``data`` is a local copy of a dataset task's rows (a directory mirroring the hub
     layout, one file for the train split, or ``"train=A,test=B"``); None reads the hub."""
     cls = lookup("task", name, REGISTRY)

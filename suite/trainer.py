@@ -246,7 +246,7 @@ class Trainer:
         metrics = self._global(metrics)
         found_inf = self.scaler.unscale_(self.params, self.world) or dist.any_rank(not finite_loss, self.world)
         if found_inf:
-            grad_norm = float("nan")  # a skipped step reports NaN, never crashes (REFERENCE section 3)
+            grad_norm = float("nan")  # a skipped step reports NaN, never crashes
         else:
             grads = [p.grad for p in self.params if p.grad is not None]
             norm = torch.nn.utils.get_total_norm(grads, 2.0)  # what clip_grad_norm_ computes, then clips with

@@ -3,7 +3,7 @@
 A precision flow that reaches the same training reward but forgets more is worse, so next to
 reward and mismatch the suite measures how a run's gain on its own (math) group transfers to
 other reasoning and to non-reasoning benchmarks. The formulas are those of arXiv 2507.00432
-("Does Math Reasoning Improve General LLM Capabilities?", section 3 and Table 1; REFERENCE.md
+("Does Math Reasoning Improve General LLM Capabilities?", section 3 and Table 1;
 section 6). Every model is compared with its own base checkpoint; scores are accuracies in
 percent, R_b for benchmark b, grouped into G = {math, other, non}.
 
@@ -18,7 +18,7 @@ percent, R_b for benchmark b, grouped into G = {math, other, non}.
     fixed      constants given by the user (one per group);
     none       sigma_g = 1 (the "no-sigma" variant). The published values equal the no-sigma values
                times one constant per group, which is what one sigma per group shared by a larger
-               model pool produces (REFERENCE section 6).
+               model pool produces (arXiv 2507.00432, Sec. 3).
   With equal group sizes the choice of ddof cancels in TI; we use ddof=0 so that a group of one
   benchmark has sigma 0 (flagged) rather than NaN.
 

@@ -11,7 +11,7 @@ How each requirement maps onto vLLM 0.32 (read from its source, paths relative t
 - **precision from the table only**: ``dtype`` is ``Flow.sampler_dtype`` and FP8 flows ask for
   ``quantization="fp8_per_block"``, vLLM's online block-scaled FP8 (E4M3 weights per 128x128 block,
   activations per 1x128 group, ``model_executor/layers/quantization/online/fp8.py``), i.e. the
-  DeepSeek-V3 / Jet-RL recipe of REFERENCE section 5. (``quantization="fp8"`` no longer quantises
+  DeepSeek-V3 / Jet-RL recipe (arXiv 2601.14243; DeepSeek-V3, arXiv 2412.19437). (``quantization="fp8"`` no longer quantises
   online in 0.32: ``layers/quantization/fp8.py`` raises and points to ``fp8_per_tensor`` /
   ``fp8_per_block``.) The engine reads its dtype back from ``llm_engine.model_config.dtype`` and
   refuses to start if vLLM changed it.

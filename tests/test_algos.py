@@ -1,6 +1,6 @@
 """Exact math of suite/algos.py on tiny tensors, against hand computations.
 
-The reference below is written from REFERENCE section 2 per algorithm *name*, with plain
+The reference below is written from arXiv 2510.26788 (Sec. 3) and the cited papers per algorithm *name*, with plain
 python floats and loops; it does not call suite.algos, so a wrong table entry, a wrong
 surrogate or a wrong weight shows up as a mismatch. All tensors are float64.
 """
@@ -50,7 +50,7 @@ def ppo_clip(A, r, dr, lo, hi):
 
 
 def reference_token(name, A, lp, old, mu, seq):
-    """(loss_t, d loss_t / d log pi_t) for one response token, straight from the REFERENCE table."""
+    """(loss_t, d loss_t / d log pi_t) for one response token, straight from the published table."""
     lo, hi = SPEC[name]["clip"]
     C = SPEC[name].get("C", 3.0)
     r = math.exp(lp - old)  # pi_theta / pi_theta'

@@ -1,8 +1,8 @@
-"""The published sanity test and the dataset tasks through the training loop (issue 5).
+"""The published sanity test and the dataset tasks through the training loop.
 
 Nothing is fetched: the datasets are small local files in the published schemas, written here,
 and the embedded policy stands in for the hub model (an untrained char-level Llama with a chat
-template). The published recipe is checked against REFERENCE section 1.
+template). The published recipe is checked against the published recipe.
 """
 
 import json
@@ -15,13 +15,12 @@ from suite import config, models
 from suite.train import run
 from test_hub_tasks import SUFFIX, verl_rows, write_parquet
 
-# REFERENCE section 1, "Hyperparameters" of the published sanity test (arXiv 2510.26788).
+# The "Hyperparameters" of the published sanity test (arXiv 2510.26788).
 PUBLISHED = {
     "prompts_per_step": 64, "samples_per_prompt": 8, "updates_per_step": 4, "optim.lr": 1e-6,
     "optim.betas": (0.9, 0.95), "optim.eps": 1e-15, "optim.weight_decay": 0.0, "optim.grad_clip": 1.0,
     "sampling.max_new_tokens": 8192, "sampling.temperature": 1.0, "sampling.top_p": 1.0, "model": "r1d-1.5b",
 }
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "REFERENCE.md"
 
 
 @pytest.fixture
@@ -48,11 +47,6 @@ def test_full_tier_is_the_published_recipe():
     algo = get_algorithm(cfg.algorithm)  # clip 0.2 / 0.28 and C = 3 are the algorithms' defaults
     assert (algo.clip_low, algo.clip_high, algo.C) == (0.2, 0.28, 3.0)
     assert cfg.eval.every > 0 and cfg.perfectible.max_prompts == 0
-    if REFERENCE.is_file():  # the table the values come from, where the shared reference is checked out
-        line = next(ln for ln in REFERENCE.read_text().splitlines() if ln.startswith("- Hyperparameters"))
-        for text in ("64 prompts x 8 samples", "4 optimizer updates", "lr 1e-6", "(0.9, 0.95), eps 1e-15",
-                     "grad clip 1.0", "max response 8,192", "0.2 low / 0.28 high", "C = 3"):
-            assert text in line, text
     assert config.load(["task=sanity_r1d", "tier=full", "optim.lr=3e-6"]).optim.lr == 3e-6  # command line wins
 
 

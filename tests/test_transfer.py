@@ -9,7 +9,7 @@ import pytest
 
 from suite import transfer as ti
 
-# ---- Table 1 of arXiv 2507.00432 (REFERENCE.md section 6), scores in percent -----------------------
+# ---- Table 1 of arXiv 2507.00432 scores in percent -----------------------
 BENCHES = ["aime24", "aime25", "math500", "olympiad", "gpqa", "lcb2", "acpbench", "headqa",
            "coqa", "mctaco", "ifeval", "halueval"]
 GROUPS = {"math": BENCHES[:4], "other": BENCHES[4:8], "non": BENCHES[8:]}
@@ -49,7 +49,7 @@ def test_v2_without_sigma(row, expected):
 
 
 def test_published_values_are_no_sigma_times_one_constant_per_group():
-    # REFERENCE section 6: one shared sigma per group over a model pool gives 0.938 (other), 0.885 (non).
+    # arXiv 2507.00432 Sec. 3: one shared sigma per group over a model pool gives 0.938 (other), 0.885 (non).
     for row, (other, non) in PUBLISHED.items():
         value, _ = ti.ti_v2(scores("base"), scores(row), GROUPS, None)
         assert other / value["other"] == pytest.approx(0.938, abs=0.005)
@@ -193,7 +193,7 @@ def test_base_and_trained_policies_are_scored_on_the_three_groups(evaluated):
             assert 0.0 <= s["score"] <= 100.0 and s["stderr"] is not None and s["n"] == 16 and s["version"] == 1
     assert doc["versions"]["lm_eval"] == "0.4.13" and doc["tasks"]["tiny_math_sum"]["metric"] == "exact_match,last_hash"
     assert doc["final"]["step"] == 6 and doc["final"]["checkpoint"] == "ckpt/step_000006"
-    # lr 1e-3 wrecks the tiny policy (REFERENCE section 9: 3e-4 already did): math falls, so no TI number
+    # lr 1e-3 wrecks the tiny policy (Adam's first steps are sign-like): math falls, so no TI number
     base, final = doc["base"]["scores"], doc["final"]["scores"]
     assert final["tiny_math_sum"]["score"] < base["tiny_math_sum"]["score"]
     assert doc["ti"]["v2_no_sigma"] == {"other": None, "non": None}
