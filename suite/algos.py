@@ -375,3 +375,38 @@ def policy_loss(
         loss_tok = loss_tok * weight  # (B, T) * (B, T) or (B, 1); weight is detached
     loss = aggregate(loss_tok, m, algo.agg, norm_len)
     return loss, {"loss/policy": float(loss.detach()), **metrics, **is_metrics}
+
+
+# ---------------------------------------------------------------------------- regularisers
+def kl_penalty(trainer_logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor:
+    """Per-token estimate (B, T) of KL(pi_theta || pi_ref) on tokens sampled from the policy.
+
+    With log r = log pi_ref - log pi_theta (Schulman, "Approximating KL divergence", 2020):
+    k1 = -log r (unbiased, can be negative), k2 = (log r)^2 / 2, k3 = r - 1 - log r (unbiased and
+    >= 0; GRPO arXiv 2402.03300 Eq. 4). log r is clamped like every log-ratio here (LOG_RATIO_CLAMP)."""
+    log_r = (ref_logp - trainer_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    if estimator == "k1":
+        return -log_r
+    if estimator == "k2":
+        return 0.5 * log_r**2
+    if estimator == "k3":
+        return torch.exp(log_r) - 1.0 - log_r
+    raise ValueError(f"unknown KL estimator {estimator!r} (k1, k2, k3)")
+
+
+def regularised_loss(loss: Tensor, trainer_logp: Tensor, entropy: Tensor, ref_logp: Tensor | None, mask: Tensor,
+                     agg: str, norm_len: int, kl_coef: float, kl_estimator: str,
+                     entropy_coef: float) -> tuple[Tensor, dict[str, float]]:
+    """``loss + kl_coef * KL - entropy_coef * H``, each term aggregated like the policy loss (so gradient
+    accumulation weights stay right). A zero coefficient leaves the loss as it is, bit for bit."""
+    m = mask.bool()
+    metrics = {}
+    if kl_coef:
+        kl = aggregate(kl_penalty(trainer_logp, ref_logp, kl_estimator), m, agg, norm_len)
+        loss = loss + kl_coef * kl
+        metrics["loss/kl_ref"] = float(kl.detach())
+    if entropy_coef:
+        ent = aggregate(entropy, m, agg, norm_len)
+        loss = loss - entropy_coef * ent
+        metrics["loss/entropy"] = float(ent.detach())
+    return loss, metrics

@@ -18,12 +18,17 @@ from typing import Any, Optional
 from omegaconf import OmegaConf
 
 from suite.names import did_you_mean, unknown
+from suite.recipe import AlgoConfig
 
 
 @dataclass
 class OptimConfig:
     lr: Optional[float] = None
-    """AdamW learning rate (constant). None: the tier's value."""
+    """AdamW base learning rate (the schedule scales it). None: the tier's value."""
+    schedule: str = "constant"
+    """Learning-rate schedule after the warm-up: constant, linear (to 0 at the last update) or cosine (to 0)."""
+    warmup_steps: int = 0
+    """Optimizer updates of linear warm-up (from lr/(warmup_steps+1) to lr); 0: none."""
     betas: tuple[float, float] = (0.9, 0.95)
     """AdamW betas; (0.9, 0.95) as in the published sanity test."""
     eps: float = 1e-8
@@ -192,6 +197,7 @@ class RunConfig:
     groups and write transfer.json (``suite transfer``, docs/transfer.md); a failure there is recorded in
     transfer_error.txt and never fails the finished run."""
     optim: OptimConfig = field(default_factory=OptimConfig)
+    algo: AlgoConfig = field(default_factory=AlgoConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     perfectible: PerfectibleConfig = field(default_factory=PerfectibleConfig)
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -440,6 +446,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         from suite.vllm_engine import check_supported
 
         check_supported(cfg)
+    from suite import recipe
+
+    recipe.check(cfg)
     _check_extras(cfg)
     return cfg
 
@@ -489,7 +498,9 @@ def _check_finite(cfg, prefix: str = "") -> None:
 
 def load(overrides: list[str]) -> RunConfig:
     """Overrides -> resolved, validated config. The only entry point the CLI uses."""
-    return validate(resolve(from_overrides(overrides)))
+    from suite import recipe
+
+    return validate(resolve(from_overrides(recipe.expand(overrides))))
 
 
 def to_dict(cfg: RunConfig) -> dict:

@@ -53,9 +53,16 @@ def _env(run_dir: Path) -> dict:
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
-def _config_hash(run_dir: Path) -> str | None:
-    path = run_dir / "config.json"
-    return json.loads(path.read_text()).get("config_hash") if path.is_file() else None
+def _same_config(run_dir: Path, ref_dir: Path) -> bool:
+    """Is the fresh run the reference's experiment? Same config hash, or the reference predates fields the code
+    gained since and the fresh run holds their defaults (provenance.same_experiment)."""
+    from suite.provenance import same_experiment
+
+    paths = run_dir / "config.json", ref_dir / "config.json"
+    if not all(p.is_file() for p in paths):
+        return False
+    new, recorded = (json.loads(p.read_text()) for p in paths)
+    return same_experiment(recorded, new.get("config") or {})
 
 
 def rel_diff(a, b) -> float | None:
@@ -86,7 +93,7 @@ def compare(root: Path, ref: Path | None) -> list[dict]:
     ref_dirs = {d.name: d for d in find_run_dirs(ref)} if ref else {}
     for d in find_run_dirs(root):
         s, other = _summary(d), ref_dirs.get(d.name)
-        if other and _config_hash(d) != _config_hash(other):  # same cell name, another experiment (tier=smoke, ...)
+        if other and not _same_config(d, other):  # same cell name, another experiment (tier=smoke, ...)
             other = None
         rs = _summary(other) if other else {}
         out.append({

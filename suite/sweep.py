@@ -188,10 +188,10 @@ class Sweep:
 
 def plan_grid(args: list[str]) -> Sweep:
     """``grid=NAME`` plus command-line overrides -> validated cells (nothing runs, nothing is written)."""
-    from suite import grids
+    from suite import grids, recipe
 
     options, fields, hydra_ovs = {}, [], []
-    for a in args:
+    for a in recipe.expand(args):  # a recipe file's fields first, the command line after them
         if a in ("-m", "--multirun"):  # a sweep is always a multirun
             continue
         if "=" not in a:

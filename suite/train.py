@@ -31,9 +31,9 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from suite import checkpoint, dist, machine, perfectible, results
+from suite import checkpoint, dist, machine, perfectible, recipe, results
 from suite import config as cfgmod
-from suite.algos import compute_advantages, get_algorithm, policy_loss
+from suite.algos import compute_advantages, policy_loss, regularised_loss
 from suite.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
 from suite.engine import Rollout, TorchEngine, left_pad, sequence_seeds
 from suite.mismatch import mismatch_anatomy, mismatch_metrics
@@ -293,7 +293,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
     torch.set_num_threads(cfg.threads)
     if not world.main:
         console = Console(quiet=True)
-    flow, algo, task = resolve(cfg.precision), get_algorithm(cfg.algorithm), get_task(cfg.task, cfg.data)
+    flow, algo, task = resolve(cfg.precision), recipe.algorithm(cfg), get_task(cfg.task, cfg.data)
     cfg_dict = cfgmod.to_dict(cfg)
     run_dir = Path(cfg.out) / cfg.name / run_dir_name(cfg.task, cfg.algorithm, cfg.precision, cfg.seed)
     summary_path = run_dir / "summary.json"
@@ -326,6 +326,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
             raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
         model, tok = load_policy(model_dir)
         trainer, engine, backends = build_engines(cfg, model, world)
+        # The KL reference: the starting policy, frozen, scored with the trainer's numerics (also on resume).
+        ref = build_engines(cfg, load_policy(model_dir)[0], world)[0] if cfg.algo.kl_coef else None
         start = checkpoint.load(run_dir, trainer, world)
         for name in ("metrics.jsonl", "timing.jsonl"):
             if world.main and (run_dir / name).exists():
@@ -383,6 +385,10 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                              for c in micro_batches(own, cfg.micro_batch)]
                     parts = [p for rank_parts in dist.gather_objects(parts, world) for p in rank_parts]
                     old_logp, entropy = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])  # (B, R)
+                    if ref is not None:
+                        parts = [ref.logprobs(ids[c], attn[c], R, roll.tokens[c], T)[0].cpu()
+                                 for c in micro_batches(own, cfg.micro_batch)]
+                        ref_logp = torch.cat([p for rank_parts in dist.gather_objects(parts, world) for p in rank_parts])
                 t_logp = time.perf_counter()
 
                 # ---- mismatch: sampler (mu) vs trainer (pi) on the same tokens, before any update
@@ -395,12 +401,21 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 perm = torch.randperm(B, generator=gen)
                 dev = trainer.device
                 old_d, mu_d, adv_d, mask_d = (t.to(dev) for t in (old_logp, roll.logprobs, adv, roll.mask))
+                ref_d = ref_logp.to(dev) if ref is not None else None
                 updates = []
-                for mb in perm.chunk(cfg.updates_per_step):
+                for u, mb in enumerate(perm.chunk(cfg.updates_per_step)):
                     def loss_fn(c):
-                        logp, _ = trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T)
-                        return policy_loss(algo, logp, old_d[c], mu_d[c], adv_d[c], mask_d[c],
-                                           norm_len=cfg.sampling.max_new_tokens)
+                        logp, ent = trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T)
+                        loss, metrics = policy_loss(algo, logp, old_d[c], mu_d[c], adv_d[c], mask_d[c],
+                                                    norm_len=cfg.sampling.max_new_tokens)
+                        loss, extra = regularised_loss(loss, logp, ent, None if ref_d is None else ref_d[c], mask_d[c],
+                                                       algo.agg, cfg.sampling.max_new_tokens, cfg.algo.kl_coef,
+                                                       cfg.algo.kl_estimator, cfg.algo.entropy_coef)
+                        return loss, {**metrics, **extra}
+                    lr = cfg.optim.lr * recipe.lr_factor((step - 1) * cfg.updates_per_step + u,
+                                                         cfg.steps * cfg.updates_per_step, cfg.optim.warmup_steps,
+                                                         cfg.optim.schedule)
+                    trainer.set_lr(lr)
                     micro = micro_batches(mb.tensor_split(world.size)[world.rank], cfg.micro_batch)
                     weights = accumulation_weights(micro, roll.mask, algo.agg, whole=mb)
                     updates.append(trainer.step([(functools.partial(loss_fn, c), w) for c, w in zip(micro, weights)]))
@@ -422,6 +437,11 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     "rollout/tokens_sha256": hashlib.sha256(roll.tokens.numpy().tobytes()).hexdigest()[:16],
                     "entropy/mean": float(entropy[m].mean()),
                     "train/loss_scale": trainer.scaler.scale, "train/skipped_steps": trainer.scaler.skipped,
+                    # the schedule's last rate of the step, logged only when there is a schedule (the metrics
+                    # of a constant-rate run stay those of the committed references)
+                    **({"train/lr": lr} if cfg.optim.warmup_steps or cfg.optim.schedule != "constant" else {}),
+                    **({"ref/kl_k3": float(mismatch_metrics(ref_logp, old_logp, roll.mask)["mismatch/kl_k3"])}
+                       if ref is not None else {}),
                 })
                 for key in updates[0]:
                     row[key] = sum(u[key] for u in updates) / len(updates)  # NaN grad norm stays NaN

@@ -221,6 +221,12 @@ class Trainer:
         entropy = -(logp_all.exp() * logp_all).sum(-1)
         return logp, entropy
 
+    def set_lr(self, lr: float) -> None:
+        """The learning rate of the next update (the schedule is a pure function of the update index,
+        suite/recipe.py lr_factor, so nothing about it needs to be checkpointed)."""
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
     def step(self, loss_fns) -> dict:
         """One optimizer update: backward of the (scaled) loss, unscale, clip, step or skip.
 

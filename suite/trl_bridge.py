@@ -333,6 +333,17 @@ def grpo_args(cfg, output_dir: str) -> GRPOConfig:
     if cfg.engine != "torch":
         raise ValueError("engine: suite trl-run samples with TRL's own generation; engine=vllm is TRL's use_vllm")
     loss, scale, eps, eps_high = TRL_LOSSES[cfg.algorithm]
+    a = cfg.algo
+    # Knobs GRPOConfig has: the clip range (epsilon, epsilon_high) and beta, TRL's k3 KL to the reference model.
+    eps, eps_high = a.clip_low if a.clip_low is not None else eps, a.clip_high if a.clip_high is not None else eps_high
+    unmapped = [f"algo.{k}" for k in ("C", "agg", "advantage") if getattr(a, k) is not None]
+    unmapped += [f"algo.{k}" for k, v in (("entropy_coef", a.entropy_coef), ("kl_estimator", a.kl_estimator != "k3")) if v]
+    # HF's schedulers warm up from 0 and decay over all updates; ours warms up from lr/(w+1): not the same rates.
+    unmapped += [f"optim.{k}" for k, v in (("schedule", cfg.optim.schedule != "constant"),
+                                           ("warmup_steps", cfg.optim.warmup_steps)) if v]
+    if unmapped:
+        raise ValueError(f"{', '.join(unmapped)}: no GRPOConfig equivalent with the same meaning; trl-run runs the "
+                         "algorithm's own settings (clip range and algo.kl_coef are mapped)")
     batch = cfg.prompts_per_step * cfg.samples_per_prompt
     o = cfg.optim
     return GRPOConfig(
@@ -341,7 +352,7 @@ def grpo_args(cfg, output_dir: str) -> GRPOConfig:
         max_steps=cfg.steps * cfg.updates_per_step, per_device_train_batch_size=batch // cfg.updates_per_step,
         steps_per_generation=cfg.updates_per_step, gradient_accumulation_steps=1, num_generations=cfg.samples_per_prompt,
         max_completion_length=cfg.sampling.max_new_tokens, temperature=cfg.sampling.temperature, top_p=1.0, top_k=0,
-        loss_type=loss, scale_rewards=scale, epsilon=eps, epsilon_high=eps_high, beta=0.0,
+        loss_type=loss, scale_rewards=scale, epsilon=eps, epsilon_high=eps_high, beta=a.kl_coef,
         learning_rate=o.lr, lr_scheduler_type="constant", adam_beta1=o.betas[0], adam_beta2=o.betas[1],
         adam_epsilon=o.eps, weight_decay=o.weight_decay, max_grad_norm=o.grad_clip, dataloader_num_workers=0)
 

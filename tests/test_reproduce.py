@@ -3,6 +3,7 @@ every machine, promotion of a grid to a reference, and a main job that leaves th
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import shutil
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from suite import machine, reproduce
+from suite.recipe import AlgoConfig
+from suite.results import config_hash
 
 REPO = Path(__file__).resolve().parents[1]
 AVX2 = REPO / "results" / "reference" / "cpu-avx2-emulated" / "sanity"
@@ -76,10 +79,25 @@ def test_a_moved_number_is_found_at_its_step(fresh):
 def test_a_cell_of_another_config_is_not_compared(fresh):
     path = fresh / "arith3__grpo__fp32__s0" / "config.json"
     cfg = json.loads(path.read_text())
-    cfg["config_hash"] = "0" * 16
+    cfg["config"]["optim"]["lr"] *= 2
+    cfg["config_hash"] = config_hash(cfg["config"])
     path.write_text(json.dumps(cfg))
     rows = {r["run"]: r for r in reproduce.compare(fresh, AVX2)}
     assert rows["arith3__grpo__fp32__s0"]["metrics"] == "reference has another config"
+
+
+def test_a_field_added_since_the_reference_at_its_default_still_compares(fresh):
+    """A reference written before a config field existed is the same experiment when the fresh run holds
+    that field's default (provenance.same_experiment); a non-default value is another experiment."""
+    path = fresh / "arith3__grpo__fp32__s0" / "config.json"
+    cfg = json.loads(path.read_text())
+    for added, want in ((0.0, "identical"), (0.5, "reference has another config")):
+        cfg["config"]["algo"] = {**dataclasses.asdict(AlgoConfig()), "entropy_coef": added}  # as written today
+        cfg["config_hash"] = config_hash(cfg["config"])
+        path.write_text(json.dumps(cfg))
+        old = json.loads((AVX2 / "arith3__grpo__fp32__s0" / "config.json").read_text())["config"]
+        assert "algo" not in old  # the committed reference predates the algo.* knobs
+        assert {r["run"]: r for r in reproduce.compare(fresh, AVX2)}["arith3__grpo__fp32__s0"]["metrics"] == want
 
 
 def test_invariants_hold_on_the_reference_and_break_when_they_should(fresh):

@@ -1,0 +1,139 @@
+"""A recipe's knobs: the algorithm's settings, KL and entropy terms, the learning-rate schedule, and
+recipe files.
+
+Every knob is a RunConfig field (``algo.*``, ``optim.schedule``, ``optim.warmup_steps``), so it enters
+the config hash and the run directory's config.json. The algorithm knobs default to None, "the value
+of the algorithm's row in suite/algos.py", and the new terms to off, so a config that sets none of
+them computes exactly what it computed before they existed.
+
+A recipe file (``suite run recipe=my_recipe.yaml``) is a YAML mapping of config fields, nested or
+dotted; it is applied first and the command line wins. Its path is not part of the config: the
+fields it resolves to are.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+KL_ESTIMATORS = ("k1", "k2", "k3")
+SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclass
+class AlgoConfig:
+    """The algorithm's knobs; None keeps the value of the algorithm's row (docs/recipes.md)."""
+
+    C: Optional[float] = None
+    """IS threshold: truncation cap (TIS) or mask threshold (MIS). None: the row's (3 for the sanity algorithms)."""
+    clip_low: Optional[float] = None
+    """eps_low of the PPO/GSPO clip (ratios below 1 - clip_low are clipped). None: the row's."""
+    clip_high: Optional[float] = None
+    """eps_high (ratios above 1 + clip_high are clipped; DAPO's clip-higher when > clip_low). None: the row's."""
+    agg: Optional[str] = None
+    """Loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm. None: the row's."""
+    advantage: Optional[str] = None
+    """Advantage estimator: mean (r - group mean, Dr.GRPO) or std (divided by the group std, GRPO). None: the row's."""
+    kl_coef: float = 0.0
+    """Weight of the KL penalty to the reference policy (the run's starting weights, frozen), added to the loss
+    with the loss's aggregation (GRPO, arXiv 2402.03300 Eq. 3). 0: no reference model is built."""
+    kl_estimator: str = "k3"
+    """KL estimator on the sampled tokens, with log r = log pi_ref - log pi (Schulman, "Approximating KL
+    divergence", 2020): k1 = -log r, k2 = (log r)^2 / 2, k3 = r - 1 - log r (GRPO's, Eq. 4)."""
+    entropy_coef: float = 0.0
+    """Weight of the entropy bonus: the loss minus entropy_coef x the aggregated per-token entropy of the
+    trainer (verl's entropy_coeff). 0: off."""
+
+
+def algorithm(cfg):
+    """The algorithm row of ``cfg.algorithm`` with the ``algo.*`` knobs the config sets (ValueError names the
+    field when a value is refused)."""
+    from suite.algos import get_algorithm
+
+    knobs = {k: getattr(cfg.algo, k) for k in ("C", "clip_low", "clip_high", "agg", "advantage")}
+    overrides = {k: v for k, v in knobs.items() if v is not None}
+    try:
+        return get_algorithm(cfg.algorithm, **overrides)
+    except ValueError as e:
+        field = next((k for k in overrides if f".{k}" in str(e)), None)
+        raise ValueError(f"algo.{field}: {e}" if field else str(e)) from None
+
+
+def check(cfg) -> None:
+    """Validate the recipe fields of a resolved config; ValueError names the field."""
+    algorithm(cfg)
+    a, o = cfg.algo, cfg.optim
+    if a.kl_estimator not in KL_ESTIMATORS:
+        from suite.names import unknown
+
+        raise ValueError(f"algo.{unknown('kl_estimator', a.kl_estimator, KL_ESTIMATORS)}")
+    for name in ("kl_coef", "entropy_coef"):
+        if not getattr(a, name) >= 0:
+            raise ValueError(f"algo.{name}: must be >= 0 (got {getattr(a, name)!r}).")
+    if o.schedule not in SCHEDULES:
+        from suite.names import unknown
+
+        raise ValueError(f"optim.{unknown('schedule', o.schedule, SCHEDULES)}")
+    total = cfg.steps * cfg.updates_per_step
+    if not 0 <= o.warmup_steps <= total:
+        raise ValueError(f"optim.warmup_steps: must be in [0, {total}], the run's optimizer updates "
+                         f"(steps x updates_per_step) (got {o.warmup_steps!r}).")
+
+
+def lr_factor(update: int, total: int, warmup: int, schedule: str) -> float:
+    """Multiplier of the base learning rate for optimizer update ``update`` (0-based) of ``total``.
+
+    Linear warm-up from 1/(warmup+1) to 1 over the first ``warmup`` updates (never 0, so the first update
+    moves), then constant, linear decay to 0 at ``total``, or half-cosine decay to 0 (Loshchilov & Hutter,
+    arXiv 1608.03983, without restarts). A pure function of the update index: a resumed run gets the same
+    rates without any scheduler state."""
+    if update < warmup:
+        return (update + 1) / (warmup + 1)
+    if schedule == "constant":
+        return 1.0
+    progress = (update - warmup) / max(total - warmup, 1)  # 0 at the first update after warm-up
+    if schedule == "linear":
+        return 1.0 - progress
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+# ---- recipe files -------------------------------------------------------------------------------
+def expand(overrides: list[str]) -> list[str]:
+    """Replace ``recipe=PATH`` by the overrides its YAML holds, put before every other override so the
+    command line wins. A missing file, bad YAML or a non-mapping is a ValueError naming the file."""
+    recipes = [o for o in overrides if o.split("=", 1)[0] == "recipe"]
+    if not recipes:
+        return list(overrides)
+    if len(recipes) > 1:
+        raise ValueError("recipe: give one recipe file (merge them into one YAML)")
+    path = Path(recipes[0].split("=", 1)[1])
+    return recipe_overrides(path) + [o for o in overrides if o not in recipes]
+
+
+def recipe_overrides(path: Path) -> list[str]:
+    """The ``key=value`` overrides of a recipe file (nested mappings become dotted keys)."""
+    import yaml
+
+    from suite.provenance import hydra_value
+
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except OSError as e:
+        raise ValueError(f"recipe: cannot read {path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"recipe: {path} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"recipe: {path} must hold a mapping of config fields (key: value)")
+
+    def flat(d: dict, prefix: str = "") -> list[str]:
+        out = []
+        for k, v in d.items():
+            key = f"{prefix}{k}"
+            if key == "recipe":
+                raise ValueError(f"recipe: {path} names another recipe; recipes do not nest")
+            out += flat(v, f"{key}.") if isinstance(v, dict) else [f"{key}={hydra_value(v)}"]
+        return out
+
+    return flat(doc)
