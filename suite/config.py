@@ -192,6 +192,9 @@ class RunConfig:
     """Pass threshold on training accuracy (arXiv 2510.26788: > 95%)."""
     ckpt_every: int = 5
     """Checkpoint every N steps (and at the end); a rerun resumes from the last one."""
+    logger: list[str] = field(default_factory=list)
+    """Trackers mirroring metrics.jsonl, any of wandb, tensorboard, mlflow (``logger=[tensorboard,wandb]``),
+    offline by default; metrics.jsonl stays the record (suite/loggers.py, docs/loggers.md)."""
     transfer: bool = False
     """At the end of the run, evaluate the base and final checkpoints with lm-eval on the embedded transfer
     groups and write transfer.json (``suite transfer``, docs/transfer.md); a failure there is recorded in
@@ -449,6 +452,9 @@ def validate(cfg: RunConfig) -> RunConfig:
     from suite import recipe
 
     recipe.check(cfg)
+    from suite import loggers
+
+    loggers.check(cfg.logger)
     _check_extras(cfg)
     return cfg
 

@@ -31,7 +31,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from suite import checkpoint, dist, machine, perfectible, recipe, results
+from suite import checkpoint, dist, flops, loggers, machine, perfectible, recipe, results
 from suite import config as cfgmod
 from suite.algos import compute_advantages, policy_loss, regularised_loss
 from suite.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
@@ -307,7 +307,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         console.print(f"{run_dir}: already complete")
         return run_dir
 
-    error = None
+    error, mirrors = None, None
     try:
         built = failed = None
         if world.local_rank == 0:  # one build per node (the cache is per machine), the other ranks read it
@@ -325,6 +325,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         if len(items) < cfg.prompts_per_step:
             raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
         model, tok = load_policy(model_dir)
+        n_matmul = flops.matmul_params(model)  # before sharding
         trainer, engine, backends = build_engines(cfg, model, world)
         # The KL reference: the starting policy, frozen, scored with the trainer's numerics (also on resume).
         ref = build_engines(cfg, load_policy(model_dir)[0], world)[0] if cfg.algo.kl_coef else None
@@ -345,6 +346,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                             "build_threads": BUILD_THREADS, "provenance": prov},
                 "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())},
             }))
+        mirrors = (loggers.Mirrors(cfg.logger, run_dir, cfg_dict, json.loads((run_dir / "env.json").read_text()),
+                                   cfg.name, start, console) if world.main and cfg.logger else None)
 
         G, T = cfg.samples_per_prompt, cfg.sampling.temperature
         # One sampler per rank, or per group of tp consecutive ranks (vLLM tensor parallel under its
@@ -463,10 +466,14 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                           "time/update_s": t_update - t_logp, "time/other_s": t_end - t_update,
                           "time/step_s": t_end - t0, "throughput/sampler_tok_s": n_tok / (t_sample - t0),
                           "throughput/trainer_tok_s": n_tok / (t_update - t_sample),
-                          "memory/peak_rss_mb/max": max(dist.gather_objects(peak_memory_mb(trainer.device), world))}
+                          "memory/peak_rss_mb/max": max(dist.gather_objects(peak_memory_mb(trainer.device), world)),
+                          **flops.step_rates(model.config, n_matmul, n_tok, B, ids.shape[1], t_sample - t0,
+                                             t_update - t_sample, forwards=2 if ref is not None else 1)}
                 if world.main:
                     append_jsonl(run_dir / "metrics.jsonl", row)
                     append_jsonl(run_dir / "timing.jsonl", timing)
+                    if mirrors:
+                        mirrors.log(row)
                 if step % cfg.ckpt_every == 0 or step == cfg.steps:
                     checkpoint.save(run_dir, step, trainer, world)
                 progress.advance(bar)
@@ -481,6 +488,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
     finally:
         if world.main:
             write_summary(run_dir, cfg, error)
+        if mirrors:
+            mirrors.close()
     if cfg.transfer and world.main:  # lm-eval transfer index of base vs final checkpoint; never fails the finished run
         from suite.evaluate import after_run
 
