@@ -20,6 +20,7 @@ import copy
 import hashlib
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -51,8 +52,9 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
-def save(run_dir: Path, step: int, trainer, world: dist.World) -> None:
-    """Collective: every rank writes its shards; rank 0 renames the complete directory and points latest at it."""
+def save(run_dir: Path, step: int, trainer, world: dist.World, keep_last: int = 1) -> None:
+    """Collective: every rank writes its shards; rank 0 renames the complete directory and points latest at it,
+    then deletes all but the ``keep_last`` newest complete checkpoints (and any leftover)."""
     ck = run_dir / "ckpt"
     name = f"step_{step:06d}"
     tmp = ck / f".{name}.tmp"
@@ -70,8 +72,10 @@ def save(run_dir: Path, step: int, trainer, world: dist.World) -> None:
         shutil.rmtree(ck / name, ignore_errors=True)  # a complete one from a run killed before latest.json moved
         os.replace(tmp, ck / name)
         atomic_write_json(ck / "latest.json", {"step": step, "file": name, "sha256": digest, "world_size": world.size})
+        complete = sorted(p.name for p in ck.iterdir() if p.is_dir() and re.fullmatch(r"step_\d{6}", p.name))
+        keep = {name, *complete[-keep_last:], "latest.json"}
         for old in ck.iterdir():
-            if old.name not in (name, "latest.json"):
+            if old.name not in keep:
                 shutil.rmtree(old) if old.is_dir() else old.unlink()
     dist.barrier(world)
 

@@ -192,6 +192,18 @@ class RunConfig:
     """Pass threshold on training accuracy (arXiv 2510.26788: > 95%)."""
     ckpt_every: int = 5
     """Checkpoint every N steps (and at the end); a rerun resumes from the last one."""
+    reward_workers: int = 1
+    """Threads grading a step's responses, and math-verify worker processes of the math tasks' symbolic checks
+    (1: one at a time, in order). The rewards are the same."""
+    keep_last: int = 1
+    """Checkpoints kept in <run>/ckpt/ (the newest ones); older ones are deleted once a newer one is complete."""
+    gradient_checkpointing: bool = False
+    """Recompute each decoder layer's activations in the backward pass instead of keeping them (HF's
+    gradient checkpointing, non-reentrant): less memory, one more forward per update. Same gradients."""
+    logprob_chunk: int = 0
+    """Response positions per chunk of the trainer's fp32 log-softmax and entropy, each chunk recomputed in the
+    backward pass, so the fp32 (B, R, vocab) tensor never exists whole (the memory peak at a 150k vocabulary).
+    0: all positions at once. Same values and gradients."""
     logger: list[str] = field(default_factory=list)
     """Trackers mirroring metrics.jsonl, any of wandb, tensorboard, mlflow (``logger=[tensorboard,wandb]``),
     offline by default; metrics.jsonl stays the record (suite/loggers.py, docs/loggers.md)."""
@@ -400,6 +412,9 @@ def validate(cfg: RunConfig) -> RunConfig:
          f"must divide the rollout batch ({cfg.prompts_per_step} x {cfg.samples_per_prompt})"),
         ("threshold", lambda c: 0.0 < c.threshold <= 1.0, "must be in (0, 1]"),
         ("ckpt_every", lambda c: c.ckpt_every >= 1, pos[0]),
+        ("keep_last", lambda c: c.keep_last >= 1, pos[0]),
+        ("reward_workers", lambda c: c.reward_workers >= 1, pos[0]),
+        ("logprob_chunk", lambda c: c.logprob_chunk >= 0, "must be >= 0 (0 = no chunking)"),
         ("optim.lr", lambda c: c.optim.lr > 0, "must be > 0"),
         ("optim.eps", lambda c: c.optim.eps > 0, "must be > 0"),
         ("optim.betas", lambda c: len(c.optim.betas) == 2 and all(0.0 <= b < 1.0 for b in c.optim.betas),
@@ -445,6 +460,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         if resolve_flow(cfg).exact or resolve_flow(cfg).trainer_quant:
             raise ValueError(f"precision: {cfg.precision} trains through the sampler's own engine code on the full "
                              "weights, outside FSDP2's sharded forward; run it with nproc=1 (docs/distributed.md)")
+    if (cfg.gradient_checkpointing or cfg.logprob_chunk) and (resolve_flow(cfg).exact or resolve_flow(cfg).trainer_quant):
+        raise ValueError(f"{'gradient_checkpointing' if cfg.gradient_checkpointing else 'logprob_chunk'}: precision "
+                         f"{cfg.precision} trains through the sampler's own engine code, not the HF model these act on")
     if cfg.engine == "vllm":
         from suite.vllm_engine import check_supported
 

@@ -35,6 +35,7 @@ import atexit
 import logging
 import multiprocessing as mp
 import os
+import queue
 import re
 import subprocess
 import sys
@@ -161,6 +162,12 @@ def _numbers_equal(a: str, b: str) -> bool:
 # ---------------------------------------------------------------------------- the guarded symbolic check
 
 _COUNTS: Counter = Counter()
+_COUNT_LOCK = threading.Lock()  # rewards may be graded from several threads (reward_workers)
+
+
+def _count(key: str) -> None:
+    with _COUNT_LOCK:
+        _COUNTS[key] += 1
 
 
 def counters() -> dict:
@@ -243,15 +250,15 @@ class SymbolicVerifier:
         """math-verify's verdict on ``pred`` against ``gold``; False after ``timeout`` seconds."""
         with self._lock:
             self._wait_ready()
-            _COUNTS["symbolic"] += 1
+            _count("symbolic")
             try:
                 self._conn.send((gold, pred))
                 if self._conn.poll(timeout):
                     return bool(self._conn.recv())
-                _COUNTS["timeouts"] += 1
+                _count("timeouts")
                 log.warning("math-verify check exceeded %.1f s: scored 0, worker restarted (pred %.80r)", timeout, pred)
             except (EOFError, OSError):
-                _COUNTS["crashes"] += 1
+                _count("crashes")
                 log.warning("math-verify worker died: scored 0, worker restarted (pred %.80r)", pred)
             self._kill()
             self.start()  # the replacement imports while the caller carries on
@@ -270,16 +277,36 @@ class SymbolicVerifier:
             self._kill()
 
 
-_VERIFIER: SymbolicVerifier | None = None
+# The process's math-verify workers: a pool that threads take a worker from and give it back to, so
+# ``reward_workers`` responses are checked side by side (suite/train.py grade).
+_POOL: list[SymbolicVerifier] = []
+_FREE: queue.Queue = queue.Queue()
+_POOL_LOCK = threading.Lock()
+
+
+def set_workers(n: int) -> None:
+    """Make the pool ``n`` workers (each started on first use). Call it while no check is running: a
+    shrinking pool closes the workers it drops."""
+    with _POOL_LOCK:
+        if not _POOL:
+            atexit.register(lambda: [v.close() for v in _POOL])
+        while len(_POOL) < n:
+            _POOL.append(SymbolicVerifier())
+            _FREE.put(_POOL[-1])
+        if len(_POOL) > n:
+            for v in _POOL[n:]:
+                v.close()
+            del _POOL[n:]
+            while not _FREE.empty():
+                _FREE.get_nowait()
+            for v in _POOL:
+                _FREE.put(v)
 
 
 def verifier() -> SymbolicVerifier:
-    """The process-wide worker (started on first use; ``verifier().warm_up()`` to pay early)."""
-    global _VERIFIER
-    if _VERIFIER is None:
-        _VERIFIER = SymbolicVerifier()
-        atexit.register(_VERIFIER.close)
-    return _VERIFIER
+    """The first worker of the pool (started on first use; ``verifier().warm_up()`` to pay early)."""
+    set_workers(1)
+    return _POOL[0]
 
 
 # ---------------------------------------------------------------------------- rewards
@@ -290,12 +317,17 @@ def is_equiv(pred: str | None, gold: str, timeout: float = DEFAULT_TIMEOUT) -> b
     if pred is None or not pred.strip():
         return False
     if len(pred) > MAX_ANSWER_CHARS or len(gold) > MAX_ANSWER_CHARS:
-        _COUNTS["refused"] += 1
+        _count("refused")
         return False
     a, b = strip_string(pred), strip_string(gold)
     if a and (a == b or _numbers_equal(a, b)):
         return True
-    return verifier().check(gold, pred, timeout)
+    set_workers(1)
+    worker = _FREE.get()  # a free worker (blocks while all are busy)
+    try:
+        return worker.check(gold, pred, timeout)
+    finally:
+        _FREE.put(worker)
 
 
 def boxed_reward(response: str, ground_truth: str, truncated: bool, timeout: float = DEFAULT_TIMEOUT,

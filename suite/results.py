@@ -48,11 +48,13 @@ TRACKED_PACKAGES = (
     "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "numpy", "vllm", "lm_eval",
 )
 
-# Keys of a run's config that say where results go (and which trackers mirror them) and over how many
-# ranks it runs, not what runs;
+# Keys of a run's config that say where results go (and which trackers mirror them), over how many ranks,
+# and how memory and time are traded (options tested to leave every number as it is),
+# not what runs;
 # they do not enter `config_hash`, so the same experiment written to two places, or resumed with
 # another world size (suite/dist.py), hashes the same.
-LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger")
+LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger", "reward_workers", "keep_last", "gradient_checkpointing",
+                 "logprob_chunk")
 # Committed reference results, one folder per machine class (suite/reproduce.py); runs never write there.
 REFERENCE_ROOT = Path(__file__).resolve().parents[1] / "results" / "reference"
 

@@ -138,3 +138,18 @@ def get_task(name: str, data: str | None = None):
     if not getattr(cls, "takes_data", False):
         raise ValueError(f"task {name} is generated and takes no data (got data={data!r})")
     return cls(spec, data=data)
+
+
+def grade(task, items: list, responses: list[str], truncated: list[bool], workers: int = 1) -> list[float]:
+    """``task.reward`` of each response, in order. ``workers`` > 1 grades them from that many threads, and
+    the math tasks check answers in as many math-verify worker processes (suite/math_reward.py), where
+    the symbolic checks of a 512-response step spend their time; the counters stay exact (one lock)."""
+    if workers <= 1:
+        return [task.reward(i, r, t) for i, r, t in zip(items, responses, truncated)]
+    from concurrent.futures import ThreadPoolExecutor
+
+    from suite import math_reward
+
+    math_reward.set_workers(workers)
+    with ThreadPoolExecutor(workers) as pool:
+        return list(pool.map(task.reward, items, responses, truncated))

@@ -58,7 +58,7 @@ from suite.results import (
     run_dir_name,
     truncate_jsonl,
 )
-from suite.tasks import get_task, prompt_ids, task_spec
+from suite.tasks import get_task, grade, prompt_ids, task_spec
 
 
 class RunDirConflict(ValueError):
@@ -264,7 +264,8 @@ def build_engines(cfg, model, world: dist.World | None = None):
     device = world.device.split(":")[0]
     backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype, device),
                 "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype, device)}
-    trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world)
+    trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world,
+                      gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk)
     if cfg.engine == "vllm":  # vLLM starts from the policy's directory; sync() then loads the trainer's weights
         from suite.vllm_engine import VllmEngine
 
@@ -369,8 +370,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 mine_roll = engine.generate(prompts, cfg.sampling.max_new_tokens, T, cfg.sampling.top_p,
                                             sequence_seeds(cfg.seed, step, mine, G))
                 texts = tok.batch_decode(mine_roll.response_ids(), skip_special_tokens=True)
-                mine_rewards = [task.reward(batch[mine[i // G]], s, tr)
-                                for i, (s, tr) in enumerate(zip(texts, mine_roll.truncated))]
+                mine_rewards = grade(task, [batch[mine[i // G]] for i in range(len(texts))], texts,
+                                     mine_roll.truncated, cfg.reward_workers)
                 t_sample = time.perf_counter()
 
                 # ---- reward and group-relative advantage, over the gathered global batch (groups stay whole)
@@ -475,7 +476,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     if mirrors:
                         mirrors.log(row)
                 if step % cfg.ckpt_every == 0 or step == cfg.steps:
-                    checkpoint.save(run_dir, step, trainer, world)
+                    checkpoint.save(run_dir, step, trainer, world, keep_last=cfg.keep_last)
                 progress.advance(bar)
                 console.print(_line(row, timing))
         if cfg.steps > start or not (run_dir / "policy").exists():

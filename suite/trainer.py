@@ -81,11 +81,20 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+def _logp_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs of ``targets`` and the entropy, (B, R) each, from compute-dtype logits (B, R, V): log_softmax
+    in fp32 on the logits divided by the sampling temperature, exactly as the sampler."""
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, R, V)
+    logp = logp_all.gather(-1, targets[..., None])[..., 0]
+    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy
+
+
 class Trainer:
     """Holds the fp32 master model (FSDP2-sharded over a world), its optimizer and loss scaler."""
 
     def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False,
-                 world: dist.World | None = None):
+                 world: dist.World | None = None, gradient_checkpointing: bool = False, logprob_chunk: int = 0):
         self.world = world or dist.World()
         self.device = torch.device(self.world.device)
         self.model = model.float().to(self.device)
@@ -112,6 +121,13 @@ class Trainer:
                                     quant="fp8", device=str(self.device)) if flow.trainer_quant == "fp8" else None)
         if self.replay is not None:
             self.replay.device = str(self.device)
+        self.logprob_chunk = logprob_chunk
+        if gradient_checkpointing:
+            if self.replay is not None or self.unified is not None:  # config.validate refuses it first
+                raise ValueError(f"gradient_checkpointing: precision {flow.name} trains through the sampler's code")
+            # HF recomputes a layer only in train mode; the policy has no dropout, so train() changes nothing else.
+            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            self.model.train()
         if self.world.distributed:
             if self.replay is not None or self.unified is not None:  # config.validate refuses it first
                 raise ValueError(f"precision {flow.name}: not supported sharded (its trainer runs the sampler's code)")
@@ -216,10 +232,16 @@ class Trainer:
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
-        logp_all = torch.log_softmax(logits[:, -n_resp - 1:-1].float() / temperature, dim=-1)  # (B, R, V)
-        logp = logp_all.gather(-1, targets[..., None])[..., 0]
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-        return logp, entropy
+        logits = logits[:, -n_resp - 1:-1]  # (B, R, V)
+        if not self.logprob_chunk or self.logprob_chunk >= n_resp:
+            return _logp_entropy(logits, targets, temperature)
+        # Chunks of positions, each recomputed in the backward pass: the fp32 log-softmax of one chunk is alive
+        # at a time. Positions are independent, so the values equal the unchunked ones.
+        from torch.utils.checkpoint import checkpoint
+
+        parts = [checkpoint(_logp_entropy, logits[:, i:i + self.logprob_chunk], targets[:, i:i + self.logprob_chunk],
+                            temperature, use_reentrant=False) for i in range(0, n_resp, self.logprob_chunk)]
+        return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next update (the schedule is a pure function of the update index,
