@@ -216,6 +216,14 @@ def cmd_bench(args: list[str]) -> int:
     return bench.main(args)
 
 
+def cmd_bench_memory(args: list[str]) -> int:
+    """suite bench-memory [--vocab N] [--batch B] [--response R] [--precision P] [--reward-workers K]: peak memory and
+    time of an update with gradient_checkpointing and logprob_chunk on and off, and the reward pool's speed-up."""
+    from suite import bench_memory
+
+    return bench_memory.main(args)
+
+
 def cmd_sweep(args: list[str]) -> int:
     from suite import sweep
 
@@ -273,7 +281,7 @@ def cmd_import(args: list[str]) -> int:
 
 
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
-            "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids,
+            "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids, "bench-memory": cmd_bench_memory,
             "report": cmd_report, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer,
             "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
 

@@ -305,7 +305,8 @@ def set_workers(n: int) -> None:
 
 def verifier() -> SymbolicVerifier:
     """The first worker of the pool (started on first use; ``verifier().warm_up()`` to pay early)."""
-    set_workers(1)
+    if not _POOL:
+        set_workers(1)
     return _POOL[0]
 
 
@@ -322,7 +323,8 @@ def is_equiv(pred: str | None, gold: str, timeout: float = DEFAULT_TIMEOUT) -> b
     a, b = strip_string(pred), strip_string(gold)
     if a and (a == b or _numbers_equal(a, b)):
         return True
-    set_workers(1)
+    if not _POOL:
+        set_workers(1)
     worker = _FREE.get()  # a free worker (blocks while all are busy)
     try:
         return worker.check(gold, pred, timeout)

@@ -82,8 +82,12 @@ class _Boxed:
         return math_reward.boxed_reward(response, item, truncated)
 
 
-def test_a_pool_of_reward_workers_grades_like_one_worker():
+def test_a_pool_of_reward_workers_grades_like_one_worker(monkeypatch):
     from suite import math_reward
+
+    used, real = set(), math_reward.SymbolicVerifier.check
+    monkeypatch.setattr(math_reward.SymbolicVerifier, "check",
+                        lambda self, *a: used.add(id(self)) or real(self, *a))
     from suite.tasks import grade
 
     pairs = [("\\frac{1}{2}", "\\boxed{0.5}"), ("2\\sqrt{2}", "\\boxed{\\sqrt{8}}"), ("3", "\\boxed{4}"),
@@ -94,6 +98,7 @@ def test_a_pool_of_reward_workers_grades_like_one_worker():
     before = math_reward.counters()
     serial = grade(_Boxed(), items, responses, truncated, workers=1)
     middle = math_reward.counters()
+    assert len(used) == 1
     try:
         pooled = grade(_Boxed(), items, responses, truncated, workers=3)
     finally:
@@ -102,3 +107,4 @@ def test_a_pool_of_reward_workers_grades_like_one_worker():
     assert pooled == serial and sum(serial) >= 9  # the equivalent answers were found both ways
     assert {k: after[k] - middle[k] for k in after} == {k: middle[k] - before[k] for k in after}
     assert middle["symbolic"] > before["symbolic"]  # some answers needed math-verify
+    assert len(used) > 1  # and the pool's workers shared them

@@ -1,0 +1,139 @@
+"""``suite bench-memory``: peak memory and time of a training update with each real-model option on and off.
+
+The embedded policy's architecture with a synthetic vocabulary (default 151,936 tokens, Qwen2.5's) makes
+the output head and the fp32 log-softmax as large as a real model's, which is where the memory of an RL
+update peaks. Each variant runs in its own process (the peak resident set only grows within a process):
+build the model and a batch, time ``steps`` updates (log-probs and entropy of the responses, a loss, the
+backward pass, the optimizer step), and report the process's peak RSS minus the RSS after the model was
+built: the memory the update itself needed. The reward pool is timed on the math reward (math-verify
+worker processes) with 1 and ``reward_workers`` workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+VARIANTS = {"baseline": {}, "gradient_checkpointing": {"gradient_checkpointing": True},
+            "logprob_chunk": {"logprob_chunk": 16},
+            "both": {"gradient_checkpointing": True, "logprob_chunk": 16}}
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize() / 2**20
+
+
+def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps: int, precision: str) -> dict:
+    """One variant in this process: {peak_mb (over the built model), step_s (median)}."""
+    import torch
+
+    from suite import config
+    from suite.policy import PolicySpec, build_model
+    from suite.precision import resolve
+    from suite.trainer import Trainer
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    small = config.load(["tier=small"]).policy
+    spec = PolicySpec(hidden=small.hidden, layers=small.layers, heads=small.heads, kv_heads=small.kv_heads,
+                      mlp=small.mlp)
+    model = build_model(spec, vocab_size=vocab, max_len=prompt + response + 8)
+    cfg = config.load(["tier=small", f"precision={precision}"])
+    trainer = Trainer(model, resolve(precision), "native", cfg.optim, **VARIANTS[variant])
+    ids = torch.randint(3, vocab, (batch, prompt + response))
+    attn = torch.ones_like(ids)
+    base = _rss_mb()
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+
+        def loss_fn():
+            logp, ent = trainer.logprobs(ids, attn, response, ids[:, -response:], 1.0)
+            return -(logp.mean() + 0.01 * ent.mean()), {}
+
+        trainer.step(loss_fn)
+        times.append(time.perf_counter() - t0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    return {"variant": variant, "peak_mb": peak - base, "step_s": statistics.median(times[1:] or times),
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def reward_pool(workers: int, n: int = 256) -> float:
+    """Median seconds to grade ``n`` math responses whose answers need math-verify, with ``workers`` workers."""
+    from suite import math_reward
+    from suite.tasks import grade
+
+    class Boxed:
+        def reward(self, item, response, truncated):
+            return math_reward.boxed_reward(response, item, truncated)
+
+    def batch(rep: int) -> tuple:
+        # Distinct answers in every batch, as in a rollout: math-verify's caches cannot answer them.
+        ks = range(rep * n + 1, (rep + 1) * n + 1)
+        gold = [f"(x+{k})^2" for k in ks]  # against the expanded polynomial: a symbolic simplification each
+        return Boxed(), gold, [f"\\boxed{{x^2+{2 * k}x+{k * k}}}" for k in ks], [False] * n, workers
+
+    math_reward.set_workers(workers)
+    grade(*batch(0))  # unmeasured: the workers' imports and first parses
+    times = []
+    for rep in range(1, 4):
+        args = batch(rep + 10 * workers)
+        t0 = time.perf_counter()
+        assert sum(grade(*args)) == n  # every answer is equivalent
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(args: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="suite bench-memory", description=__doc__.split("\n\n")[0])
+    p.add_argument("--vocab", type=int, default=151936)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--prompt", type=int, default=32)
+    p.add_argument("--response", type=int, default=128)
+    p.add_argument("--steps", type=int, default=4)
+    p.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
+    p.add_argument("--reward-workers", type=int, default=2)
+    p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    a = p.parse_args(args)
+    if a.vocab < 16 or a.batch < 1 or a.response < 1 or a.steps < 1 or a.reward_workers < 1:
+        raise ValueError("--vocab >= 16, --batch, --response, --steps and --reward-workers >= 1")
+    sizes = dict(vocab=a.vocab, batch=a.batch, prompt=a.prompt, response=a.response, steps=a.steps,
+                 precision=a.precision)
+    if a.one:
+        print(json.dumps(one(a.one, **sizes)))
+        return 0
+    from rich.table import Table
+
+    from suite.console import make_console
+
+    console = make_console()
+    rows = []
+    for name in VARIANTS:
+        argv = [sys.executable, "-m", "suite.bench_memory", "--one", name, *(f"--{k}={v}" for k, v in sizes.items())]
+        out = subprocess.run(argv, capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"variant {name} failed:\n{out.stderr[-2000:]}")
+        rows.append(json.loads(out.stdout.splitlines()[-1]))
+        console.print(f"{name}: {rows[-1]['peak_mb']:.0f} MiB over the built model, {rows[-1]['step_s']:.2f} s/update")
+    base = rows[0]
+    t = Table("option", "peak memory of an update (MiB)", "vs baseline", "update time (s)", "vs baseline",
+              title=f"{a.precision}, vocabulary {a.vocab:,}, {a.batch} x ({a.prompt} + {a.response}) tokens, "
+                    f"{base['params'] / 1e6:.1f}M parameters, median of {a.steps - 1} updates")
+    for r in rows:
+        t.add_row(r["variant"], f"{r['peak_mb']:.0f}", f"{r['peak_mb'] / base['peak_mb']:.2f}x", f"{r['step_s']:.2f}",
+                  f"{r['step_s'] / base['step_s']:.2f}x")
+    console.print(t)
+    serial, pooled = reward_pool(1), reward_pool(a.reward_workers)
+    console.print(f"reward workers: 256 math-verify answers graded in {serial:.2f} s with 1 worker, {pooled:.2f} s with "
+                  f"{a.reward_workers} ({serial / pooled:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
