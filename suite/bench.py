@@ -180,6 +180,15 @@ def scaling_main(args: list[str], worlds: list[int], steps: int = 6) -> int:
 
 
 def main(args: list[str]) -> int:
+    vs = [a for a in args if a == "--vs" or a.startswith("--vs=")]
+    if vs:  # suite bench --vs trl [overrides]: TRL's GRPOTrainer side by side (suite/bench_trl.py)
+        i = args.index(vs[0])
+        other = vs[0].split("=", 1)[1] if "=" in vs[0] else (args[i + 1] if i + 1 < len(args) else "")
+        if other != "trl":
+            raise ValueError(f"--vs: the one framework to compare with is trl (got {other!r})")
+        from suite import bench_trl
+
+        return bench_trl.main([a for j, a in enumerate(args) if j != i and not (vs[0] == "--vs" and j == i + 1)])
     worlds = next((a.split("=", 1)[1] for a in args if a.startswith("nproc=") and "," in a), None)
     if worlds:  # a scaling measurement over world sizes
         try:

@@ -210,7 +210,8 @@ def cmd_fingerprint(args: list[str]) -> int:
 
 
 def cmd_bench(args: list[str]) -> int:
-    """Step-time split of a few steps (engine vs HF generate); nproc=1,2 measures data-parallel scaling."""
+    """Step-time split of a few steps (engine vs HF generate); nproc=1,2 measures data-parallel scaling;
+    --vs trl runs TRL's GRPOTrainer on the same config and prints both step times and their ratio."""
     from suite import bench
 
     return bench.main(args)

@@ -1,0 +1,33 @@
+"""`suite bench --vs trl`: the suite's step and TRL's GRPOTrainer round on one config, from one command."""
+
+from __future__ import annotations
+
+import pytest
+
+from suite import cli, config
+
+pytest.importorskip("trl")
+
+
+def test_both_sides_do_the_same_work_and_the_ratio_is_theirs(capsys):
+    from suite import bench_trl
+    from suite.console import make_console
+
+    cfg = config.load(["tier=smoke", "steps=4", "precision=fp32"])
+    r = bench_trl.compare(cfg, make_console())
+    want = cfg.prompts_per_step * cfg.samples_per_prompt
+    assert r["suite_completions"] == [want] * 4 and r["trl_completions"] == [want] * 4  # counted, not assumed
+    assert r["suite_step_s"] > 0 and r["trl_step_s"] > 0
+    assert r["ratio"] == r["trl_step_s"] / r["suite_step_s"]
+    assert r["trl_step_s"] == r["trl"]["time/step_s"] - r["trl"]["time/logprob_s"]
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["bench", "--vs", "verl", "tier=smoke"], "--vs: the one framework to compare with is trl"),
+    (["bench", "--vs", "trl", "tier=smoke", "precision=fp8"], "precision: fp8 cannot be run by TRL"),
+    (["bench", "--vs=trl", "tier=smoke", "algo.agg=token-mean"], "algo.agg: no GRPOConfig equivalent"),
+])
+def test_what_cannot_be_compared_is_refused_with_one_line(argv, words, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
