@@ -76,11 +76,12 @@ def main(args: list[str]) -> int:
     console = make_console()
     r = compare(cfg, console)
     s, t = r["suite"], r["trl"]
-    n = len(r["suite_completions"]) - 1  # the suite's; TRL's last round is dropped too (see _medians)
+    n = len(r["suite_completions"]) - 1
     table = Table("", "suite", "TRL GRPOTrainer", title=(
         f"{cfg.precision}, {cfg.tier} tier: {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples, "
-        f"{cfg.sampling.max_new_tokens} new tokens max, {cfg.updates_per_step} updates per step; medians over {n} "
-        f"steps after the first; machine class {machine.describe(cfg.gemm, cfg.threads)['id']}"))
+        f"{cfg.sampling.max_new_tokens} new tokens max, {cfg.updates_per_step} updates per step; medians over the "
+        f"suite's {n} steps after the first and TRL's {n - 1} rounds after the first (its last round has no "
+        f"sampling); machine class {machine.describe(cfg.gemm, cfg.threads)['id']}"))
     table.add_row("step (s)", f"{r['suite_step_s']:.3f}", f"{r['trl_step_s']:.3f}")
     table.add_row("sampling (s)", f"{s['time/sample_s']:.3f}", f"{t['time/sample_s']:.3f} (with TRL's scoring)")
     table.add_row("old log-probs (s)", f"{s['time/logprob_s']:.3f}", "in sampling")
