@@ -108,14 +108,24 @@ def _key(override: str) -> str:
 
 
 def expand(overrides: list[str]) -> list[Cell]:
-    """Hydra's basic-sweeper expansion of ``overrides`` (``k=a,b`` sweeps), each cell validated."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    """The product of the sweeps in ``overrides`` (``k=a,b``, ``k=range(0,3)``, ``k=glob(...)``), in Hydra's
+    order (the first sweep varies slowest, as Hydra's basic sweeper), each cell validated. Hydra's public
+    override parser reads them; each sweep's values come from its own iterator."""
+    import itertools
+
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
+        choices: dict[str, list[str]] = {}  # a key given twice: the last value, at the first one's place
         parsed = OverridesParser.create().parse_overrides(list(overrides))
-        jobs = BasicSweeper.split_arguments(parsed, None)[0]
+        for o in parsed:
+            key = o.get_key_element()
+            if o.is_sweep_override() and not o.is_discrete_sweep():
+                raise ValueError(f"{key}: an interval sweep has no list of values to run (use choices or range)")
+            choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                            else [f"{key}={o.get_value_element_as_str()}"])
+        jobs = [list(job) for job in itertools.product(*choices.values())]
     except HydraException as e:
         raise ValueError(f"overrides: {str(e).splitlines()[0]}") from None
     swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
