@@ -16,13 +16,15 @@ import torch
 from rich.table import Table
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from suite import config, dist, perfectible
+from suite import config
+from suite.rl import dist
+from suite.tasks import perfectible
 from suite.console import make_console
-from suite.engine import sequence_seeds
-from suite.mismatch import mismatch_metrics
-from suite.policy import load_policy
+from suite.numerics.engine import sequence_seeds
+from suite.numerics.mismatch import mismatch_metrics
+from suite.numerics.policy import load_policy
 from suite.tasks import prompt_ids
-from suite.train import batch_tensors, build_engines, prepare_data
+from suite.rl.train import batch_tensors, build_engines, prepare_data
 
 
 def main(argv: list[str]) -> None:

@@ -47,8 +47,8 @@ def _configs(args: list[str]):
 def cmd_run(args: list[str]) -> int:
     """One RL run (or its resumption) into <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/;
     nproc=N starts N ranks through torchrun (docs/distributed.md)."""
-    from suite import dist
-    from suite.train import run
+    from suite.rl import dist
+    from suite.rl.train import run
 
     cfg = _configs(args)
     world = dist.from_env()
@@ -70,8 +70,8 @@ def _print_summary(run_dir: Path) -> int:
 
 def cmd_perfectible(args: list[str]) -> int:
     """Build (or read from the cache) the base policy and the perfectible set of this config."""
-    from suite import perfectible
-    from suite.train import prepare_data
+    from suite.tasks import perfectible
+    from suite.rl.train import prepare_data
 
     cfg = _configs(args)
     console = _console()
@@ -90,8 +90,10 @@ def cmd_main(args: list[str]) -> int:
     written. Extra ``key=value`` arguments go to every cell."""
     from rich.table import Table
 
-    from suite import leaderboard, machine, report, reproduce, sweep
-    from suite.results import atomic_write_json, atomic_write_text, env_info
+    from suite.analysis import leaderboard, report, reproduce
+    from suite.numerics import machine
+    from suite.experiments import sweep
+    from suite.analysis.results import atomic_write_json, atomic_write_text, env_info
 
     t0 = time.time()
     # The embedded grid needs no hub: say so to every library (a user's explicit setting wins).
@@ -136,7 +138,7 @@ def cmd_main(args: list[str]) -> int:
 
 def cmd_table(args: list[str]) -> int:
     """suite table [RESULTS_DIR]: the outcome table of a results directory (default runs/sanity)."""
-    from suite import report
+    from suite.analysis import report
 
     if args and args[0] in ("-h", "--help"):
         print(cmd_table.__doc__)
@@ -156,8 +158,8 @@ def cmd_grids(args: list[str]) -> int:
     else estimated from the reference runs of the same kind of cell (sequential), else not given."""
     from rich.table import Table
 
-    from suite import grids
-    from suite.reproduce import REFERENCE_ROOT
+    from suite.experiments import grids
+    from suite.analysis.reproduce import REFERENCE_ROOT
 
     if args:
         if args[0] in ("-h", "--help"):
@@ -188,7 +190,7 @@ def cmd_reference(args: list[str]) -> int:
     results/reference/<machine class>/<grid>/ (the reference later runs of this class are compared with)."""
     import argparse
 
-    from suite import reproduce
+    from suite.analysis import reproduce
 
     p = argparse.ArgumentParser(prog="suite reference", description=cmd_reference.__doc__)
     p.add_argument("results_dir", type=Path)
@@ -204,7 +206,7 @@ def cmd_reference(args: list[str]) -> int:
 def cmd_fingerprint(args: list[str]) -> int:
     """suite fingerprint [--write] [gemm=auto|native|emulated]: smoke-tier steps of every precision flow,
     compared with the committed numerics fingerprint of this machine class (--write regenerates it)."""
-    from suite import fingerprint
+    from suite.experiments import fingerprint
 
     return fingerprint.cli(args, _console())
 
@@ -212,7 +214,7 @@ def cmd_fingerprint(args: list[str]) -> int:
 def cmd_bench(args: list[str]) -> int:
     """Step-time split of a few steps (engine vs HF generate); nproc=1,2 measures data-parallel scaling;
     --vs trl runs TRL's GRPOTrainer on the same config and prints both step times and their ratio."""
-    from suite import bench
+    from suite.experiments import bench
 
     return bench.main(args)
 
@@ -220,41 +222,41 @@ def cmd_bench(args: list[str]) -> int:
 def cmd_bench_memory(args: list[str]) -> int:
     """suite bench-memory [--vocab N] [--batch B] [--response R] [--precision P] [--reward-workers K]: peak memory and
     time of an update with gradient_checkpointing and logprob_chunk on and off, and the reward pool's speed-up."""
-    from suite import bench_memory
+    from suite.experiments import bench_memory
 
     return bench_memory.main(args)
 
 
 def cmd_sweep(args: list[str]) -> int:
-    from suite import sweep
+    from suite.experiments import sweep
 
     return sweep.main(args)
 
 
 def cmd_mismatch(args: list[str]) -> int:
     """Step-0 training-inference mismatch of every precision flow on the same policy and samples."""
-    from suite import bench
+    from suite.experiments import bench
 
     return bench.mismatch_main(args)
 
 
 def cmd_report(args: list[str]) -> int:
     """suite report RESULTS_DIR [--out DIR]: the reproducibility report of a results directory."""
-    from suite import report
+    from suite.analysis import report
 
     return report.cli(args)
 
 
 def cmd_leaderboard(args: list[str]) -> int:
     """suite leaderboard RESULTS_DIR... [--out DIR]: the static leaderboard site."""
-    from suite import leaderboard
+    from suite.analysis import leaderboard
 
     return leaderboard.cli(args)
 
 
 def cmd_transfer(args: list[str]) -> int:
     """suite transfer RUN_DIR... [--groups embedded|paper] [--sigma ...]: Transferability Index into each bundle."""
-    from suite import evaluate
+    from suite.experiments import evaluate
 
     return evaluate.cli(args)
 
@@ -266,7 +268,7 @@ def cmd_trl_run(args: list[str]) -> int:
     if not (args and args[0] in ("-h", "--help")):
         config.load(args)  # bad input is refused before TRL (and its import-time notices) loads
     try:
-        from suite import trl_bridge
+        from suite.experiments import trl_bridge
     except ImportError as e:
         raise ValueError(f"trl-run needs TRL ({e}); install the extra: pip install 'lowprec-rl-suite[trl]'") from None
     return trl_bridge.cli(args)
@@ -274,7 +276,7 @@ def cmd_trl_run(args: list[str]) -> int:
 
 def cmd_import(args: list[str]) -> int:
     """suite import verl METRICS.jsonl --out DIR ...: another framework's logged run as a bundle."""
-    from suite import verl_import
+    from suite.experiments import verl_import
 
     if not args or args[0] != "verl":
         raise ValueError("import: name the framework (supported: verl), e.g. suite import verl METRICS.jsonl --out DIR")

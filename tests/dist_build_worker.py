@@ -6,7 +6,8 @@ import os
 import sys
 from pathlib import Path
 
-from suite import config, train
+from suite import config
+from suite.rl import train
 
 
 def main(out: Path) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from suite import dist
+from suite.rl import dist
 from suite.config import OptimConfig
-from suite.policy import PolicySpec, build_model
-from suite.precision import resolve
-from suite.trainer import Trainer
+from suite.numerics.policy import PolicySpec, build_model
+from suite.numerics.precision import resolve
+from suite.rl.trainer import Trainer
 
 
 def main(out: Path, inject_rank: int) -> None:

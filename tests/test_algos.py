@@ -1,7 +1,7 @@
-"""Exact math of suite/algos.py on tiny tensors, against hand computations.
+"""Exact math of suite/rl/algos.py on tiny tensors, against hand computations.
 
 The reference below is written from arXiv 2510.26788 (Sec. 3) and the cited papers per algorithm *name*, with plain
-python floats and loops; it does not call suite.algos, so a wrong table entry, a wrong
+python floats and loops; it does not call suite.rl.algos, so a wrong table entry, a wrong
 surrogate or a wrong weight shows up as a mismatch. All tensors are float64.
 """
 
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from suite.algos import (
+from suite.rl.algos import (
     AGG_MODES,
     ALGORITHMS,
     Algorithm,

@@ -69,7 +69,7 @@ def _reference_run(root, cls, name, seconds, **cfg):
 
 
 def test_grids_lists_every_grid_and_regime(capsys):
-    from suite import grids
+    from suite.experiments import grids
 
     assert cli.main(["grids"]) == 0
     out = capsys.readouterr().out
@@ -78,7 +78,7 @@ def test_grids_lists_every_grid_and_regime(capsys):
 
 
 def test_grid_time_is_measured_where_a_reference_ran_it_else_summed_from_matching_cells(tmp_path):
-    from suite import grids
+    from suite.experiments import grids
 
     cls = "cpu-test"
     (tmp_path / cls).mkdir()

@@ -1,12 +1,12 @@
-"""The collapse-search report (suite/collapse.py) on hand-made run bundles whose outcome is known."""
+"""The collapse-search report (suite/analysis/collapse.py) on hand-made run bundles whose outcome is known."""
 
 import json
 
 import pytest
 
-from suite import collapse
-from suite.report import load_runs, write_report
-from suite.results import config_hash, summarize
+from suite.analysis import collapse
+from suite.analysis.report import load_runs, write_report
+from suite.analysis.results import config_hash, summarize
 
 STEPS = 40
 

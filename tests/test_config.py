@@ -68,7 +68,8 @@ def test_tier_fills_unset_fields_and_overrides_win():
 
 def test_bad_value_rejected_before_compute(monkeypatch, tmp_path):
     """The CLI refuses a bad config without building a policy or touching the output dir."""
-    from suite import cli, train
+    from suite import cli
+    from suite.rl import train
 
     monkeypatch.setattr(train, "ensure_policy", lambda *a, **k: pytest.fail("compute started"))
     assert cli.main(["run", "precision=bf17", f"out={tmp_path}"]) == 2
@@ -76,7 +77,7 @@ def test_bad_value_rejected_before_compute(monkeypatch, tmp_path):
 
 
 def test_regime_fills_defaults_and_yields_to_explicit_values():
-    from suite.grids import REGIMES
+    from suite.experiments.grids import REGIMES
 
     cfg = config.load(["regime=stress"])
     assert (cfg.perfectible.max_prompts, cfg.optim.eps, cfg.optim.lr, cfg.updates_per_step) == (32, 1e-15, 2e-4, 8)

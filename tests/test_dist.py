@@ -1,4 +1,4 @@
-"""One run over two ranks, for real: torchrun, gloo on this CPU, FSDP2, DCP checkpoints (suite/dist.py).
+"""One run over two ranks, for real: torchrun, gloo on this CPU, FSDP2, DCP checkpoints (suite/rl/dist.py).
 
 What a user relies on when a run is spread over ranks: it samples exactly the tokens of a 1-rank
 run and computes the same update up to reduction order; killing any rank and rerunning resumes to
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from suite import config
-from suite.results import read_jsonl
+from suite.analysis.results import read_jsonl
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 SMOKE = ["tier=smoke"]
@@ -150,7 +150,7 @@ def test_resume_with_another_world_size_reshards(tmp_path):
     (d / "summary.json").unlink()  # make it resumable: ask for more steps of the same experiment
     cfg = json.loads((d / "config.json").read_text())
     cfg["config"]["steps"] = 3
-    from suite.results import config_hash
+    from suite.analysis.results import config_hash
     cfg["config_hash"] = config_hash(cfg["config"])
     (d / "config.json").write_text(json.dumps(cfg))
     _suite_run(f"out={out}", "precision=fp32", "steps=3", "ckpt_every=2")
@@ -188,10 +188,10 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
 def test_exported_policy_loads_in_transformers_and_gives_the_trainers_logprobs(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from suite.checkpoint import model_state
-    from suite.policy import load_policy
-    from suite.precision import resolve
-    from suite.trainer import Trainer
+    from suite.rl.checkpoint import model_state
+    from suite.numerics.policy import load_policy
+    from suite.numerics.precision import resolve
+    from suite.rl.trainer import Trainer
 
     out = tmp_path / "x"
     _suite_run(f"out={out}", "precision=bf16", "steps=2", "nproc=2")
@@ -215,9 +215,9 @@ def test_autocast_runs_on_the_parameters_device(monkeypatch):
     """A host that has CUDA must not open autocast("cuda") around a trainer whose parameters are on the CPU
     (it would compute in fp32 while env.json says bf16): the autocast device comes from the parameters, and
     the dtype recorded is the one observed in the forward."""
-    from suite.policy import PolicySpec, build_model
-    from suite.precision import resolve
-    from suite.trainer import Trainer
+    from suite.numerics.policy import PolicySpec, build_model
+    from suite.numerics.precision import resolve
+    from suite.rl.trainer import Trainer
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
@@ -264,7 +264,7 @@ SRUN_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "16", "SLURM_NNODES": "2", "S
     ({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}, None),  # srun of one task
 ])
 def test_world_from_launcher_environment(env, world):
-    from suite.dist import from_env
+    from suite.rl.dist import from_env
 
     assert from_env(env) == world
 
@@ -274,9 +274,9 @@ def test_world_from_launcher_environment(env, world):
 def test_observed_trainer_dtypes_have_one_shape_for_every_flow(flow, gemm):
     """env.json's trainer_observed: the same keys whether the trainer is the HF model under autocast or
     the sampler's own code (exact, unified FP8), each value seen in a forward, never copied from the table."""
-    from suite.policy import PolicySpec, build_model
-    from suite.precision import resolve
-    from suite.trainer import Trainer
+    from suite.numerics.policy import PolicySpec, build_model
+    from suite.numerics.precision import resolve
+    from suite.rl.trainer import Trainer
 
     model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
     seen = Trainer(model, resolve(flow), "native", config.OptimConfig(lr=1e-4)).observe()

@@ -12,7 +12,8 @@ import warnings
 
 import pytest
 
-from suite import fingerprint, machine
+from suite.experiments import fingerprint
+from suite.numerics import machine
 
 
 def _gemms() -> list[str]:

@@ -1,4 +1,4 @@
-"""suite/fp8.py: the E4M3 quantisers and the FP8 linear layer against hand computations.
+"""suite/numerics/fp8.py: the E4M3 quantisers and the FP8 linear layer against hand computations.
 
 Bounds tested: E4M3 has 3 mantissa bits, so round-to-nearest of a value in the normal
 range (|x / scale| >= 2^-6) has relative error <= 2^-4 = 6.25%; values below that are
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from suite.fp8 import (
+from suite.numerics.fp8 import (
     E4M3_MAX,
     FP8,
     FP8Linear,
@@ -94,7 +94,7 @@ def test_large_values_saturate_without_nan():
         assert q.float()[0, 0] == E4M3_MAX and q.float()[0, 1] == -E4M3_MAX
     assert not fake_quant_act(x).isnan().any()
     # values beyond the scale's range (a rounding overshoot or a stale scale) clamp to 448, not NaN
-    from suite.fp8 import _to_e4m3
+    from suite.numerics.fp8 import _to_e4m3
 
     assert torch.equal(_to_e4m3(torch.tensor([500.0, -1e9])).float(), torch.tensor([448.0, -448.0]))
 
@@ -268,7 +268,7 @@ def test_scaled_mm_slicing_matches_emulation():
 def test_device_without_fp32_scaled_mm_falls_back_without_rounding_partial_sums(monkeypatch):
     """A _scaled_mm that only emits bf16 (sm89, CUDA < 12.9) must not round each K-slice's partial sum:
     the GEMM falls back to the exact-product, fp32-accumulation path, once per device."""
-    from suite import fp8
+    from suite.numerics import fp8
 
     calls = []
 
@@ -311,9 +311,9 @@ def test_cuda_fp8_linear_matches_cpu_emulation():
 # ---- what the FP8 samplers quantise ----------------------------------------------------------
 def test_fp8_samplers_quantise_the_bf16_weights_vllm_receives(tiny_model):
     """The built-in FP8 sampler quantises the bf16 rounding of the trainer's weights, which is what vLLM's
-    online FP8 loader is given (suite/vllm_engine.py casts to the engine dtype), so both hold the same E4M3
+    online FP8 loader is given (suite/numerics/vllm_engine.py casts to the engine dtype), so both hold the same E4M3
     codes; quantising the fp32 masters instead gives other codes for a visible share of the weights."""
-    from suite.engine import TorchEngine
+    from suite.numerics.engine import TorchEngine
 
     model, _, _ = tiny_model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -334,7 +334,7 @@ def test_fp8_samplers_quantise_the_bf16_weights_vllm_receives(tiny_model):
 def test_unified_fp8_trainer_forward_sees_the_samplers_weights(tiny_model):
     """The unified flow's trainer quantises the same bf16-valued weights as its sampler (forward), while the
     gradient reaches the fp32 master unrounded (straight through the bf16 rounding)."""
-    from suite.engine import TorchEngine
+    from suite.numerics.engine import TorchEngine
 
     model, _, _ = tiny_model
     params = {k: v.detach().clone().requires_grad_(True) for k, v in model.named_parameters()}

@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from suite.hub_tasks import DataError, HubTask
+from suite.tasks.hub_tasks import DataError, HubTask
 from suite.tasks import TASK_DIR, get_task
 
 SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."

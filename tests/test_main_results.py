@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from suite import grids
-from suite.precision import FLOWS
+from suite.experiments import grids
+from suite.numerics.precision import FLOWS
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
 ROOT = REFERENCE / "cpu-avx2-emulated" / "sanity"  # the first reference (also holds the collapse search)
@@ -64,7 +64,7 @@ def test_step0_mismatch_is_a_property_of_the_flow_not_the_algorithm(cls):
 
 def test_the_main_table_leads_with_the_mismatch():
     """outcomes.md opens with the per-flow mismatch, ordered by the precision table, and the verdict count."""
-    from suite.report import outcome_markdown
+    from suite.analysis.report import outcome_markdown
 
     md = outcome_markdown(ROOT)
     lead = md[md.index("## Mismatch first"):md.index("## Runs")]
@@ -79,7 +79,7 @@ def test_the_main_table_leads_with_the_mismatch():
 def test_the_committed_grids_are_complete_for_todays_code():
     """`suite main` on a clean clone skips the committed cells instead of refusing them as "another
     config" after fields were added to the code (provenance.same_experiment)."""
-    from suite import sweep
+    from suite.experiments import sweep
 
     for grid in ("sanity", "collapse-search"):
         cells = sweep.plan_grid([f"grid={grid}", f"out={ROOT.parent}"]).cells
@@ -88,8 +88,8 @@ def test_the_committed_grids_are_complete_for_todays_code():
 
 def test_same_experiment_tolerates_only_fields_added_at_their_defaults(tmp_path):
     from suite import config
-    from suite.provenance import same_experiment
-    from suite.results import config_hash
+    from suite.analysis.provenance import same_experiment
+    from suite.analysis.results import config_hash
 
     new = config.to_dict(config.load(["tier=smoke"]))
     old = {k: v for k, v in new.items() if k not in ("micro_batch", "eval")}  # recorded before those fields existed

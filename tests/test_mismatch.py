@@ -1,4 +1,4 @@
-"""Exact values of suite/mismatch.py on tiny tensors (float64)."""
+"""Exact values of suite/numerics/mismatch.py on tiny tensors (float64)."""
 
 import math
 import statistics
@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from suite.mismatch import METRIC_KEYS, mismatch_metrics, token_mismatch
+from suite.numerics.mismatch import METRIC_KEYS, mismatch_metrics, token_mismatch
 
 # sampler log-probs mu, B=2 sequences of 3 and 2 response tokens (one padded slot)
 MU = [[-1.0, -2.0, -0.5], [-0.3, -1.2, 0.0]]
@@ -167,7 +167,7 @@ def test_token_mismatch():
 
 # ---- anatomy ------------------------------------------------------------------------------
 def test_anatomy_zero_for_identical_inputs():
-    from suite.mismatch import mismatch_anatomy
+    from suite.numerics.mismatch import mismatch_anatomy
 
     logp = torch.log(torch.tensor([[0.3, 0.95, 0.999, 0.6]]))
     out = mismatch_anatomy(logp, logp.clone(), torch.ones(1, 4), torch.rand(1, 4))
@@ -178,7 +178,7 @@ def test_anatomy_zero_for_identical_inputs():
 
 def test_anatomy_by_hand():
     """Two responses of 4 and 2 tokens; mismatch only on the last token of each."""
-    from suite.mismatch import mismatch_anatomy
+    from suite.numerics.mismatch import mismatch_anatomy
 
     pi = torch.tensor([[0.3, 0.6, 0.95, 0.999], [0.4, 0.7, 1.0, 1.0]])
     mu = pi.clone()
@@ -205,13 +205,13 @@ def test_anatomy_by_hand():
 @pytest.mark.parametrize("quant", [None, "fp8"])
 def test_an_engine_scoring_its_own_samples_with_emulated_gemms_is_exactly_zero(tiny_model, quant):
     """What the unified FP8 flow's zero measures where GEMMs are emulated: the trainer runs the sampler's own
-    code (suite/engine.py score_full), and with fp32-accumulated emulated GEMMs the full-sequence pass
+    code (suite/numerics/engine.py score_full), and with fp32-accumulated emulated GEMMs the full-sequence pass
     reproduces the decode loop bit for bit, for plain bf16 as for FP8. It is "trainer = sampler code", not a
     property of FP8; with native low-precision kernels (shape-dependent accumulation) it is not zero."""
-    from suite.engine import TorchEngine
-    from suite.precision import _cpu_flags
+    from suite.numerics.engine import TorchEngine
+    from suite.numerics.precision import _cpu_flags
     from suite.tasks import prompt_ids
-    from suite.train import batch_tensors
+    from suite.rl.train import batch_tensors
 
     model, tok, task = tiny_model
     prompts = [prompt_ids(tok, it) for it in task.split("train", 8) for _ in range(4)]

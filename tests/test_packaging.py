@@ -91,7 +91,7 @@ def test_a_wheel_installed_outside_the_checkout_runs_a_smoke_run(wheel, tmp_path
 
 
 def test_the_cache_defaults_to_the_users_cache_directory(monkeypatch, tmp_path):
-    from suite.policy import cache_root
+    from suite.numerics.policy import cache_root
 
     monkeypatch.delenv("SUITE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

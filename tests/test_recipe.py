@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from suite import cli, config, recipe
-from suite.algos import ALGORITHMS, get_algorithm, kl_penalty, policy_loss, regularised_loss
-from suite.results import read_jsonl
-from suite.train import run
+from suite.rl.algos import ALGORITHMS, get_algorithm, kl_penalty, policy_loss, regularised_loss
+from suite.analysis.results import read_jsonl
+from suite.rl.train import run
 from test_run import _kill_at
 
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from suite import config, provenance, render, report, stats
-from suite.results import atomic_write_json, atomic_write_text, config_hash, summarize
+from suite import config
+from suite.analysis import provenance, render, report, stats
+from suite.analysis.results import atomic_write_json, atomic_write_text, config_hash, summarize
 
 # ---------------------------------------------------------------------------- the outcome table
 
@@ -74,7 +75,7 @@ SHA = "1111111111111111111111111111111111111111"
 def _bundle(root: Path, algo: str, prec: str, seed: int, rewards: list[float], *, error: str | None = None,
             write_summary: bool = True, overrides=(), extra_summary=None, loss_scale=None, skipped=None,
             is_rows: bool = False, sha: str = SHA, task: str = "arith") -> Path:
-    """A run directory as suite.train writes it, with known metrics (1-based steps)."""
+    """A run directory as suite.rl.train writes it, with known metrics (1-based steps)."""
     cfg = config.to_dict(config.load([f"algorithm={algo}", f"precision={prec}", f"seed={seed}", "tier=smoke",
                                       f"steps={TOTAL}", f"out={root.parent}", f"name={root.name}", *overrides]))
     cfg["task"] = task  # sanity_r1d is not a registered task yet; its bundles are written as they will be
@@ -270,7 +271,7 @@ def test_nested_runs_and_sanity_comparison(tmp_path):
     assert "| FP16, PG-Seq-IS | ~99%, fast and stable | pg_seq_is/fp16 | 1 pass | 1.000 (n=1) | yes |" in md
     assert "| FP16, other algorithms | all FP16 algorithms nearly coincide (~99%) | grpo_token_tis/fp16 | 1 unstable | 0.600 (n=1) | no |" in md
     assert "| BF16, GSPO | grad norm NaN after ~1,200 steps (VeRL) | not run | - | - | - |" in md
-    # The task is registered (suite/task_files/sanity_r1d.yaml): its rerun command recomposes the recorded config.
+    # The task is registered (suite/tasks/task_files/sanity_r1d.yaml): its rerun command recomposes the recorded config.
     assert "| sanity/sanity_r1d__grpo__bf16__s0 | " in md and "cannot compose today" not in md
 
 

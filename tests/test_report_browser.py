@@ -3,7 +3,7 @@ console errors and every figure loads. Also leaves a full-page screenshot for a 
 
 from pathlib import Path
 
-from suite import report
+from suite.analysis import report
 
 RESULTS = Path(__file__).parents[1] / "results" / "reference" / "cpu-avx2-emulated" / "sanity"  # a committed reference
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from suite import config
-from suite.precision import resolve
-from suite.results import read_jsonl
-from suite.train import run
-from suite.trainer import Trainer
+from suite.numerics.precision import resolve
+from suite.analysis.results import read_jsonl
+from suite.rl.train import run
+from suite.rl.trainer import Trainer
 from test_run import _kill_at
 
 
@@ -77,13 +77,13 @@ class _Boxed:
     """A math task's reward on items that are (ground truth) strings: no dataset needed."""
 
     def reward(self, item, response, truncated):
-        from suite import math_reward
+        from suite.tasks import math_reward
 
         return math_reward.boxed_reward(response, item, truncated)
 
 
 def test_a_pool_of_reward_workers_grades_like_one_worker(monkeypatch):
-    from suite import math_reward
+    from suite.tasks import math_reward
 
     used, real = set(), math_reward.SymbolicVerifier.check
     monkeypatch.setattr(math_reward.SymbolicVerifier, "check",

@@ -14,7 +14,8 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from suite import config, grids, sweep
+from suite import config
+from suite.experiments import grids, sweep
 
 
 def test_plan_validates_every_cell_and_expands_axes(tmp_path):
@@ -29,7 +30,7 @@ def test_failing_cell_is_isolated_and_rerun_runs_only_what_is_missing(tmp_path):
     # An impossible setting in one cell only: its model directory does not exist.
     bad_ov = base + ["precision=bf16", f"policy.path={tmp_path / 'no-such-model'}"]
     bad = sweep.Cell(bad_ov, config.load(bad_ov))
-    from suite.train import prepare_data
+    from suite.rl.train import prepare_data
     prepare_data(good.cfg, Console(quiet=True))  # the shared policy, built once (as `suite main` does)
     codes = sweep.launch_local([good, bad], jobs=2, console=Console(quiet=True))
     assert codes[str(good.run_dir)] == 0 and codes[str(bad.run_dir)] != 0
@@ -57,7 +58,7 @@ def _summary(run_dir):
 
 
 def test_sanity_grid_is_every_flow_times_three_algorithms_and_a_seed_sweep_doubles_it(tmp_path):
-    from suite.precision import FLOWS
+    from suite.numerics.precision import FLOWS
 
     cells = sweep.plan_grid(["grid=sanity", f"out={tmp_path}"]).cells
     assert len(cells) == len(FLOWS) * 3
@@ -71,7 +72,8 @@ def test_sanity_grid_is_every_flow_times_three_algorithms_and_a_seed_sweep_doubl
 
 
 def test_grids_read_flows_and_algorithms_when_looked_up(monkeypatch):
-    from suite import algos, precision
+    from suite.rl import algos
+    from suite.numerics import precision
 
     monkeypatch.setitem(precision.FLOWS, "fp8_later", replace(precision.FLOWS["bf16"], name="fp8_later"))
     assert "fp8_later" in grids.get("sanity")["axes"]["precision"]
@@ -190,7 +192,7 @@ def test_ray_launcher_runs_a_cell(tmp_path):
     args = _smoke(out, "ray", "seed=0", "hydra/launcher=ray", "+hydra.launcher.ray.init.num_cpus=1",
                   "+hydra.launcher.ray.init.include_dashboard=false")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    r = subprocess.run([sys.executable, "-m", "suite.sweep", *args], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "suite.experiments.sweep", *args], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert _summary(out / "ray" / "arith__grpo__fp32__s0")["verdict"] != "incomplete"

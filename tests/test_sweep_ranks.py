@@ -12,7 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from suite import dist, local_launcher, sweep
+from suite.rl import dist
+from suite.experiments import local_launcher, sweep
 
 
 def _smoke(out, name, *extra):

@@ -6,8 +6,8 @@ import math
 import torch
 
 from suite.config import OptimConfig
-from suite.precision import resolve
-from suite.trainer import LossScaler, Trainer
+from suite.numerics.precision import resolve
+from suite.rl.trainer import LossScaler, Trainer
 
 
 def test_loss_scaler_backoff_and_growth():
@@ -59,10 +59,10 @@ def test_scaled_gradients_equal_unscaled(tiny_model):
 
 
 def test_micro_batches_accumulate_the_minibatch_gradient(tiny_model):
-    """Gradient accumulation over micro-batches (weights from suite.train.accumulation_weights) gives the
+    """Gradient accumulation over micro-batches (weights from suite.rl.train.accumulation_weights) gives the
     gradient of the whole minibatch's loss, for a seq-mean and for the token-mean aggregation."""
-    from suite.algos import get_algorithm, policy_loss
-    from suite.train import accumulation_weights, micro_batches
+    from suite.rl.algos import get_algorithm, policy_loss
+    from suite.rl.train import accumulation_weights, micro_batches
 
     model, tok, task = tiny_model
     ids = torch.tensor([tok(it.prompt + task.trace(it))["input_ids"] for it in task.split("train", 6)])

@@ -1,5 +1,5 @@
 """Transfer index: the formulas on the paper's Table 1, the flags, and a real lm-eval evaluation
-of the embedded base policy against trained ones (suite/transfer.py, suite/evaluate.py)."""
+of the embedded base policy against trained ones (suite/analysis/transfer.py, suite/experiments/evaluate.py)."""
 
 import json
 import shutil
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from suite import transfer as ti
+from suite.analysis import transfer as ti
 
 # ---- Table 1 of arXiv 2507.00432 scores in percent -----------------------
 BENCHES = ["aime24", "aime25", "math500", "olympiad", "gpqa", "lcb2", "acpbench", "headqa",
@@ -114,7 +114,7 @@ def test_bad_groups_and_sigma_are_refused():
 
 # ---- lm-eval: task names ---------------------------------------------------------------------------------
 def test_an_unknown_task_name_gets_a_suggestion():
-    from suite import evaluate as ev
+    from suite.experiments import evaluate as ev
     from suite.tasks import get_task
 
     tm = ev.task_manager([ev.build_embedded(get_task("arith3"))], defaults=False)
@@ -128,7 +128,7 @@ def test_the_papers_benchmarks_are_lm_eval_names_or_listed_missing():
     index takes ~40 s); the three benchmarks lm-eval lacks are listed, not silently dropped."""
     import lm_eval
 
-    from suite import evaluate as ev
+    from suite.experiments import evaluate as ev
 
     root = Path(lm_eval.__file__).parent / "tasks"
     dirs = [root / d for d in ("minerva_math", "aime", "gpqa", "acpbench", "headqa", "coqa", "ifeval", "mc_taco")]
@@ -142,7 +142,7 @@ def test_the_papers_benchmarks_are_lm_eval_names_or_listed_missing():
 
 
 def test_embedded_documents_stay_in_the_policys_alphabet():
-    from suite import evaluate as ev
+    from suite.experiments import evaluate as ev
     from suite.tasks import get_task
 
     for task in (get_task("arith3"), get_task("arith")):
@@ -166,8 +166,8 @@ def evaluated(tmp_path_factory):
     """Two smoke-tier runs (a few RL steps, one at a learning rate that wrecks the policy), a run
     without a checkpoint and a directory that is no run, evaluated together with lm-eval."""
     from suite import config
-    from suite import evaluate as ev
-    from suite.train import run
+    from suite.experiments import evaluate as ev
+    from suite.rl.train import run
 
     out = tmp_path_factory.mktemp("transfer-runs")
     hot = run(config.load(["tier=smoke", f"out={out}", "name=hot", "steps=6", "optim.lr=1e-3"]))
@@ -179,7 +179,7 @@ def evaluated(tmp_path_factory):
 
 
 def test_base_and_trained_policies_are_scored_on_the_three_groups(evaluated):
-    from suite.evaluate import EMBEDDED
+    from suite.experiments.evaluate import EMBEDDED
 
     hot_rec, _, mild_rec, _ = evaluated["records"]
     assert hot_rec["status"] == mild_rec["status"] == "ok"
@@ -204,7 +204,7 @@ def test_base_and_trained_policies_are_scored_on_the_three_groups(evaluated):
 def test_base_scores_are_cached_and_runs_without_checkpoint_are_reported(evaluated):
     hot_rec, bare_rec, mild_rec, none_rec = evaluated["records"]
     hot, mild = hot_rec["transfer"], mild_rec["transfer"]
-    from suite.policy import cache_root
+    from suite.numerics.policy import cache_root
 
     # the base is evaluated once (for the first run; a warm session cache may already hold it)
     assert mild["base"]["cached"] is True and (cache_root() / "transfer" / "base" / f"{hot['base']['cache_key']}.json").exists()
@@ -229,7 +229,7 @@ def test_the_cli_prints_scores_and_flags_and_exits_1_on_a_skipped_run(evaluated,
 
 
 def test_report_and_leaderboard_show_the_transfer_index(evaluated, tmp_path):
-    from suite import leaderboard, report
+    from suite.analysis import leaderboard, report
 
     root = tmp_path / "results"
     for key in ("hot", "mild"):
@@ -245,8 +245,8 @@ def test_report_and_leaderboard_show_the_transfer_index(evaluated, tmp_path):
 
 def test_a_failing_evaluation_at_the_end_of_a_run_never_fails_the_run(tmp_path, monkeypatch):
     from suite import config
-    from suite import evaluate as ev
-    from suite.train import run
+    from suite.experiments import evaluate as ev
+    from suite.rl.train import run
 
     def boom(*a, **k):
         raise RuntimeError("lm-eval exploded")
@@ -258,7 +258,7 @@ def test_a_failing_evaluation_at_the_end_of_a_run_never_fails_the_run(tmp_path, 
 
 
 def test_the_vllm_back_end_needs_the_vllm_distribution(monkeypatch, tmp_path):
-    from suite import evaluate as ev
+    from suite.experiments import evaluate as ev
 
     monkeypatch.setattr(ev, "_version", lambda dist: None)
     with pytest.raises(ValueError, match="--backend vllm: lm-eval's vLLM wrapper needs the `vllm` distribution"):

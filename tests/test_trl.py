@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer writing the suite's bundle (suite/trl_bridge.py), for real: a bf16 run of two
+"""TRL's GRPOTrainer writing the suite's bundle (suite/experiments/trl_bridge.py), for real: a bf16 run of two
 rounds on a tiny Llama, whose evidence is compared with both engines recomputed independently
 (so that the sampler's log-probs stored where the trainer's belong, or the reverse, fails), and
 the precision label taken from what ran rather than from what was asked."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 # Through the bridge, which imports trl without letting it change the process's VLLM_LOGGING_LEVEL.
-trl_bridge = pytest.importorskip("suite.trl_bridge", reason="TRL is not installed (the trl extra: pip install "
+trl_bridge = pytest.importorskip("suite.experiments.trl_bridge", reason="TRL is not installed (the trl extra: pip install "
                                  "'lowprec-rl-suite[trl]')")
 
 from safetensors.torch import load  # noqa: E402
@@ -20,7 +20,7 @@ import trl  # noqa: E402  (already imported by the bridge)
 from trl import GRPOConfig  # noqa: E402
 
 from suite import config, leaderboard  # noqa: E402
-from suite.engine import eos_ids  # noqa: E402
+from suite.numerics.engine import eos_ids  # noqa: E402
 
 
 def _args(tmp_path, bf16: bool, **kw) -> GRPOConfig:

@@ -1,4 +1,4 @@
-"""The verl importer (suite/verl_import.py) on metric rows written with verl's documented names.
+"""The verl importer (suite/experiments/verl_import.py) on metric rows written with verl's documented names.
 No verl run is made here: the rows are what verl's formulas (rollout_corr_helper.compute_offpolicy_metrics
 and ray_trainer's rollout_probs_diff, re-implemented below from their source) give on real log-probs,
 in the JSONL format of verl's file logger. Also: the mapping's claims about which formulas agree,
@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from suite import bundle, cli, leaderboard, verl_import
-from suite.mismatch import mismatch_metrics
-from suite.results import atomic_write_json, read_jsonl, write_summary
+from suite.rl import bundle
+from suite import cli
+from suite.analysis import leaderboard
+from suite.experiments import verl_import
+from suite.numerics.mismatch import mismatch_metrics
+from suite.analysis.results import atomic_write_json, read_jsonl, write_summary
 
 PROVENANCE = dict(verl_version="0.6.0", git_sha="0123456789abcdef0123456789abcdef01234567", git_dirty=False,
                   packages={"torch": "2.8.0", "vllm": "0.10.2"}, hardware={"gpus": ["NVIDIA H100 80GB HBM3"] * 8},

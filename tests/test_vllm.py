@@ -15,9 +15,9 @@ import torch
 from rich.console import Console
 
 from suite import config
-from suite.engine import TorchEngine
-from suite.policy import EOS, load_policy
-from suite.precision import resolve
+from suite.numerics.engine import TorchEngine
+from suite.numerics.policy import EOS, load_policy
+from suite.numerics.precision import resolve
 
 VLLM_POLICY = ["tier=smoke", "policy.heads=2", "policy.kv_heads=1"]  # head size 64 / 2 = 32
 VLLM_ARGS = ["engine=vllm", "vllm.kv_cache_gib=0.05", "vllm.max_model_len=128"]
@@ -32,8 +32,8 @@ def _cfg(*extra):
 @pytest.fixture(scope="module")
 def policy():
     """The warm-started smoke policy (built once per test session) and its perfectible prompts."""
-    from suite.perfectible import load
-    from suite.train import prepare_data
+    from suite.tasks.perfectible import load
+    from suite.rl.train import prepare_data
 
     cfg = config.load(VLLM_POLICY)
     model_dir, data_dir = prepare_data(cfg, Console(quiet=True))
@@ -46,7 +46,7 @@ def policy():
 @pytest.fixture(scope="module", params=DTYPES)
 def engines(request, policy):
     """(precision, config, trainer, vLLM engine) for one dtype; the engine is closed afterwards."""
-    from suite.train import build_engines
+    from suite.rl.train import build_engines
 
     _, model, _, _ = policy
     cfg = _cfg(f"precision={request.param}")
@@ -142,7 +142,7 @@ def test_rollout_contract(engines, policy):
     assert not all(a.truncated) and a.finish_reasons == ["length" if t else "stop" for t in a.truncated]
     for row, n, trunc in zip(a.tokens.tolist(), a.mask.sum(1).long().tolist(), a.truncated):
         assert (row[n - 1] == EOS) != trunc and EOS not in row[:n - 1] and all(t == 0 for t in row[n:])
-    from suite.train import batch_tensors
+    from suite.rl.train import batch_tensors
 
     ids, attn = batch_tensors(a.prompt_ids, a.tokens, a.mask)
     with torch.no_grad():
@@ -156,7 +156,7 @@ def test_rollout_contract(engines, policy):
 
 def test_step0_mismatch(engines, policy, capsys):
     """Step-0 mismatch of vLLM and of the built-in engine against the same trainer, same prompts."""
-    from suite.bench import step0_mismatch
+    from suite.experiments.bench import step0_mismatch
 
     name, cfg, trainer, engine = engines
     _, model, _, prompts = policy
@@ -188,7 +188,7 @@ def test_mismatch_orders_by_mantissa():
 
 def test_bench_reports_vllm_speed(engines, policy, capsys):
     """``suite bench``'s rollout table: vLLM tokens/s next to the built-in engine's and HF generate's."""
-    from suite.bench import sampler_table, sampler_vs_generate
+    from suite.experiments.bench import sampler_table, sampler_vs_generate
 
     name, cfg, _, engine = engines
     rows = sampler_vs_generate(cfg, repeats=1, dtypes=(name,), vllm_engines={name: engine})
@@ -204,8 +204,8 @@ def test_bench_reports_vllm_speed(engines, policy, capsys):
 
 def test_rl_run_with_vllm(tmp_path):
     """Two RL steps with vLLM as the sampler write a complete bundle with mismatch metrics."""
-    from suite.results import load_run
-    from suite.train import run
+    from suite.analysis.results import load_run
+    from suite.rl.train import run
 
     d = run(_cfg("steps=2", "precision=bf16", f"out={tmp_path}"), Console(quiet=True))
     bundle = load_run(d)
@@ -218,7 +218,7 @@ def test_rl_run_with_vllm(tmp_path):
 
 def test_validate_refuses_what_vllm_cannot_run():
     """Unsupported engine/precision pairs are refused before any compute, naming what is supported."""
-    from suite.vllm_engine import fp8_capable, supported_flows
+    from suite.numerics.vllm_engine import fp8_capable, supported_flows
 
     with pytest.raises(ValueError, match=r"precision: 'exact' is not supported with engine=vllm.*Supported here: fp32"):
         _cfg("precision=exact")

@@ -2,9 +2,9 @@
 
 Issue 9 asks for the published separation (arXiv 2510.26788: BF16 GRPO collapses on the
 sanity test, FP16 reaches > 95%) at CPU scale, searched over named regimes
-(``suite/grids.py`` REGIMES, the ``collapse-search`` grid) with several seeds per cell, and
+(``suite/experiments/grids.py`` REGIMES, the ``collapse-search`` grid) with several seeds per cell, and
 for the outcome to be *stated by the suite from the results*, either way. Everything here is
-a pure function of run bundles (``suite.report.Run``): ``suite report results/collapse-search``
+a pure function of run bundles (``suite.analysis.report.Run``): ``suite report results/collapse-search``
 calls ``build_document`` when the runs span more than one regime.
 
 Rules (stated in the report):
@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from suite import render
-from suite.results import PEAK_WINDOW, VERDICT_RULE
-from suite.stats import bootstrap_ci, finite, mean_std, trailing_mean
+from suite.analysis import render
+from suite.analysis.results import PEAK_WINDOW, VERDICT_RULE
+from suite.analysis.stats import bootstrap_ci, finite, mean_std, trailing_mean
 
 LOW_FLOWS = ("bf16", "bf16_fp8rollout")
 REFERENCE_FLOWS = ("fp16", "fp32")
@@ -43,8 +43,8 @@ def regime(run) -> str:
 
 
 def regimes_of(runs) -> list[str]:
-    """Regimes in the order of suite.grids.REGIMES (unknown names last, sorted)."""
-    from suite.grids import REGIMES
+    """Regimes in the order of suite.experiments.grids.REGIMES (unknown names last, sorted)."""
+    from suite.experiments.grids import REGIMES
 
     found = {regime(r) for r in runs}
     return [g for g in REGIMES if g in found] + sorted(found - set(REGIMES))
@@ -271,13 +271,13 @@ def corrections_table(runs, base_algo: str = "grpo") -> tuple[list[str], list[li
 
 
 def settings_table(runs) -> tuple[list[str], list[list[str]]]:
-    from suite.grids import REGIMES
+    from suite.experiments.grids import REGIMES
 
     head = ["regime", "what it changes (on top of the tier)", "why", "runs"]
     count = Counter(regime(r) for r in runs)
     rows = []
     for g in regimes_of(runs):
-        spec = REGIMES.get(g, {"set": {}, "doc": "(not in suite/grids.py REGIMES)"})
+        spec = REGIMES.get(g, {"set": {}, "doc": "(not in suite/experiments/grids.py REGIMES)"})
         rows.append([g, ", ".join(f"{k}={v}" for k, v in spec["set"].items()) or "nothing", spec["doc"], str(count[g])])
     return head, rows
 
@@ -299,7 +299,7 @@ def _wall(runs) -> str:
 
 def build_document(runs, root: Path, fig_dir: Path) -> list[tuple]:
     """The search report: outcome statement, settings, outcomes with CIs, the mechanism, figures."""
-    from suite import figures
+    from suite.analysis import figures
 
     found = findings(runs)
     flows = render.flow_order(r.precision for r in runs)
@@ -313,7 +313,7 @@ def build_document(runs, root: Path, fig_dir: Path) -> list[tuple]:
               f"jobs=2, then suite report {root}. Wall time of the runs: {_wall(runs)}."),
         ("h", "Settings tried", "settings"),
         ("table", *settings_table(runs), "Every regime of this search, including those where nothing separated. "
-         "A regime sets its fields on top of the tier for every precision alike (suite/grids.py REGIMES)."),
+         "A regime sets its fields on top of the tier for every precision alike (suite/experiments/grids.py REGIMES)."),
         ("h", "Separation", "separation"),
         ("table", *findings_table(found), f"Separated: every complete seed of the low-precision flow fails (verdict "
          f"unstable or collapse) while every complete seed of fp16 and fp32 passes, with >= {MIN_SEEDS} seeds each. "
@@ -343,7 +343,7 @@ def build_document(runs, root: Path, fig_dir: Path) -> list[tuple]:
     figures.panels(panels, flows, fig_dir / "search_k3", PEAK_WINDOW, ylabel="k3 KL (sampler || trainer)", log=True)
     doc += [("fig", "search_k3", "Mismatch (k3 KL of the sampled tokens, before each update) per regime, log axis."),
             ("h", "Mechanism: where the mismatch sits", "anatomy"),
-            ("table", *anatomy_table(runs), "suite.mismatch.mismatch_anatomy per step, averaged over every step of "
+            ("table", *anatomy_table(runs), "suite.numerics.mismatch.mismatch_anatomy per step, averaged over every step of "
              "every run of the flow. pi bins: the trainer's probability of the sampled token; tokens = fraction of "
              "tokens in the bin, mass = its share of the summed abs(log pi - log mu). Position quarters: mean abs "
              "log-ratio by relative position in the response. mu > pi: fraction of tokens the sampler found likelier "

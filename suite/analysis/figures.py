@@ -1,7 +1,7 @@
 """Report figures (matplotlib Agg + seaborn): training curves across seeds, mismatch, loss scale.
 
 Every function takes plain data and writes `<stem>.png` and `<stem>.svg`; nothing here reads
-result files (suite/report.py does) or knows the verdict rule. A *series* is one run's
+result files (suite/analysis/report.py does) or knows the verdict rule. A *series* is one run's
 per-step values of one metric:
 
     {"task", "algorithm", "precision", "seed", "complete": bool, "steps": [int], "values": [float]}
@@ -9,7 +9,7 @@ per-step values of one metric:
 Curves are the trailing mean over `window` steps (the verdict rule's acc_t, so a reward
 curve's maximum is the run's peak). Per panel and precision flow: each seed faint (dotted
 when the run is incomplete or failed), the mean over the *complete* seeds as a solid line,
-and a 95% bootstrap band over those seeds (suite.stats.bootstrap_band). Colours follow the
+and a 95% bootstrap band over those seeds (suite.analysis.stats.bootstrap_band). Colours follow the
 precision flow, in the order given by the caller, identically in every figure.
 
 Files are byte-stable for the same inputs (SVG ids salted with a constant, no dates), so a
@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from suite.stats import bootstrap_band, trailing_mean  # noqa: E402
+from suite.analysis.stats import bootstrap_band, trailing_mean  # noqa: E402
 
 PANEL_W, PANEL_H = 4.6, 3.1  # inches per panel; 1400 px pages show three panels a row readably
 DPI = 110

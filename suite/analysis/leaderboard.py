@@ -1,7 +1,7 @@
 """The static leaderboard site: a pure function of result bundles.
 
 ``suite leaderboard RESULTS_DIR... [--out leaderboard]`` writes ``index.html``, ``app.js``,
-``style.css`` (copied from ``suite/site/``) and ``data.js`` (``window.LEADERBOARD = {...}``):
+``style.css`` (copied from ``suite/analysis/site/``) and ``data.js`` (``window.LEADERBOARD = {...}``):
 a script, not JSON fetched at load time, because browsers refuse ``fetch()`` on file:// and
 the site must work opened from disk with no server and no network.
 
@@ -19,7 +19,7 @@ the site must work opened from disk with no server and no network.
    site; it never enters half-way.
 2. **Aggregate seeds.** Runs whose configs differ only in ``seed`` (and where they were written)
    form one entry: verdict as passes / seeds, IQM and a percentile bootstrap CI of the IQM over
-   seeds (suite/stats.py: rliable's conventions, arXiv 2108.13264), step-0 and final
+   seeds (suite/analysis/stats.py: rliable's conventions, arXiv 2108.13264), step-0 and final
    mismatch, cost.
 3. **Write the site into a temporary directory, then swap it in** (``_swap_in``): readers see
    the old site or the new one, and a build that fails leaves the old one untouched.
@@ -41,8 +41,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from suite import bundle, machine, provenance, stats, transfer
-from suite.results import (
+from suite.rl import bundle
+from suite.numerics import machine
+from suite.analysis import provenance, stats, transfer
+from suite.analysis.results import (
     SCHEMA_VERSION,
     VERDICT_RULE,
     config_hash,
@@ -257,7 +259,7 @@ def _model_label(cfg: dict) -> str:
 
 
 def _hardware_label(env: dict, cls: dict | None = None) -> str:
-    """The machine class first (it decides the numerics, suite/machine.py), then the hardware."""
+    """The machine class first (it decides the numerics, suite/numerics/machine.py), then the hardware."""
     if env.get("gpus"):
         names = env["gpus"]
         hw = f"{len(names)}x {names[0]}" if len(set(names)) == 1 else ", ".join(map(str, names))
@@ -299,7 +301,7 @@ def _variants(groups: dict[str, list[dict]]) -> dict[str, str]:
 
 
 def _aggregate(values) -> dict:
-    """IQM over seeds and a percentile bootstrap CI of the IQM (rliable's conventions; suite/stats.py)."""
+    """IQM over seeds and a percentile bootstrap CI of the IQM (rliable's conventions; suite/analysis/stats.py)."""
     x = stats.finite(values)
     lo, hi = stats.bootstrap_ci(x, stat="iqm") or (None, None)
     return {"iqm": stats.iqm(x), "lo": lo, "hi": hi, "n": len(x)}

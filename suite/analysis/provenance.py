@@ -20,7 +20,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 
-from suite.results import LOCATION_KEYS, config_hash
+from suite.analysis.results import LOCATION_KEYS, config_hash
 
 AXES = ("task", "algorithm", "precision", "seed", "tier")  # always spelled out, in this order
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-./]*")

@@ -1,8 +1,8 @@
-"""What the reproducibility report shows, as text: pure functions of loaded runs (suite.report.Run).
+"""What the reproducibility report shows, as text: pure functions of loaded runs (suite.analysis.report.Run).
 
 Runs are grouped into cells (task, algorithm, precision) with across-seed statistics
-(suite/stats.py); each table is a header and rows of strings; the warnings name what makes
-runs less comparable than the grid axes allow. suite/report.py assembles these into a
+(suite/analysis/stats.py); each table is a header and rows of strings; the warnings name what makes
+runs less comparable than the grid axes allow. suite/analysis/report.py assembles these into a
 document, a list of blocks, which ``to_html`` and ``to_markdown`` render so that both files
 say the same:
   ("h", text, anchor) | ("p", text) | ("warn", [text]) | ("table", head, rows, caption) |
@@ -15,12 +15,12 @@ import html
 import json
 from typing import TYPE_CHECKING
 
-from suite import stats
-from suite.provenance import flatten
-from suite.results import LOCATION_KEYS
+from suite.analysis import stats
+from suite.analysis.provenance import flatten
+from suite.analysis.results import LOCATION_KEYS
 
 if TYPE_CHECKING:
-    from suite.report import Run
+    from suite.analysis.report import Run
 
 GRID_AXES = ("precision", "algorithm", "seed")  # what may differ between cells of one report
 VERDICTS = ("pass", "collapse", "unstable", "incomplete")
@@ -86,9 +86,9 @@ def ratio_caption(rows: list[dict]) -> str:
 
 # ---------------------------------------------------------------------------- cells: the verdict table
 def flow_order(precisions) -> list[str]:
-    """Precision flows in the order of suite.precision.FLOWS, unknown ones after, sorted."""
+    """Precision flows in the order of suite.numerics.precision.FLOWS, unknown ones after, sorted."""
     try:
-        from suite.precision import FLOWS
+        from suite.numerics.precision import FLOWS
 
         known = list(FLOWS)
     except Exception:  # a report must not need torch to render
@@ -232,7 +232,7 @@ def step0_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 def transfer_tables(runs: list[Run]) -> list[tuple[list[str], list[list[str]]]]:
     """Runs with a transfer.json (suite transfer; docs/transfer.md): the TI variants per run, then the
     per-benchmark scores base -> final. A TI that is not a meaningful number shows "flag". [] when none."""
-    from suite import transfer
+    from suite.analysis import transfer
 
     docs = [(r, d) for r in runs if (d := transfer.load(r.dir)) is not None]
     if not docs:
@@ -334,7 +334,7 @@ def env_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 
 
 def provenance_table(runs: list[Run], answers: dict[str, str]) -> tuple[list[str], list[list[str]]]:
-    """Per run: config hash, whether its rerun command reproduces it (`answers`, suite/provenance.py), code and data."""
+    """Per run: config hash, whether its rerun command reproduces it (`answers`, suite/analysis/provenance.py), code and data."""
     head = ["run", "config hash", "rerun command reproduces the hash", "git sha", "dirty", "task (version)",
             "dataset sha256"]
     rows = []

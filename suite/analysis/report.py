@@ -1,4 +1,4 @@
-"""Tables and reproducibility reports: pure functions of result bundles (suite/results.py).
+"""Tables and reproducibility reports: pure functions of result bundles (suite/analysis/results.py).
 
 ``suite report RESULTS_DIR [--out DIR]`` writes a self-contained folder (default
 ``RESULTS_DIR/report/``): ``index.html`` and ``report.md`` with the same content, and
@@ -12,8 +12,8 @@ the published sanity-test comparison (task ``sanity_r1d`` only), failed and inco
 runs with their errors, every run, and provenance (environment, config hashes, the exact
 ``suite run`` command of every run). docs/report.md explains how to read it.
 
-This module loads the runs, assembles the document and writes the files; suite/render.py
-holds the cells, tables and HTML/Markdown, suite/provenance.py the rerun commands and their
+This module loads the runs, assembles the document and writes the files; suite/analysis/render.py
+holds the cells, tables and HTML/Markdown, suite/analysis/provenance.py the rerun commands and their
 config-hash check (shared with the leaderboard). Nothing is timestamped: the same result
 files give the same report.
 """
@@ -31,9 +31,10 @@ from pathlib import Path
 
 from rich.table import Table
 
-from suite import bundle, provenance, render
-from suite.render import IS_PLOT, MISMATCH_PLOT, fmt, ratio_caption
-from suite.results import (
+from suite.rl import bundle
+from suite.analysis import provenance, render
+from suite.analysis.render import IS_PLOT, MISMATCH_PLOT, fmt, ratio_caption
+from suite.analysis.results import (
     PEAK_WINDOW,
     RUN_FILES,
     SCHEMA_VERSION,
@@ -235,12 +236,12 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
         text += " " + _not_passing(summaries)
     search = Path(root).parent / SEARCH_DIR
     if find_run_dirs(search):
-        from suite import collapse
+        from suite.analysis import collapse
 
         runs = load_runs(search)
         text += f" The collapse search ({search}, report in {search / 'report'}): " + collapse.statement(runs, collapse.findings(runs))
     else:
-        from suite.reproduce import REFERENCE_ROOT
+        from suite.analysis.reproduce import REFERENCE_ROOT
 
         committed = sorted(REFERENCE_ROOT.glob(f"*/{SEARCH_DIR}"))
         text += (" Where precision does decide the outcome is searched by `suite sweep grid=collapse-search launcher=local "
@@ -285,19 +286,19 @@ def outcome_markdown(root: Path) -> str:
 
 def machine_sentence(runs: list[Run]) -> str:
     """Which machine class produced the runs: every hardware-dependent number below holds for it."""
-    from suite import machine
+    from suite.numerics import machine
 
     labels: dict[str, list[str]] = {}
     for r in runs:
         labels.setdefault(machine.label(machine.of_run(r.dir, r.env)), []).append(r.label)
     if len(labels) == 1:
         return (f"Machine class of every run: {next(iter(labels))}. The numbers below hold for this class; another "
-                "CPU ISA level, GEMM backend, torch version or GPU gives other values (suite/machine.py).")
+                "CPU ISA level, GEMM backend, torch version or GPU gives other values (suite/numerics/machine.py).")
     return "Machine classes differ between runs: " + "; ".join(f"{k}: {len(v)} run(s)" for k, v in labels.items()) + "."
 
 
 # ---------------------------------------------------------------------------- the document
-# A list of blocks (suite/render.py), rendered twice (HTML, Markdown) so both files say the same.
+# A list of blocks (suite/analysis/render.py), rendered twice (HTML, Markdown) so both files say the same.
 
 
 def _series(runs: list[Run], key: str) -> list[dict]:
@@ -313,7 +314,7 @@ def _series(runs: list[Run], key: str) -> list[dict]:
 
 def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     """Every section of the report, drawing the figures into `fig_dir` on the way."""
-    from suite import figures
+    from suite.analysis import figures
 
     flows = render.flow_order(r.precision for r in runs)
     cells = render.group_cells(runs)
@@ -341,8 +342,8 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
                                                   "algorithm, seed), and every file was readable."),
     ]
     repro = Path(root) / "reproduction.json"
-    if repro.is_file():  # written by `suite main` (suite/reproduce.py)
-        from suite import reproduce
+    if repro.is_file():  # written by `suite main` (suite/analysis/reproduce.py)
+        from suite.analysis import reproduce
 
         rdoc = json.loads(repro.read_text(encoding="utf-8"))
         doc += [("h", "Reproduction against the committed reference", "reproduction"), ("p", rdoc["statement"]),
@@ -375,7 +376,7 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     if mism:
         figures.metric_grid(mism, MISMATCH_PLOT, flows, fig_dir / "mismatch_curves", PEAK_WINDOW)
         doc.append(("fig", "mismatch_curves", "Mismatch between sampler and trainer log-probs of the sampled tokens, "
-                    "per RL step, log axis (suite/mismatch.py: k3 KL, max abs probability difference, mean abs "
+                    "per RL step, log axis (suite/numerics/mismatch.py: k3 KL, max abs probability difference, mean abs "
                     "per-sequence log-ratio)."))
     points = [{"precision": render.flow_label(r), "metric": k, "value": r.summary.get("mismatch/step0/" + k[len("mismatch/"):])}
               for r in runs for k in MISMATCH_PLOT]
@@ -402,7 +403,7 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     head, rows = render.is_table(runs)
     if rows:
         doc += [("h", "Importance-sampling diagnostics", "is"),
-                ("table", head, rows, "is/* metrics of suite/algos.py (mean [min, max] over all steps of all runs "
+                ("table", head, rows, "is/* metrics of suite/rl/algos.py (mean [min, max] over all steps of all runs "
                  "in the cell): raw IS weights before truncation or masking (practitioners' rule of thumb: a warning outside "
                  "[0.5, 2]), fraction truncated (TIS) or masked (MIS), normalised ESS of the applied weights "
                  "(1 = uniform).")]
@@ -440,7 +441,7 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     head, rows = render.run_table(runs)
     doc += [("h", "Runs", "runs"), ("table", head, rows, "")]
     head, rows = render.provenance_table(runs, answers)
-    doc += [("h", "Provenance", "provenance"), ("table", head, rows, "Config hash: suite.results.config_hash "
+    doc += [("h", "Provenance", "provenance"), ("table", head, rows, "Config hash: suite.analysis.results.config_hash "
              "of the resolved config (out and name excluded). The check recomposes the command below with "
              "suite.config.load and compares hashes."),
             ("table", *render.env_table(runs), "From env.json; 'differs' lists each value with its runs."),
@@ -484,7 +485,7 @@ def write_report(results_dir: Path, out: Path | None = None) -> Path:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; reports are meant to be shared like results
         search = len({(r.config or {}).get("regime", "base") for r in runs}) > 1
         if search:  # a collapse search (grid collapse-search): runs differ in their regime, not only the grid axes
-            from suite import collapse
+            from suite.analysis import collapse
 
             doc = collapse.build_document(runs, root, tmp / "figures")
         else:

@@ -1,7 +1,7 @@
 """Does a fresh grid reproduce the committed reference of this machine class?
 
 The main job ends here (``suite main``): each cell of the fresh results is compared with the
-cell of the same name in ``results/reference/<machine class>/<grid>/`` (suite/machine.py):
+cell of the same name in ``results/reference/<machine class>/<grid>/`` (suite/numerics/machine.py):
 is there a reference of this class, is ``metrics.jsonl`` byte-identical to it, the verdict on
 both sides, and the relative difference of the step-0 and final mismatch. Without a reference
 of this class, only what must hold on every machine is checked (``invariants``): the ``exact``
@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from suite import machine
-from suite.report import find_run_dirs
-from suite.results import (
+from suite.numerics import machine
+from suite.analysis.report import find_run_dirs
+from suite.analysis.results import (
     REFERENCE_ROOT,
     atomic_write_json,
     atomic_write_text,
@@ -56,7 +56,7 @@ def _env(run_dir: Path) -> dict:
 def _same_config(run_dir: Path, ref_dir: Path) -> bool:
     """Is the fresh run the reference's experiment? Same config hash, or the reference predates fields the code
     gained since and the fresh run holds their defaults (provenance.same_experiment)."""
-    from suite.provenance import same_experiment
+    from suite.analysis.provenance import same_experiment
 
     paths = run_dir / "config.json", ref_dir / "config.json"
     if not all(p.is_file() for p in paths):
@@ -222,7 +222,7 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     incomplete runs and mixed classes: a reference must be reproducible from its commit."""
     import shutil
 
-    from suite.report import write_report
+    from suite.analysis.report import write_report
 
     dirs = find_run_dirs(root)
     if not dirs:
@@ -255,7 +255,7 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp.rename(dest)
     atomic_write_json(meta_path, meta)
-    from suite.report import outcome_markdown
+    from suite.analysis.report import outcome_markdown
 
     atomic_write_text(dest / "outcomes.md", outcome_markdown(dest))
     write_report(dest)

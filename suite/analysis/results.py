@@ -52,11 +52,11 @@ TRACKED_PACKAGES = (
 # and how memory and time are traded (options tested to leave every number as it is),
 # not what runs;
 # they do not enter `config_hash`, so the same experiment written to two places, or resumed with
-# another world size (suite/dist.py), hashes the same.
+# another world size (suite/rl/dist.py), hashes the same.
 LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger", "reward_workers", "keep_last", "gradient_checkpointing",
                  "logprob_chunk")
-# Committed reference results, one folder per machine class (suite/reproduce.py); runs never write there.
-REFERENCE_ROOT = Path(__file__).resolve().parents[1] / "results" / "reference"
+# Committed reference results, one folder per machine class (suite/analysis/reproduce.py); runs never write there.
+REFERENCE_ROOT = Path(__file__).resolve().parents[2] / "results" / "reference"
 
 PEAK_WINDOW = 5  # w: steps in the trailing moving average used for peak and first pass
 MIN_FINAL_WINDOW = 5  # W = max(5, total_steps // 10): the final-accuracy window
@@ -411,7 +411,7 @@ def _verdict(steps_done, total_steps, threshold, error, peak, final, initial) ->
 def write_summary(run_dir, config: dict, error: str | None = None) -> dict:
     """Write ``summary.json`` of a run directory: ``summarize`` over metrics.jsonl merged with
     timing.jsonl (by step), plus the run's identity from its config dict. The suite's loop and the
-    writer for outside loops (suite/bundle.py) both end a run here, and the leaderboard recomputes
+    writer for outside loops (suite/rl/bundle.py) both end a run here, and the leaderboard recomputes
     the same thing, so a summary is a pure function of the per-step rows and the config."""
     run_dir = Path(run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []

@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.table import Table
 
 from suite import config as cfgmod
-from suite import machine
+from suite.numerics import machine
 from suite.console import make_console
-from suite.engine import TorchEngine
-from suite.precision import gemm_backend, resolve
-from suite.results import read_jsonl
+from suite.numerics.engine import TorchEngine
+from suite.numerics.precision import gemm_backend, resolve
+from suite.analysis.results import read_jsonl
 from suite.tasks import prompt_ids
 
 
@@ -40,7 +40,7 @@ def _median_time(fn, repeats: int) -> float:
 
 def step_split(cfg, console: Console) -> dict:
     """Run ``cfg.steps`` real RL steps in a scratch directory and return median timings."""
-    from suite.train import run
+    from suite.rl.train import run
 
     with tempfile.TemporaryDirectory() as tmp:
         cfg.out = tmp
@@ -53,9 +53,9 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
     """Tokens/s of the built-in engine and of HF ``generate`` on one identical batch, and of vLLM
     (with its start-up time) when ``cfg.engine == "vllm"``. ``vllm_engines`` ({dtype name: engine})
     reuses engines already started (tests); otherwise one is started, timed and closed per dtype."""
-    from suite.policy import load_policy
+    from suite.numerics.policy import load_policy
     from suite.tasks import get_task
-    from suite.train import prepare_data
+    from suite.rl.train import prepare_data
 
     model_dir, data_dir = prepare_data(cfg, Console(quiet=True))
     model, tok = load_policy(model_dir)
@@ -101,7 +101,7 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
 
 def _vllm_speed(cfg, name: str, model, prompts, n_new: int, repeats: int, engine=None) -> dict:
     """vLLM tokens/s on the same batch (same weights, synced in memory), and its start-up time."""
-    from suite.vllm_engine import VllmEngine
+    from suite.numerics.vllm_engine import VllmEngine
 
     own = engine is None
     if own:
@@ -181,12 +181,12 @@ def scaling_main(args: list[str], worlds: list[int], steps: int = 6) -> int:
 
 def main(args: list[str]) -> int:
     vs = [a for a in args if a == "--vs" or a.startswith("--vs=")]
-    if vs:  # suite bench --vs trl [overrides]: TRL's GRPOTrainer side by side (suite/bench_trl.py)
+    if vs:  # suite bench --vs trl [overrides]: TRL's GRPOTrainer side by side (suite/experiments/bench_trl.py)
         i = args.index(vs[0])
         other = vs[0].split("=", 1)[1] if "=" in vs[0] else (args[i + 1] if i + 1 < len(args) else "")
         if other != "trl":
             raise ValueError(f"--vs: the one framework to compare with is trl (got {other!r})")
-        from suite import bench_trl
+        from suite.experiments import bench_trl
 
         return bench_trl.main([a for j, a in enumerate(args) if j != i and not (vs[0] == "--vs" and j == i + 1)])
     worlds = next((a.split("=", 1)[1] for a in args if a.startswith("nproc=") and "," in a), None)
@@ -206,11 +206,11 @@ def main(args: list[str]) -> int:
     for col in ("precision", "gemm", "step s", "sampling s", "trainer log-probs s", "update s", "other s",
                 "sampler tok/s", "trainer tok/s"):
         table.add_column(col)
-    from suite.precision import FLOWS
+    from suite.numerics.precision import FLOWS
 
     flows = list(FLOWS)
     if base.engine == "vllm":  # the flows this device's vLLM can run (the others are refused in validate)
-        from suite.vllm_engine import supported_flows
+        from suite.numerics.vllm_engine import supported_flows
 
         flows = supported_flows()
     for name in flows:  # every flow: the cost of exact and of the FP8 emulation is part of the answer
@@ -233,10 +233,10 @@ def mismatch_main(args: list[str]) -> int:
     """
     import copy
 
-    from suite.perfectible import load
-    from suite.policy import load_policy
-    from suite.precision import FLOWS
-    from suite.train import build_engines, prepare_data
+    from suite.tasks.perfectible import load
+    from suite.numerics.policy import load_policy
+    from suite.numerics.precision import FLOWS
+    from suite.rl.train import build_engines, prepare_data
 
     console = make_console()
     base = cfgmod.load(args)
@@ -253,7 +253,7 @@ def mismatch_main(args: list[str]) -> int:
     rows = {}
     flows = list(FLOWS)
     if base.engine == "vllm":  # vLLM rows next to the built-in engine's, for the flows vLLM runs here
-        from suite.vllm_engine import supported_flows
+        from suite.numerics.vllm_engine import supported_flows
 
         flows = [f"{n} ({e})" for n in supported_flows() for e in ("torch", "vllm")]
     for label in flows:
@@ -278,8 +278,8 @@ def mismatch_main(args: list[str]) -> int:
 def step0_mismatch(cfg, trainer, engine, prompts) -> tuple[dict, float, float]:
     """Sample ``prompts`` with ``engine`` at the trainer's parameters, score them with ``trainer``:
     (mismatch metrics, sampling seconds, scoring seconds). No update in between."""
-    from suite.mismatch import mismatch_metrics
-    from suite.train import batch_tensors
+    from suite.numerics.mismatch import mismatch_metrics
+    from suite.rl.train import batch_tensors
 
     engine.sync(trainer.model.state_dict())
     t0 = time.perf_counter()

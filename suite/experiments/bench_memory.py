@@ -34,9 +34,9 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     import torch
 
     from suite import config
-    from suite.policy import PolicySpec, build_model
-    from suite.precision import resolve
-    from suite.trainer import Trainer
+    from suite.numerics.policy import PolicySpec, build_model
+    from suite.numerics.precision import resolve
+    from suite.rl.trainer import Trainer
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -66,7 +66,7 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
 
 def reward_pool(workers: int, n: int = 256) -> float:
     """Median seconds to grade ``n`` math responses whose answers need math-verify, with ``workers`` workers."""
-    from suite import math_reward
+    from suite.tasks import math_reward
     from suite.tasks import grade
 
     class Boxed:
@@ -115,7 +115,7 @@ def main(args: list[str]) -> int:
     console = make_console()
     rows = []
     for name in VARIANTS:
-        argv = [sys.executable, "-m", "suite.bench_memory", "--one", name, *(f"--{k}={v}" for k, v in sizes.items())]
+        argv = [sys.executable, "-m", "suite.experiments.bench_memory", "--one", name, *(f"--{k}={v}" for k, v in sizes.items())]
         out = subprocess.run(argv, capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"variant {name} failed:\n{out.stderr[-2000:]}")

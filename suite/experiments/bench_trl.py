@@ -2,12 +2,12 @@
 
 Both sides train the same embedded policy on the same perfectible prompts with the same group size,
 response budget, precision, optimizer and number of updates per rollout batch (TRL's recipe is the
-suite config translated by ``suite.trl_bridge.grpo_args``, which refuses what it cannot map). A suite
+suite config translated by ``suite.experiments.trl_bridge.grpo_args``, which refuses what it cannot map). A suite
 step and a TRL round are the same unit of work: sample prompts_per_step x samples_per_prompt responses,
 score them, then updates_per_step optimizer updates. Times are medians over the steps after the first.
 
 What each side does per step:
-- suite: its own sampler (batched decode with a KV cache, ``suite/engine.py``), one no-grad forward of
+- suite: its own sampler (batched decode with a KV cache, ``suite/numerics/engine.py``), one no-grad forward of
   the trainer for the old log-probs and the mismatch, then the updates (forward + backward each);
 - TRL: ``model.generate`` (transformers) inside ``_generate_and_score_completions`` (which also
   computes the old log-probs when it needs them), then the updates. The bridge that records TRL's
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from suite.results import read_jsonl
+from suite.analysis.results import read_jsonl
 
 
 def _medians(run_dir: Path, drop_last: bool = False) -> dict:
@@ -45,8 +45,8 @@ def compare(cfg, console) -> dict:
     """Run both sides on ``cfg`` (validated; ``cfg.out`` is replaced by a scratch directory)."""
     from rich.console import Console
 
-    from suite import trl_bridge
-    from suite.train import run
+    from suite.experiments import trl_bridge
+    from suite.rl.train import run
 
     trl_bridge.grpo_args(cfg, "/nonexistent")  # refuse an unmappable config before any compute
     with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
@@ -63,7 +63,8 @@ def compare(cfg, console) -> dict:
 
 
 def main(args: list[str]) -> int:
-    from suite import config, machine
+    from suite import config
+    from suite.numerics import machine
     from suite.console import make_console
 
     try:

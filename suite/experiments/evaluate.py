@@ -2,15 +2,15 @@
 
 ``suite transfer RUN_DIR...`` (and ``transfer=true`` at the end of ``suite run``) evaluates, for
 each run, its base model (``env.json: policy.path``) and its last checkpoint (``ckpt/latest.json``,
-sha256-checked as in suite/train.py) with EleutherAI's lm-evaluation-harness on three groups,
-then computes every Transferability Index variant (suite/transfer.py) and writes
+sha256-checked as in suite/rl/train.py) with EleutherAI's lm-evaluation-harness on three groups,
+then computes every Transferability Index variant (suite/analysis/transfer.py) and writes
 ``transfer.json`` into the run directory. Base scores are cached under
 ``<cache>/transfer/base/<key>.json``, the key hashing the base directory, the tasks, their
 versions and data, lm-eval's version and the back end, so a grid of runs on one base pays for
 the base once.
 
 Groups:
-- ``embedded`` (the tiny policy and its arith tasks): six lm-eval tasks in ``suite/task_files/lm_eval/``,
+- ``embedded`` (the tiny policy and its arith tasks): six lm-eval tasks in ``suite/tasks/task_files/lm_eval/``,
   two per group, whose data the suite writes into its cache (nothing from a hub). They only use
   the policy's alphabet "0123456789+=,#" (anything else would become <pad>). Measured on the main
   job's policy and runs: docs/transfer.md.
@@ -39,10 +39,10 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from suite import transfer as ti
+from suite.analysis import transfer as ti
 from suite.names import did_you_mean
-from suite.policy import cache_root
-from suite.results import SCHEMA_VERSION, atomic_write_json, atomic_write_text
+from suite.numerics.policy import cache_root
+from suite.analysis.results import SCHEMA_VERSION, atomic_write_json, atomic_write_text
 from suite.tasks import TASK_DIR
 
 LM_EVAL_TASKS = TASK_DIR / "lm_eval"
@@ -80,7 +80,7 @@ class TaskNotFound(ValueError):
 
 # ---- embedded task data ---------------------------------------------------------------------
 def _trace(a: str, b: str) -> tuple[list[str], str]:
-    """Column steps "a+b+c=ss," (least significant first) and the sum, as in suite/tasks.py."""
+    """Column steps "a+b+c=ss," (least significant first) and the sum, as in suite/tasks/__init__.py."""
     steps, carry = [], 0
     for da, db in zip(reversed(a), reversed(b)):
         s = int(da) + int(db) + carry
@@ -311,7 +311,7 @@ def base_dir(env: dict) -> Path:
 def final_state(run_dir: Path, model) -> tuple[dict, dict]:
     """(state_dict, {"step", "file", "sha256"}) of ``ckpt/latest.json`` (a DCP checkpoint of any world size,
     read into ``model``'s layout), checksum verified."""
-    from suite.checkpoint import CorruptCheckpoint, model_state
+    from suite.rl.checkpoint import CorruptCheckpoint, model_state
 
     try:
         return model_state(run_dir, model)
@@ -350,7 +350,7 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
     import lm_eval
     import torch
 
-    from suite.policy import load_policy
+    from suite.numerics.policy import load_policy
     from suite.tasks import get_task
 
     console = console or Console(stderr=True)
@@ -456,7 +456,7 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
             "ti": {k: variants[k] for k in ("v1", "v2_per_model", "v2_pooled", "v2_fixed", "v2_no_sigma") if k in variants},
             "delta": variants["delta"], "sigma": variants["sigma"],
             "pooled_over": len(pairs), "flags": variants["flags"], "run_flags": run_flags,
-            "formulas": "arXiv 2507.00432, TI v1 and v2; suite/transfer.py",
+            "formulas": "arXiv 2507.00432, TI v1 and v2; suite/analysis/transfer.py",
         }
         atomic_write_json(r["dir"] / "transfer.json", doc)
         records.append({"run": str(r["dir"]), "status": "ok", "transfer": doc})
@@ -538,7 +538,7 @@ def cli(args: list[str]) -> int:
     p.add_argument("--limit", type=int, default=None, help="documents per task (quick checks only)")
     p.add_argument("--include", type=Path, action="append", default=[], help="extra lm-eval task directory")
     a = p.parse_args(args)
-    from suite.report import _is_run_dir, find_run_dirs
+    from suite.analysis.report import _is_run_dir, find_run_dirs
 
     missing = [str(d) for d in a.runs if not d.exists()]
     if missing:

@@ -10,7 +10,7 @@ dependency) fails CI until the fingerprint is regenerated on purpose:
     suite fingerprint --write          # on a machine of the class; then commit the file
 
 On a class without a committed fingerprint only what holds everywhere is checked
-(suite/reproduce.py: ``exact`` is 0, the step-0 mismatch ordering of the flows).
+(suite/analysis/reproduce.py: ``exact`` is 0, the step-0 mismatch ordering of the flows).
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from suite import machine
-from suite.reproduce import REFERENCE_ROOT, invariants
-from suite.results import atomic_write_json, read_jsonl
+from suite.numerics import machine
+from suite.analysis.reproduce import REFERENCE_ROOT, invariants
+from suite.analysis.results import atomic_write_json, read_jsonl
 
 SCHEMA = 1
 KEYS = ("reward/mean", "mismatch/kl_k3", "mismatch/prob_diff/mean", "train/grad_norm", "loss/policy")
@@ -38,8 +38,8 @@ def overrides(flow: str, gemm: str, out: Path) -> list[str]:
 def compute(gemm: str = "auto", workdir: Path | None = None, console: Console | None = None) -> dict:
     """Run every flow's smoke steps (in ``workdir``, default a temporary directory) and fingerprint them."""
     from suite import config as cfgmod
-    from suite.precision import FLOWS
-    from suite.train import run
+    from suite.numerics.precision import FLOWS
+    from suite.rl.train import run
 
     console = console or Console(quiet=True)
     with tempfile.TemporaryDirectory(prefix="suite-fingerprint-") as tmp:

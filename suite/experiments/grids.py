@@ -3,9 +3,9 @@
 A grid is data: ``axes`` (config field -> values; the sweep is their Cartesian product),
 ``overrides`` (plain ``key=value`` applied to every cell) and a one-line ``doc``. An axis may
 be a function instead of a list; it is called when the grid is looked up, so a grid over
-"every precision flow" picks up flows added to ``suite.precision.FLOWS`` later without an
+"every precision flow" picks up flows added to ``suite.numerics.precision.FLOWS`` later without an
 edit here. Any axis or field can be replaced on the command line (``seed=0,1,2``,
-``tier=smoke``); see ``suite/sweep.py`` and docs/sweeps.md.
+``tier=smoke``); see ``suite/experiments/sweep.py`` and docs/sweeps.md.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from suite.names import lookup
 
 
 def _flows() -> list[str]:
-    from suite.precision import FLOWS
+    from suite.numerics.precision import FLOWS
 
     return list(FLOWS)
 
@@ -27,7 +27,7 @@ def _fp8_flows() -> list[str]:
 
 
 def _algorithms() -> list[str]:
-    from suite.algos import ALGORITHMS
+    from suite.rl.algos import ALGORITHMS
 
     return list(ALGORITHMS)
 
@@ -97,7 +97,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         "overrides": ["task=sanity_r1d", "tier=full", "engine=vllm"],
     },
     "algorithms": {
-        "doc": "every algorithm of suite.algos in bf16 and fp16, two seeds",
+        "doc": "every algorithm of suite.rl.algos in bf16 and fp16, two seeds",
         "axes": {"algorithm": _algorithms, "precision": ["bf16", "fp16"], "seed": [0, 1]},
         "overrides": [],
     },

@@ -18,7 +18,7 @@ A cell killed outright (OOM killer, segfault) still gets an ``incomplete`` summa
 go on. Each cell's ``log.txt`` records when the sweep started and reaped it (``sweep: cell started
 at <unix time>`` / ``finished at``), the same lines ``sweep.run_cell`` writes.
 
-Cells are duck-typed (``.cfg``, ``.overrides``, ``.run_dir``): ``suite.sweep`` imports this
+Cells are duck-typed (``.cfg``, ``.overrides``, ``.run_dir``): ``suite.experiments.sweep`` imports this
 module, never the other way round.
 """
 
@@ -56,7 +56,7 @@ def record_failure(cell, code: int) -> None:
     path = cell.run_dir / "summary.json"
     if path.exists():
         return
-    from suite.results import atomic_write_json, summarize
+    from suite.analysis.results import atomic_write_json, summarize
 
     s = summarize([], total_steps=cell.cfg.steps, error=f"process exited with code {code}")
     s.update({"run": cell.run_dir.name, "task": cell.cfg.task, "algorithm": cell.cfg.algorithm,
@@ -95,7 +95,7 @@ def next_fit(pending: list, in_use: int, cap: int) -> int | None:
 
 def relative_cost(cell) -> float:
     """Rough cost of a cell for scheduling: steps x samples, doubled for the flows with heavier kernels."""
-    from suite.precision import resolve
+    from suite.numerics.precision import resolve
 
     flow = resolve(cell.cfg.precision)
     heavy = flow.exact or flow.trainer_quant == "fp8"

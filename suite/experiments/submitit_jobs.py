@@ -4,7 +4,7 @@ A submitit sweep submits every cell with one launcher config, so a cell of ``npr
 ``nnodes`` nodes makes every job of the sweep that shape (the cells must agree):
 
 - **submitit_slurm**: ``tasks_per_node=nproc``, ``nodes=nnodes`` and ``gpus_per_node=nproc``,
-  each unless the user set it. Slurm starts the ranks as the job's tasks; ``suite.dist.from_env``
+  each unless the user set it. Slurm starts the ranks as the job's tasks; ``suite.rl.dist.from_env``
   reads their world from SLURM_* variables and every task runs the cell (rank 0 writes).
   **GPU rule**: one GPU per rank unless the user asked for GPUs another way (``gpus_per_node``,
   ``gres``, ``gpus_per_task``). The job runs on a cluster node whose GPUs cannot be seen from

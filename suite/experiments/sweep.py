@@ -2,7 +2,7 @@
 
 ``suite sweep grid=sanity [key=value ...] [hydra/launcher=NAME hydra.launcher.KEY=VALUE ...]``
 
-1. **Plan.** The grid (``suite/grids.py``) becomes Hydra overrides, one sweep per axis
+1. **Plan.** The grid (``suite/experiments/grids.py``) becomes Hydra overrides, one sweep per axis
    (``precision=fp32,bf16,fp16``); the command line replaces any axis or field with Hydra's
    syntax (``seed=0,1,2``, ``tier=smoke``). Hydra's basic sweeper expands the product, and
    every cell is validated (``config.load``) before anything runs, together with the
@@ -18,7 +18,7 @@
    A cell of several ranks (``nproc``/``nnodes``) is started through torchrun by ``run_cell``
    on a local launcher, or runs in every task of a submitit Slurm job whose shape (tasks and
    GPUs per node, nodes) the sweep sets from the cells. ``launcher=local``
-   (``suite/local_launcher.py``) instead runs each cell as its own ``suite run`` process, as
+   (``suite/experiments/local_launcher.py``) instead runs each cell as its own ``suite run`` process, as
    many as fit in the core capacity: a cell killed outright (OOM killer, segfault) is
    recorded too, which a joblib worker cannot promise, so it is the local-parallel choice.
 4. **Report.** The outcome table of the grid, then one line per failed cell with its error.
@@ -45,7 +45,7 @@ from rich.console import Console
 
 from suite import config as cfgmod
 from suite.console import make_console
-from suite.local_launcher import (
+from suite.experiments.local_launcher import (
     capacity,
     check_one_node,
     cores,
@@ -54,9 +54,9 @@ from suite.local_launcher import (
     record_failure,
     steps_done,
 )
-from suite.provenance import hydra_value, same_experiment
-from suite.results import run_dir_name
-from suite.submitit_jobs import check_job_shape, check_one_shape, job_shape, sbatch_script
+from suite.analysis.provenance import hydra_value, same_experiment
+from suite.analysis.results import run_dir_name
+from suite.experiments.submitit_jobs import check_job_shape, check_one_shape, job_shape, sbatch_script
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def state(cell: Cell) -> str:
 
 def check_run_dirs(cells: list[Cell]) -> None:
     """Refuse, before compute, two cells sharing a run directory or a directory of another config."""
-    from suite.train import _diff
+    from suite.rl.train import _diff
 
     seen: dict[Path, Cell] = {}
     for cell in cells:
@@ -198,7 +198,8 @@ class Sweep:
 
 def plan_grid(args: list[str]) -> Sweep:
     """``grid=NAME`` plus command-line overrides -> validated cells (nothing runs, nothing is written)."""
-    from suite import grids, recipe
+    from suite.experiments import grids
+    from suite import recipe
 
     options, fields, hydra_ovs = {}, [], []
     for a in recipe.expand(args):  # a recipe file's fields first, the command line after them
@@ -296,8 +297,8 @@ def run_cell(job_cfg) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from suite import dist
-    from suite.train import run
+    from suite.rl import dist
+    from suite.rl.train import run
 
     cfg = cfgmod.validate(cfgmod.resolve(OmegaConf.to_object(job_cfg)))
     cell = Cell(list(HydraConfig.get().overrides.task), cfg)
@@ -335,7 +336,7 @@ def _launch_ranks(cell: Cell, logf) -> int:
 
     ``dist.launch`` lets the child inherit this process's stdout and stderr, so both descriptors point
     at ``log.txt`` for the call (not the sweep's terminal) and are put back after it."""
-    from suite import dist
+    from suite.rl import dist
 
     logf.flush()
     sys.stdout.flush()
@@ -364,7 +365,7 @@ def _launch_ranks(cell: Cell, logf) -> int:
 
 def _run_other_rank(cell: Cell, world: dict) -> dict:
     """A rank other than 0 inside a launcher's world: compute, write nothing; output to this task's log."""
-    from suite.train import run
+    from suite.rl.train import run
 
     error = None
     try:
@@ -410,7 +411,7 @@ def prebuild(cells: list[Cell], console: Console) -> None:
     """Build each distinct policy and perfectible set once, before cells start side by side.
 
     A failure here is only reported: the cells that need that data fail on it and record it."""
-    from suite.train import prepare_data
+    from suite.rl.train import prepare_data
 
     for cell in cells:
         try:
@@ -421,7 +422,7 @@ def prebuild(cells: list[Cell], console: Console) -> None:
 
 def report_sweep(cells: list[Cell], console: Console) -> list[Cell]:
     """The outcome table of each result root, then one line per cell that is not complete; returns those."""
-    from suite import report
+    from suite.analysis import report
 
     for root in dict.fromkeys(c.root for c in cells):
         console.print(report.outcome_table(root))
@@ -439,7 +440,7 @@ def main(args: list[str]) -> int:
     """``suite sweep``: plan and validate the grid, run what is missing, print the table.
 
     Returns 0 when every cell is complete, 1 when some failed; raises ValueError on bad input."""
-    from suite import grids
+    from suite.experiments import grids
 
     console = make_console()
     if not args or args[0] in ("-h", "--help", "help"):

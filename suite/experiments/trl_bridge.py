@@ -2,7 +2,7 @@
 verdict, the report and a leaderboard row for a recipe that lives in TRL (docs/bundle.md).
 
 ``BundleGRPOTrainer`` is ``trl.GRPOTrainer`` plus, every generation round (one RL step), a
-``suite.bundle`` step: the log-probs the **sampler** gave the tokens it drew, the log-probs the
+``suite.rl.bundle`` step: the log-probs the **sampler** gave the tokens it drew, the log-probs the
 **trainer** gives the same tokens at the same parameters, the mask, the rewards. TRL's training
 is left as it is: nothing the bridge records feeds back into TRL's loss.
 
@@ -25,7 +25,7 @@ Where each side comes from, and the TRL internals relied on (trl 1.16; the ``trl
 
 Precision is recorded as observed, not as configured: forward hooks on the model's first linear
 layer and output head record the dtype each engine computes in (and the autocast state) while it
-runs; the bundle's precision label is the flow of suite/precision.py with those two dtypes, and a
+runs; the bundle's precision label is the flow of suite/numerics/precision.py with those two dtypes, and a
 label the run was asked for but did not run is an error, not a row.
 
 ``suite trl-run key=value ...`` runs the suite's sanity test this way: the suite's config (tier,
@@ -58,8 +58,8 @@ if _VLLM_LOGGING_LEVEL is None:
 else:
     os.environ["VLLM_LOGGING_LEVEL"] = _VLLM_LOGGING_LEVEL
 
-from suite import bundle
-from suite.precision import FLOWS
+from suite.rl import bundle
+from suite.numerics.precision import FLOWS
 from suite.tasks import Item
 
 SUPPORTED_TRL = ">=1.16,<1.17"
@@ -194,7 +194,7 @@ def _capturing_generate(model: nn.Module, capture: SamplerLogprobs, out: list):
 class BundleGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` that writes a suite bundle into ``bundle_out`` (see the module docstring).
 
-    bundle_meta: ``suite.bundle.open_run`` arguments besides out, precision, steps, framework and
+    bundle_meta: ``suite.rl.bundle.open_run`` arguments besides out, precision, steps, framework and
     observed: task, algorithm (default ``trl_<loss_type>``), seed, threshold, tier, model, policy,
     env_extra, recipe. ``precision`` there is what the run is meant to be; the bundle's label is what
     was observed, and a difference stops the run at its first step.
@@ -359,12 +359,12 @@ def grpo_args(cfg, output_dir: str) -> GRPOConfig:
 
 def run(cfg, console=None) -> Path:
     """Train the suite's sanity test of ``cfg`` (a validated suite config) with TRL; return the bundle."""
-    from suite import perfectible
+    from suite.tasks import perfectible
     from suite.console import make_console
-    from suite.engine import eos_ids
-    from suite.policy import load_policy
+    from suite.numerics.engine import eos_ids
+    from suite.numerics.policy import load_policy
     from suite.tasks import get_task
-    from suite.train import prepare_data
+    from suite.rl.train import prepare_data
 
     torch.set_num_threads(cfg.threads)
     model_dir, data_dir = prepare_data(cfg, console or make_console())

@@ -10,7 +10,7 @@ path in ``$VERL_FILE_LOGGER_PATH``) writes one JSON line per step, ``{"step": n,
 rows flattened by a W&B export (``{"step": n, "rollout_corr/kl": ...}``) read the same.
 
 What the log does not hold cannot be recomputed: no per-token log-probs, so the suite's own
-``suite.mismatch`` functions never run on a verl import. Each value is copied under the bundle's
+``suite.numerics.mismatch`` functions never run on a verl import. Each value is copied under the bundle's
 name, marked ``copied`` in env.json with the verl name it came from, and the original log is kept
 in ``source/``: the leaderboard checks every copied number against it. Metrics verl does not log
 (k2 KL, |log-prob| differences, sequence log-ratios, the anatomy, per-prompt pass rates) stay
@@ -33,8 +33,8 @@ import math
 import re
 from pathlib import Path
 
-from suite import bundle
-from suite.results import SCHEMA_VERSION, append_jsonl, atomic_write_bytes, env_info, write_summary
+from suite.rl import bundle
+from suite.analysis.results import SCHEMA_VERSION, append_jsonl, atomic_write_bytes, env_info, write_summary
 
 # bundle key -> (verl key, how the two differ). Rows: the verl key's value is copied as is.
 MAPPING = {

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from suite.fp8 import fp8_linear, fp8_linear_inference, quantize_blockwise
-from suite.policy import EOS, PAD
-from suite.precision import lowp_attention, lowp_linear
+from suite.numerics.fp8 import fp8_linear, fp8_linear_inference, quantize_blockwise
+from suite.numerics.policy import EOS, PAD
+from suite.numerics.precision import lowp_attention, lowp_linear
 
 
 @dataclass
@@ -133,7 +133,7 @@ class TorchEngine:
         w = self.cast_weights(state_dict, detach=True)
         self.wq = {}
         if self.quant == "fp8":
-            # The bf16 copy, as vLLM's loader gets it (suite/vllm_engine.py): both FP8 samplers quantise
+            # The bf16 copy, as vLLM's loader gets it (suite/numerics/vllm_engine.py): both FP8 samplers quantise
             # the same values, so they hold the same E4M3 codes.
             for k in [k for k in w if k.endswith(("_proj.weight",))]:
                 self.wq[k] = quantize_blockwise(w.pop(k))  # (fp8 (N, K), fp32 block scales)
@@ -388,7 +388,7 @@ def _diag(S: int, T: int, t0: int) -> torch.Tensor:
 def sequence_seeds(seed: int, step: int, groups: list[int], group_size: int) -> torch.Tensor:
     """(len(groups) * group_size,) int64 seeds, one per sampled sequence: a function of (run seed, step,
     prompt group's index in the step's batch, sample within the group) and of nothing else, so the
-    rank that samples a group (suite/dist.py) never changes its tokens."""
+    rank that samples a group (suite/rl/dist.py) never changes its tokens."""
     def one(g: int, j: int) -> int:
         digest = hashlib.sha256(f"{seed}:{step}:{g}:{j}".encode()).digest()
         return int.from_bytes(digest[:8], "little") >> 1  # a non-negative int64

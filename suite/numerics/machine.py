@@ -5,7 +5,7 @@ may differ between classes. What decides it:
 
 - **the GEMM kernels.** On CPUs, torch picks different fp32 kernels (blocking, hence
   accumulation order) for AVX2 and for AVX-512, and bf16/fp16 GEMMs run natively only with
-  AVX512-BF16/FP16 or AMX; without them ``gemm=auto`` emulates them (suite/precision.py). The
+  AVX512-BF16/FP16 or AMX; without them ``gemm=auto`` emulates them (suite/numerics/precision.py). The
   perfectible set is built in fp32 and still differs between AVX2 and AMX machines, so the ISA
   level is part of the class even for fp32 runs. On GPUs: the GPU model, the driver and CUDA.
 - **the GEMM backend per dtype** (``native`` or ``emulated``, resolved from ``gemm=``);
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from suite.precision import _cpu_flags, gemm_backend
+from suite.numerics.precision import _cpu_flags, gemm_backend
 
 # x86 ISA levels that change torch's CPU kernels, most capable first.
 ISA_LEVELS = (("amx", ("amx_bf16",)), ("avx512bf16", ("avx512_bf16", "avx512_fp16")),

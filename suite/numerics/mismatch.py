@@ -44,7 +44,7 @@ counterpart we know of):
 (1) slime averages per sequence first, then over sequences; ours pools tokens.
 IS-weight diagnostics (TRL `sampling/importance_sampling_ratio/{min,mean,max}`, VeRL
 `rollout_corr/rollout_is_mean`, `rollout_corr/rollout_is_eff_sample_size`) depend on the
-correction in use and are returned by `suite.algos.policy_loss` under `is/*`.
+correction in use and are returned by `suite.rl.algos.policy_loss` under `is/*`.
 
 `log_ppl_diff` sign: trainer log-perplexity minus sampler log-perplexity, per sequence,
 then averaged; positive when the trainer finds the sampled text less likely than the

@@ -147,7 +147,7 @@ def encode_pairs(tok, prompts: list[str], responses: list[str]) -> tuple[torch.T
 
 def sampled_accuracy(model, tok, task, items, max_new_tokens: int, seed: int) -> float:
     """Mean reward of one temperature-1 sample per prompt, drawn with the fp32 built-in engine."""
-    from suite.engine import TorchEngine
+    from suite.numerics.engine import TorchEngine
     from suite.tasks import prompt_ids
 
     engine = TorchEngine(model.config, torch.float32)

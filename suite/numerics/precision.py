@@ -179,9 +179,9 @@ def fp8_decoder_linears(model: torch.nn.Module) -> None:
     """Route every linear layer but the output head through Jet-RL's FP8 linear (in place).
 
     Forward, input-gradient and weight-gradient GEMMs all run on block-scaled FP8 operands
-    (suite/fp8.py); outputs are bf16, master weights and their gradients stay fp32.
+    (suite/numerics/fp8.py); outputs are bf16, master weights and their gradients stay fp32.
     """
-    from suite.fp8 import fp8_linear
+    from suite.numerics.fp8 import fp8_linear
 
     head = model.get_output_embeddings()
     for m in model.modules():

@@ -1,6 +1,6 @@
 """The vLLM sampler (``engine=vllm``): the real inference engine behind the built-in one's interface.
 
-Same three things as ``TorchEngine`` (suite/engine.py): ``sync(state_dict)``, ``generate(prompts,
+Same three things as ``TorchEngine`` (suite/numerics/engine.py): ``sync(state_dict)``, ``generate(prompts,
 max_new_tokens, temperature, top_p, generator) -> Rollout`` and ``.dtype``, so the RL loop does not
 know which engine it drives. What vLLM brings is the arithmetic of a production sampler: its own
 kernels (paged attention, fused QKV / gate-up GEMMs, its own sampler), so the mismatch measured
@@ -52,9 +52,9 @@ from pathlib import Path
 
 import torch
 
-from suite.engine import Rollout
-from suite.policy import EOS, PAD
-from suite.precision import Flow, resolve
+from suite.numerics.engine import Rollout
+from suite.numerics.policy import EOS, PAD
+from suite.numerics.precision import Flow, resolve
 
 # Flows the vLLM sampler cannot run, whatever the device, and why.
 UNSUPPORTED = {
@@ -82,7 +82,7 @@ def fp8_capable() -> tuple[bool, str]:
 
 
 def supported_flows() -> list[str]:
-    from suite.precision import FLOWS
+    from suite.numerics.precision import FLOWS
 
     ok8 = fp8_capable()[0]
     return [n for n, f in FLOWS.items() if n not in UNSUPPORTED and (f.sampler_quant is None or ok8)]
@@ -185,7 +185,7 @@ class VllmEngine:
         t0 = time.perf_counter()
         from transformers import AutoConfig
 
-        from suite.engine import eos_ids
+        from suite.numerics.engine import eos_ids
 
         self.eos = eos_ids(AutoConfig.from_pretrained(model_dir))  # skip_tokenizer_init: vLLM cannot read it
         self.llm = LLM(

@@ -1,25 +1,25 @@
 """The run bundle for RL loops outside the suite: write it from TRL, verl or your own loop, and
 the suite's verdict, mismatch metrics, report and leaderboard row follow (docs/bundle.md).
 
-A bundle is the directory the suite's own loop writes (suite/results.py): ``config.json``,
+A bundle is the directory the suite's own loop writes (suite/analysis/results.py): ``config.json``,
 ``metrics.jsonl``, ``timing.jsonl``, ``summary.json``, ``env.json``. An outside loop adds two
 things the suite's runs do not need, because nothing can rerun them with ``suite run``:
 
 - **the framework** that ran it, ``env.json: framework = {name, version}``, shown as a column and
   a filter of the leaderboard;
 - **the evidence behind every mismatch number**. The writer computes the mismatch metrics and
-  their anatomy with the very functions of the suite's loop (``suite.mismatch``), so numbers are
+  their anatomy with the very functions of the suite's loop (``suite.numerics.mismatch``), so numbers are
   comparable by construction, and keeps each step's per-token log-probs in
   ``logprobs/step_NNNNNN.safetensors``; the leaderboard recomputes every ``mismatch/*``,
   ``anatomy/*`` and ``logprob/*`` value from them (``check``). Numbers an importer copied from a
-  framework's own logs (suite/verl_import.py) are marked ``copied`` and checked against the
+  framework's own logs (suite/experiments/verl_import.py) are marked ``copied`` and checked against the
   original log kept in ``source/``. A number that is neither is a claim the bundle cannot back:
   the bundle is rejected with that reason.
 
 Writing one, from any loop (tensors are (B, T) over the response tokens; row b of the batch is
 response b % group_size of prompt b // group_size)::
 
-    from suite import bundle
+    from suite.rl import bundle
     run = bundle.open_run("runs/mine", task="arith3", algorithm="grpo", precision="bf16", seed=0,
                           steps=100, framework=("mylib", "0.3.1"), recipe={"lr": 1e-4})
     for step in range(100):
@@ -45,10 +45,10 @@ from pathlib import Path
 
 import torch
 
-from suite import machine
-from suite.mismatch import mismatch_anatomy, mismatch_metrics
-from suite.precision import resolve
-from suite.results import (
+from suite.numerics import machine
+from suite.numerics.mismatch import mismatch_anatomy, mismatch_metrics
+from suite.numerics.precision import resolve
+from suite.analysis.results import (
     RUN_FILES,
     append_jsonl,
     atomic_write_bytes,
@@ -75,7 +75,7 @@ EVIDENCE_KEYS = ("trainer_logp", "sampler_logp", "mask")
 def step_metrics(trainer_logp: torch.Tensor, sampler_logp: torch.Tensor, mask: torch.Tensor,
                  entropy: torch.Tensor | None = None) -> dict[str, float]:
     """Everything the suite computes from one step's per-token log-probs, as the writer logs it and
-    as ``check`` recomputes it from the evidence: ``suite.mismatch`` metrics (and their anatomy when
+    as ``check`` recomputes it from the evidence: ``suite.numerics.mismatch`` metrics (and their anatomy when
     the trainer's entropy is given), the mean log-prob each engine gave the sampled tokens, response
     lengths, and the mean entropy. All (B, T); ``mask`` is 1 on response tokens."""
     m = mask.bool()
@@ -116,7 +116,7 @@ def open_run(out, *, task: str, algorithm: str, precision: str, seed: int, steps
     """Start the bundle ``<out>/<task>__<algorithm>__<precision>__s<seed>/`` of an outside loop.
 
     framework: ``(name, version)`` of the loop that trains (not "suite"). precision: a flow of
-    suite/precision.py naming both engines' compute dtypes; when ``observed`` gives them
+    suite/numerics/precision.py naming both engines' compute dtypes; when ``observed`` gives them
     (``{"sampler": {"compute_dtype": "torch.bfloat16", ...}, "trainer": {...}}``) the leaderboard
     checks that the label agrees. recipe: the loop's own settings, kept verbatim in config.json.
     command: how the run was started (default: this process's command line). t0: the

@@ -31,13 +31,17 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from suite import checkpoint, dist, flops, loggers, machine, perfectible, recipe, results
+from suite.rl import checkpoint, dist, loggers
+from suite.numerics import flops, machine
+from suite.tasks import perfectible
+from suite import recipe
+from suite.analysis import results
 from suite import config as cfgmod
-from suite.algos import compute_advantages, policy_loss, regularised_loss
-from suite.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
-from suite.engine import Rollout, TorchEngine, left_pad, sequence_seeds
-from suite.mismatch import mismatch_anatomy, mismatch_metrics
-from suite.policy import (
+from suite.rl.algos import compute_advantages, policy_loss, regularised_loss
+from suite.rl.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
+from suite.numerics.engine import Rollout, TorchEngine, left_pad, sequence_seeds
+from suite.numerics.mismatch import mismatch_anatomy, mismatch_metrics
+from suite.numerics.policy import (
     BUILD_THREADS,
     PolicySpec,
     cache_root,
@@ -46,9 +50,9 @@ from suite.policy import (
     policy_key,
     torch_threads,
 )
-from suite.precision import gemm_backend, resolve
-from suite.provenance import same_experiment
-from suite.results import (
+from suite.numerics.precision import gemm_backend, resolve
+from suite.analysis.provenance import same_experiment
+from suite.analysis.results import (
     REFERENCE_ROOT,
     append_jsonl,
     atomic_write_json,
@@ -115,7 +119,7 @@ def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
     (a chat task needs a chat template). Tasks whose train split is already a perfectible set
     (sanity_r1d: the published filter) use it as is; the others are filtered with the base model.
     """
-    from suite import models
+    from suite.numerics import models
 
     task = get_task(cfg.task, cfg.data)
     spec = task_spec(cfg.task)
@@ -258,7 +262,7 @@ def _diff(a: dict, b: dict, prefix: str = "") -> str:
 # ---- the run ---------------------------------------------------------------------------------
 def build_engines(cfg, model, world: dist.World | None = None):
     """Trainer and sampler of a run (on this rank's device), configured from the precision table and nothing else."""
-    from suite.trainer import Trainer
+    from suite.rl.trainer import Trainer
 
     flow, world = resolve(cfg.precision), world or dist.World()
     device = world.device.split(":")[0]
@@ -267,7 +271,7 @@ def build_engines(cfg, model, world: dist.World | None = None):
     trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world,
                       gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk)
     if cfg.engine == "vllm":  # vLLM starts from the policy's directory; sync() then loads the trainer's weights
-        from suite.vllm_engine import VllmEngine
+        from suite.numerics.vllm_engine import VllmEngine
 
         if not model.name_or_path:
             raise ValueError("engine=vllm: the policy must be loaded from a directory (load_policy), vLLM starts from it")
@@ -281,7 +285,7 @@ def build_engines(cfg, model, world: dist.World | None = None):
 def run(cfg, console: Console | None = None) -> Path:
     """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated.
 
-    Under torchrun or srun (suite/dist.py) every rank calls this; rank 0 alone writes the bundle.
+    Under torchrun or srun (suite/rl/dist.py) every rank calls this; rank 0 alone writes the bundle.
     """
     world = dist.init(cfg.nproc, cfg.nnodes)
     try:
@@ -400,7 +404,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                        **mismatch_anatomy(old_logp, roll.logprobs, roll.mask, entropy)}
 
                 # ---- updates: minibatches of the rollout batch, one PPO epoch; each rank takes an equal share
-                # of every minibatch and the gradients are summed over ranks (suite/trainer.py)
+                # of every minibatch and the gradients are summed over ranks (suite/rl/trainer.py)
                 gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
                 perm = torch.randperm(B, generator=gen)
                 dev = trainer.device
@@ -492,7 +496,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         if mirrors:
             mirrors.close()
     if cfg.transfer and world.main:  # lm-eval transfer index of base vs final checkpoint; never fails the finished run
-        from suite.evaluate import after_run
+        from suite.experiments.evaluate import after_run
 
         after_run(run_dir, console)
     return run_dir

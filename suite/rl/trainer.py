@@ -11,7 +11,7 @@ scale the loss before backward, unscale before clipping, skip the step on inf/na
 the scale, double it after ``growth_interval`` clean steps. ``LossScaler`` is that, small
 enough to read and to checkpoint.
 
-Sharded (``World.distributed``, suite/dist.py): the model is FSDP2 (``fully_shard`` on every
+Sharded (``World.distributed``, suite/rl/dist.py): the model is FSDP2 (``fully_shard`` on every
 decoder layer, then on the root) over **fp32** parameter shards, and the flow's compute dtype
 still comes from autocast (or its emulation) inside the forward, exactly as unsharded, so the
 precision table stays the one place that decides it and a 1-rank FSDP2 run computes what a
@@ -29,9 +29,9 @@ import math
 
 import torch
 
-from suite import dist
-from suite.engine import TorchEngine
-from suite.precision import Flow, emulate_autocast, fp8_decoder_linears, fp32_lm_head
+from suite.rl import dist
+from suite.numerics.engine import TorchEngine
+from suite.numerics.precision import Flow, emulate_autocast, fp8_decoder_linears, fp32_lm_head
 
 
 class LossScaler:
@@ -253,7 +253,7 @@ class Trainer:
         """One optimizer update: backward of the (scaled) loss, unscale, clip, step or skip.
 
         ``loss_fns`` is a closure returning (loss, metrics), or a list of (closure, weight) pairs,
-        one per micro-batch: gradients accumulate over sum_i weight_i * loss_i (suite.train.
+        one per micro-batch: gradients accumulate over sum_i weight_i * loss_i (suite.rl.train.
         accumulation_weights makes that the minibatch loss), one forward graph alive at a time.
         """
         self.opt.zero_grad(set_to_none=True)

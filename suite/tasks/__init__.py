@@ -1,6 +1,6 @@
 """Verifiable tasks: prompts, reference traces and rewards.
 
-A task is read from its versioned file in ``suite/task_files/`` (like lm-eval's task YAMLs) and exposes
+A task is read from its versioned file in ``suite/tasks/task_files/`` (like lm-eval's task YAMLs) and exposes
 ``split(name, n)``, ``trace(item)`` (the correct step-by-step response, used only for the
 supervised warm start) and ``reward(item, response, truncated)``. The registry answers a typo
 with "did you mean".
@@ -8,7 +8,7 @@ with "did you mean".
 The embedded tasks ``arith`` and ``arith3`` are column-wise addition of 5- and 3-digit numbers,
 written as a trace of 53 and 33 tokens. The math tasks ``sanity_r1d`` (the published sanity test),
 ``math`` and ``gsm8k`` read their rows from the Hugging Face hub or a local copy
-(suite/hub_tasks.py) and score responses with suite/math_reward.py.
+(suite/tasks/hub_tasks.py) and score responses with suite/tasks/math_reward.py.
 Length matters: the training-inference mismatch is per token, so a sequence's log-ratio
 (and its importance weight) accumulates over the trace (arXiv 2510.26788).
 """
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from suite.hub_tasks import HubTask
+from suite.tasks.hub_tasks import HubTask
 from suite.names import lookup
 
 TASK_DIR = Path(__file__).resolve().parent / "task_files"  # shipped in the wheel (package data)
@@ -44,7 +44,7 @@ class Item:
 
 
 class ArithTask:
-    """Column-wise addition of two zero-padded numbers (``suite/task_files/arith.yaml``)."""
+    """Column-wise addition of two zero-padded numbers (``suite/tasks/task_files/arith.yaml``)."""
 
     # The characters the embedded tokenizer must cover (see policy.py).
     alphabet = "0123456789+=,#"
@@ -104,7 +104,7 @@ class ArithTask:
 
 # arith: 5-digit sums, 53-token responses (the full tier); arith3: 3-digit sums, 33 tokens
 # (the small tier, the main job: the same trace format, sized for the 2-core time budget).
-# sanity_r1d, math, gsm8k: dataset tasks for real models (suite/hub_tasks.py).
+# sanity_r1d, math, gsm8k: dataset tasks for real models (suite/tasks/hub_tasks.py).
 REGISTRY = {"arith": ArithTask, "arith3": ArithTask,
             "sanity_r1d": HubTask, "math": HubTask, "gsm8k": HubTask}
 
@@ -128,7 +128,7 @@ def task_spec(name: str) -> dict:
 
 @functools.lru_cache(maxsize=None)
 def get_task(name: str, data: str | None = None):
-    """Load a task by name from its file in ``suite/task_files/`` (cached per (name, data): a task object is
+    """Load a task by name from its file in ``suite/tasks/task_files/`` (cached per (name, data): a task object is
     read-only). ``data`` is a local copy of a dataset task's rows (a directory mirroring the hub
     layout, one file for the train split, or ``"train=A,test=B"``); None reads the hub."""
     cls = lookup("task", name, REGISTRY)
@@ -142,13 +142,13 @@ def get_task(name: str, data: str | None = None):
 
 def grade(task, items: list, responses: list[str], truncated: list[bool], workers: int = 1) -> list[float]:
     """``task.reward`` of each response, in order. ``workers`` > 1 grades them from that many threads, and
-    the math tasks check answers in as many math-verify worker processes (suite/math_reward.py), where
+    the math tasks check answers in as many math-verify worker processes (suite/tasks/math_reward.py), where
     the symbolic checks of a 512-response step spend their time; the counters stay exact (one lock)."""
     if workers <= 1:
         return [task.reward(i, r, t) for i, r, t in zip(items, responses, truncated)]
     from concurrent.futures import ThreadPoolExecutor
 
-    from suite import math_reward
+    from suite.tasks import math_reward
 
     math_reward.set_workers(workers)
     with ThreadPoolExecutor(workers) as pool:

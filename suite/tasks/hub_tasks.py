@@ -1,6 +1,6 @@
 """Math tasks read from the Hugging Face hub or from a local copy: ``sanity_r1d``, ``math``, ``gsm8k``.
 
-Each task file in ``suite/task_files/`` names, per split, a hub repo and the files inside it; the rows are
+Each task file in ``suite/tasks/task_files/`` names, per split, a hub repo and the files inside it; the rows are
 read with ``datasets.load_dataset`` and turned into ``Item``s by one small function per row
 format (``verl``: the published sanity-test schema; ``math``: problem/solution[/answer];
 ``gsm8k``: question/answer). Where the rows come from is one string, ``data``:
@@ -24,7 +24,7 @@ import os
 import re
 from pathlib import Path
 
-from suite import math_reward
+from suite.tasks import math_reward
 from suite.names import unknown
 
 log = logging.getLogger(__name__)
@@ -151,9 +151,9 @@ def _first_line(e: Exception) -> str:
 # ---------------------------------------------------------------------------- the task
 
 class HubTask:
-    """A math task whose items come from a dataset (``suite/task_files/{sanity_r1d,math,gsm8k}.yaml``).
+    """A math task whose items come from a dataset (``suite/tasks/task_files/{sanity_r1d,math,gsm8k}.yaml``).
 
-    Public surface, besides ``split``/``trace``/``reward`` (the task protocol of suite/tasks.py):
+    Public surface, besides ``split``/``trace``/``reward`` (the task protocol of suite/tasks/__init__.py):
     ``eval`` (the task file's evaluation settings: splits, metric, n, temperature, top_p),
     ``max_new_tokens`` (the response budget the task was published with), ``source`` (where the
     rows came from, for provenance) and ``reward_stats()`` (symbolic-check counters to log).
@@ -162,7 +162,7 @@ class HubTask:
     takes_data = True  # get_task(name, data=...) passes the local override
 
     def __init__(self, spec: dict, data: str | None = None):
-        from suite.tasks import Item  # here, not at the top: suite/tasks.py imports this module
+        from suite.tasks import Item  # here, not at the top: suite/tasks/__init__.py imports this module
 
         self.spec = spec
         self.name = str(spec["name"])
@@ -240,7 +240,7 @@ class HubTask:
         return self._traces[item.id]
 
     def reward(self, item, response: str, truncated: bool) -> float:
-        """The task's rule-based reward (suite/math_reward.py); never blocks longer than ``timeout``
+        """The task's rule-based reward (suite/tasks/math_reward.py); never blocks longer than ``timeout``
         (plus a worker restart after a timeout)."""
         if self.reward_kind == "gsm8k":
             return math_reward.gsm8k_reward(response, item.answer, truncated, self.require_think)

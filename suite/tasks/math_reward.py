@@ -53,7 +53,7 @@ DEFAULT_TIMEOUT = 5.0
 STARTUP_TIMEOUT = 120.0
 
 log = logging.getLogger(__name__)
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the directory holding `suite/`
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the directory holding `suite/`
 
 
 # ---------------------------------------------------------------------------- extraction
@@ -202,7 +202,7 @@ def _worker_main(conn) -> None:
 class SymbolicVerifier:
     """One persistent math-verify worker with a hard per-call timeout (state: the process).
 
-    The worker is a fresh interpreter (``python -m suite.math_reward FD``) that talks over a
+    The worker is a fresh interpreter (``python -m suite.tasks.math_reward FD``) that talks over a
     ``multiprocessing.Pipe`` whose child end it inherits: the same pickled messages and ``poll``
     as a ``spawn`` Process, without spawn's re-import of the parent's ``__main__`` (which re-runs
     an unguarded training script, and costs a guarded one its torch imports on every restart).
@@ -219,7 +219,7 @@ class SymbolicVerifier:
         """Launch a worker without waiting for it (its imports take ~1-3 s)."""
         parent, child = mp.Pipe()
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        self._proc = subprocess.Popen([sys.executable, "-m", "suite.math_reward", str(child.fileno())],
+        self._proc = subprocess.Popen([sys.executable, "-m", "suite.tasks.math_reward", str(child.fileno())],
                                       pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env, cwd=_ROOT)
         child.close()
         self._conn, self._ready = parent, False
@@ -278,7 +278,7 @@ class SymbolicVerifier:
 
 
 # The process's math-verify workers: a pool that threads take a worker from and give it back to, so
-# ``reward_workers`` responses are checked side by side (suite/train.py grade).
+# ``reward_workers`` responses are checked side by side (suite/rl/train.py grade).
 _POOL: list[SymbolicVerifier] = []
 _FREE: queue.Queue = queue.Queue()
 _POOL_LOCK = threading.Lock()
@@ -393,7 +393,7 @@ def gsm8k_reward(response: str, ground_truth: str, truncated: bool, require_thin
     return 1.0 if pred is not None and _numbers_equal(pred, _clean_number(str(ground_truth))) else 0.0
 
 
-if __name__ == "__main__":  # the worker process: `python -m suite.math_reward FD`
+if __name__ == "__main__":  # the worker process: `python -m suite.tasks.math_reward FD`
     from multiprocessing.connection import Connection
 
     _worker_main(Connection(int(sys.argv[1])))

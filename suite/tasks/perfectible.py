@@ -25,9 +25,9 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 
-from suite.engine import TorchEngine
-from suite.precision import DTYPES
-from suite.results import atomic_write_json, atomic_write_text
+from suite.numerics.engine import TorchEngine
+from suite.numerics.precision import DTYPES
+from suite.analysis.results import atomic_write_json, atomic_write_text
 from suite.tasks import Item, prompt_ids
 
 
@@ -52,14 +52,14 @@ def pass_rates(engine, tok, task, items: list[Item], k: int, max_new_tokens: int
 
 def sampler_engine(model_dir: Path, sampler: str, engine: str, vllm_cfg=None):
     """The engine that estimates pass rates: built-in (fp32 by default) or vLLM, weights from model_dir."""
-    from suite.policy import load_policy
+    from suite.numerics.policy import load_policy
 
     if engine == "vllm":
         from transformers import AutoTokenizer
 
         from suite.config import VllmConfig
-        from suite.precision import resolve
-        from suite.vllm_engine import VllmEngine
+        from suite.numerics.precision import resolve
+        from suite.numerics.vllm_engine import VllmEngine
 
         return VllmEngine(model_dir, resolve(sampler), vllm_cfg or VllmConfig()), AutoTokenizer.from_pretrained(model_dir)
     model, tok = load_policy(model_dir)
