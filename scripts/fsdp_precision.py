@@ -23,7 +23,7 @@ from suite.console import make_console
 from suite.numerics.engine import sequence_seeds
 from suite.numerics.mismatch import mismatch_metrics
 from suite.numerics.policy import load_policy
-from suite.tasks import prompt_ids
+from suite.tasks.registry import prompt_ids
 from suite.rl.train import batch_tensors, build_engines, prepare_data
 
 

@@ -136,7 +136,7 @@ class EvalConfig:
 @dataclass
 class RunConfig:
     task: Optional[str] = None
-    """Task name (files in suite/tasks/task_files/, registry in suite/tasks/__init__.py). None: the tier's task."""
+    """Task name (files in suite/tasks/task_files/, registry in suite/tasks/registry.py). None: the tier's task."""
     model: Optional[str] = None
     """Base model (None: the task tier's, else embedded): embedded (the tiny Llama the suite builds), a preset (r1d-1.5b, qwen2.5-math-1.5b, qwen3-1.7b;
     suite/numerics/models.py), or a local HF model directory."""
@@ -327,7 +327,7 @@ def resolve(cfg: RunConfig) -> RunConfig:
         if getattr(obj, leaf) is None:
             setattr(obj, leaf, value)
     if cfg.sampling.max_new_tokens is None:
-        from suite.tasks import get_task, task_spec
+        from suite.tasks.registry import get_task, task_spec
 
         _choice("task", cfg.task, _task_names())
         budget = (task_spec(cfg.task).get("sampling") or {}).get("max_new_tokens")
@@ -361,7 +361,7 @@ def _apply_regime(cfg: RunConfig) -> None:
 def _apply_task_tier(cfg: RunConfig) -> None:
     """A task file may set recipe values per tier (``tiers: {full: {...}}``): the published
     hyperparameters of sanity_r1d are its full tier. Applied like a regime, before the global tier."""
-    from suite.tasks import task_spec
+    from suite.tasks.registry import task_spec
 
     _choice("task", cfg.task, _task_names())
     _fill_defaults(cfg, (task_spec(cfg.task).get("tiers") or {}).get(cfg.tier) or {},
@@ -369,7 +369,7 @@ def _apply_task_tier(cfg: RunConfig) -> None:
 
 
 def _task_names():
-    from suite.tasks import REGISTRY
+    from suite.tasks.registry import REGISTRY
 
     return list(REGISTRY)
 
@@ -482,7 +482,7 @@ def _check_extras(cfg: RunConfig) -> None:
     naming the extra, when they are not installed."""
     import importlib.util
 
-    from suite.tasks import REGISTRY
+    from suite.tasks.registry import REGISTRY
 
     needs = []
     if getattr(REGISTRY[cfg.task], "takes_data", False):  # the dataset tasks: rows via datasets, math-verify grading

@@ -30,7 +30,7 @@ def suite_cache(tmp_path_factory):
 def tiny_model():
     """A random (not warm-started) tiny Llama and the arith tokenizer: for numerics tests."""
     from suite.numerics.policy import PolicySpec, build_model, build_tokenizer
-    from suite.tasks import get_task
+    from suite.tasks.registry import get_task
 
     task = get_task("arith")
     tok = build_tokenizer(task.alphabet)

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from suite.tasks.hub_tasks import DataError, HubTask
-from suite.tasks import TASK_DIR, get_task
+from suite.tasks.registry import TASK_DIR, get_task
 
 SUFFIX = " Please reason step by step, and put your final answer within \\boxed{}."
 

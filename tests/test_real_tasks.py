@@ -66,7 +66,7 @@ def test_few_rl_steps_on_a_local_parquet_with_the_embedded_stand_in(r1d_copy, tm
     assert env["task"] == {"name": "sanity_r1d", "version": 1}
     # The prompt went through the stand-in's chat template, as a real model's would.
     from suite.numerics.policy import CHAT_TEMPLATE, load_policy
-    from suite.tasks import get_task, prompt_ids
+    from suite.tasks.registry import get_task, prompt_ids
 
     _, tok = load_policy(Path(env["policy"]["path"]))
     item = get_task("sanity_r1d", str(r1d_copy)).split("train", 1)[0]
@@ -97,7 +97,7 @@ def test_perfectible_builder_on_a_dataset_task(tmp_path):
     """The builder runs on gsm8k from a local file with the stand-in and records its provenance."""
     from suite.tasks import perfectible
     from suite.numerics.policy import PolicySpec, ensure_policy
-    from suite.tasks import get_task
+    from suite.tasks.registry import get_task
 
     rows = [{"question": f"Tom has {a} apples and buys {b}. How many?", "answer": f"{a}+{b}=<<{a}+{b}={a + b}>>{a + b}\n#### {a + b}"}
             for a, b in [(1, 2), (3, 4), (5, 6)]]

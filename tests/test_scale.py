@@ -88,7 +88,7 @@ def test_a_pool_of_reward_workers_grades_like_one_worker(monkeypatch):
     used, real = set(), math_reward.SymbolicVerifier.check
     monkeypatch.setattr(math_reward.SymbolicVerifier, "check",
                         lambda self, *a: used.add(id(self)) or real(self, *a))
-    from suite.tasks import grade
+    from suite.tasks.registry import grade
 
     pairs = [("\\frac{1}{2}", "\\boxed{0.5}"), ("2\\sqrt{2}", "\\boxed{\\sqrt{8}}"), ("3", "\\boxed{4}"),
              ("x^2+2x+1", "\\boxed{(x+1)^2}"), ("10", "the answer is \\boxed{10}"), ("\\pi", "\\boxed{3.14}"),

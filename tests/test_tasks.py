@@ -1,6 +1,6 @@
 """The embedded task: deterministic splits, long traces, and a reward that checks the answer."""
 
-from suite.tasks import get_task
+from suite.tasks.registry import get_task
 
 
 def test_splits_are_deterministic_and_disjoint():

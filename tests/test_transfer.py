@@ -115,7 +115,7 @@ def test_bad_groups_and_sigma_are_refused():
 # ---- lm-eval: task names ---------------------------------------------------------------------------------
 def test_an_unknown_task_name_gets_a_suggestion():
     from suite.experiments import evaluate as ev
-    from suite.tasks import get_task
+    from suite.tasks.registry import get_task
 
     tm = ev.task_manager([ev.build_embedded(get_task("arith3"))], defaults=False)
     assert {n for g in ev.EMBEDDED.values() for n in g} <= set(tm.all_tasks)
@@ -143,7 +143,7 @@ def test_the_papers_benchmarks_are_lm_eval_names_or_listed_missing():
 
 def test_embedded_documents_stay_in_the_policys_alphabet():
     from suite.experiments import evaluate as ev
-    from suite.tasks import get_task
+    from suite.tasks.registry import get_task
 
     for task in (get_task("arith3"), get_task("arith")):
         for name in (n for g in ev.EMBEDDED.values() for n in g):

@@ -84,7 +84,7 @@ def _hf_greedy(model, prompts, n_new):
 def test_weight_sync_changes_the_greedy_continuation(engines, policy):
     """After an in-memory sync of perturbed weights, vLLM's greedy continuation is the trainer's for
     the new weights (and no longer the old weights')."""
-    from suite.tasks import get_task
+    from suite.tasks.registry import get_task
 
     name, cfg, trainer, engine = engines
     _, model, tok, _ = policy

@@ -25,7 +25,7 @@ from suite.console import make_console
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import gemm_backend, resolve
 from suite.analysis.results import read_jsonl
-from suite.tasks import prompt_ids
+from suite.tasks.registry import prompt_ids
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -54,7 +54,7 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
     (with its start-up time) when ``cfg.engine == "vllm"``. ``vllm_engines`` ({dtype name: engine})
     reuses engines already started (tests); otherwise one is started, timed and closed per dtype."""
     from suite.numerics.policy import load_policy
-    from suite.tasks import get_task
+    from suite.tasks.registry import get_task
     from suite.rl.train import prepare_data
 
     model_dir, data_dir = prepare_data(cfg, Console(quiet=True))

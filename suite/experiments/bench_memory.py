@@ -67,7 +67,7 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
 def reward_pool(workers: int, n: int = 256) -> float:
     """Median seconds to grade ``n`` math responses whose answers need math-verify, with ``workers`` workers."""
     from suite.tasks import math_reward
-    from suite.tasks import grade
+    from suite.tasks.registry import grade
 
     class Boxed:
         def reward(self, item, response, truncated):

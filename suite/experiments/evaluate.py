@@ -43,7 +43,7 @@ from suite.analysis import transfer as ti
 from suite.names import did_you_mean
 from suite.numerics.policy import cache_root
 from suite.analysis.results import SCHEMA_VERSION, atomic_write_json, atomic_write_text
-from suite.tasks import TASK_DIR
+from suite.tasks.registry import TASK_DIR
 
 LM_EVAL_TASKS = TASK_DIR / "lm_eval"
 GENERATOR_VERSION = 1  # bump when a generator below changes its documents
@@ -80,7 +80,7 @@ class TaskNotFound(ValueError):
 
 # ---- embedded task data ---------------------------------------------------------------------
 def _trace(a: str, b: str) -> tuple[list[str], str]:
-    """Column steps "a+b+c=ss," (least significant first) and the sum, as in suite/tasks/__init__.py."""
+    """Column steps "a+b+c=ss," (least significant first) and the sum, as in suite/tasks/registry.py."""
     steps, carry = [], 0
     for da, db in zip(reversed(a), reversed(b)):
         s = int(da) + int(db) + carry
@@ -351,7 +351,7 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
     import torch
 
     from suite.numerics.policy import load_policy
-    from suite.tasks import get_task
+    from suite.tasks.registry import get_task
 
     console = console or Console(stderr=True)
     if groups not in GROUP_SETS:

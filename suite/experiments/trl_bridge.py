@@ -60,7 +60,7 @@ else:
 
 from suite.rl import bundle
 from suite.numerics.precision import FLOWS
-from suite.tasks import Item
+from suite.tasks.item import Item
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 # Suite algorithms TRL's GRPOTrainer expresses without the sampler's log-probs (docs/algorithms.md):
@@ -363,7 +363,7 @@ def run(cfg, console=None) -> Path:
     from suite.console import make_console
     from suite.numerics.engine import eos_ids
     from suite.numerics.policy import load_policy
-    from suite.tasks import get_task
+    from suite.tasks.registry import get_task
     from suite.rl.train import prepare_data
 
     torch.set_num_threads(cfg.threads)

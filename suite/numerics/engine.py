@@ -31,8 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from suite.numerics.fp8 import fp8_linear, fp8_linear_inference, quantize_blockwise
-from suite.numerics.policy import EOS, PAD
 from suite.numerics.precision import lowp_attention, lowp_linear
+
+# The embedded tokenizer's special ids (suite/numerics/policy.py builds it with them): the sampler pads with PAD
+# and stops at EOS. Defined here, the lower module, so the policy imports the sampler and not the reverse.
+PAD, BOS, EOS = 0, 1, 2
 
 
 @dataclass

@@ -26,8 +26,9 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-SPECIALS = ["<pad>", "<bos>", "<eos>"]
-PAD, BOS, EOS = 0, 1, 2
+from suite.numerics.engine import BOS, EOS, PAD
+
+SPECIALS = ["<pad>", "<bos>", "<eos>"]  # ids PAD, BOS, EOS = 0, 1, 2 (suite/numerics/engine.py)
 # The embedded policy standing in for a real model on a dataset task (sanity_r1d, math, gsm8k):
 # one token per printable ASCII character, and a chat template so chat-message prompts render
 # the way a real model's template renders them (structure only; the model is untrained there).
@@ -148,7 +149,7 @@ def encode_pairs(tok, prompts: list[str], responses: list[str]) -> tuple[torch.T
 def sampled_accuracy(model, tok, task, items, max_new_tokens: int, seed: int) -> float:
     """Mean reward of one temperature-1 sample per prompt, drawn with the fp32 built-in engine."""
     from suite.numerics.engine import TorchEngine
-    from suite.tasks import prompt_ids
+    from suite.tasks.registry import prompt_ids
 
     engine = TorchEngine(model.config, torch.float32)
     engine.sync(model.state_dict())

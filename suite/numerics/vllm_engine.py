@@ -52,8 +52,7 @@ from pathlib import Path
 
 import torch
 
-from suite.numerics.engine import Rollout
-from suite.numerics.policy import EOS, PAD
+from suite.numerics.engine import EOS, PAD, Rollout
 from suite.numerics.precision import Flow, resolve
 
 # Flows the vLLM sampler cannot run, whatever the device, and why.

@@ -62,7 +62,7 @@ from suite.analysis.results import (
     run_dir_name,
     truncate_jsonl,
 )
-from suite.tasks import get_task, grade, prompt_ids, task_spec
+from suite.tasks.registry import get_task, grade, prompt_ids, task_spec
 
 
 class RunDirConflict(ValueError):

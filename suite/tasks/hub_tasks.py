@@ -26,6 +26,7 @@ from pathlib import Path
 
 from suite.tasks import math_reward
 from suite.names import unknown
+from suite.tasks.item import Item
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def _first_line(e: Exception) -> str:
 class HubTask:
     """A math task whose items come from a dataset (``suite/tasks/task_files/{sanity_r1d,math,gsm8k}.yaml``).
 
-    Public surface, besides ``split``/``trace``/``reward`` (the task protocol of suite/tasks/__init__.py):
+    Public surface, besides ``split``/``trace``/``reward`` (the task protocol of suite/tasks/registry.py):
     ``eval`` (the task file's evaluation settings: splits, metric, n, temperature, top_p),
     ``max_new_tokens`` (the response budget the task was published with), ``source`` (where the
     rows came from, for provenance) and ``reward_stats()`` (symbolic-check counters to log).
@@ -162,8 +163,6 @@ class HubTask:
     takes_data = True  # get_task(name, data=...) passes the local override
 
     def __init__(self, spec: dict, data: str | None = None):
-        from suite.tasks import Item  # here, not at the top: suite/tasks/__init__.py imports this module
-
         self.spec = spec
         self.name = str(spec["name"])
         self.version = int(spec["version"])

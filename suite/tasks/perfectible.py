@@ -28,7 +28,8 @@ from rich.progress import Progress
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import DTYPES
 from suite.analysis.results import atomic_write_json, atomic_write_text
-from suite.tasks import Item, prompt_ids
+from suite.tasks.item import Item
+from suite.tasks.registry import prompt_ids
 
 
 def pass_rates(engine, tok, task, items: list[Item], k: int, max_new_tokens: int, temperature: float,

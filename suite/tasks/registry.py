@@ -17,30 +17,15 @@ from __future__ import annotations
 
 import functools
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from suite.tasks.hub_tasks import HubTask
+from suite.tasks.item import Item
 from suite.names import lookup
 
 TASK_DIR = Path(__file__).resolve().parent / "task_files"  # shipped in the wheel (package data)
-
-
-@dataclass(frozen=True)
-class Item:
-    """One prompt with its ground truth.
-
-    ``prompt`` is the user text. ``messages`` holds the chat messages as ``(role, content)``
-    pairs for the dataset tasks, whose prompt the model's chat template renders; it is empty for
-    the embedded tasks, whose prompt is plain text fed to the tokenizer as is.
-    """
-
-    id: str
-    prompt: str
-    answer: str
-    messages: tuple = ()
 
 
 class ArithTask:
