@@ -90,7 +90,7 @@ def cmd_main(args: list[str]) -> int:
     written. Extra ``key=value`` arguments go to every cell."""
     from rich.table import Table
 
-    from suite.analysis import leaderboard, report, reproduce
+    from suite.analysis import leaderboard, outcomes, report, reproduce
     from suite.numerics import machine
     from suite.experiments import sweep
     from suite.analysis.results import atomic_write_json, atomic_write_text, env_info
@@ -104,8 +104,8 @@ def cmd_main(args: list[str]) -> int:
     todo = [c for c in plan.cells if sweep.state(c) != "complete"]
     code = sweep.main(["grid=sanity", "launcher=local", *args])
     console = _console()
-    atomic_write_text(root / "outcomes.md", report.outcome_markdown(root))
-    head, rows, text = report.mismatch_lead(root)
+    atomic_write_text(root / "outcomes.md", outcomes.outcome_markdown(root))
+    head, rows, text = outcomes.mismatch_lead(root)
     lead = Table(*head, title="mismatch first (step 0, mean over each flow's runs)")
     for row in rows:
         lead.add_row(*row)
@@ -138,7 +138,7 @@ def cmd_main(args: list[str]) -> int:
 
 def cmd_table(args: list[str]) -> int:
     """suite table [RESULTS_DIR]: the outcome table of a results directory (default runs/sanity)."""
-    from suite.analysis import report
+    from suite.analysis import outcomes
 
     if args and args[0] in ("-h", "--help"):
         print(cmd_table.__doc__)
@@ -148,7 +148,7 @@ def cmd_table(args: list[str]) -> int:
         raise ValueError(f"{root}: no such results directory")
     if not any(root.glob("*/summary.json")):
         raise ValueError(f"{root}: no run in it (no <run>/summary.json)")
-    _console().print(report.outcome_table(root))
+    _console().print(outcomes.outcome_table(root))
     return 0
 
 
@@ -190,14 +190,14 @@ def cmd_reference(args: list[str]) -> int:
     results/reference/<machine class>/<grid>/ (the reference later runs of this class are compared with)."""
     import argparse
 
-    from suite.analysis import reproduce
+    from suite.analysis import reference
 
     p = argparse.ArgumentParser(prog="suite reference", description=cmd_reference.__doc__)
     p.add_argument("results_dir", type=Path)
     p.add_argument("--grid", default="sanity")
     p.add_argument("--allow-dirty", action="store_true")
     ns = p.parse_args(args)
-    dest = reproduce.promote(ns.results_dir, ns.grid, allow_dirty=ns.allow_dirty)
+    dest = reference.promote(ns.results_dir, ns.grid, allow_dirty=ns.allow_dirty)
     _console().print(f"reference written to {dest} (with {dest.parent / 'reference.json'}); commit it to make it the "
                      "reference of this machine class", highlight=False)
     return 0

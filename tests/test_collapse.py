@@ -5,7 +5,8 @@ import json
 import pytest
 
 from suite.analysis import collapse
-from suite.analysis.report import load_runs, write_report
+from suite.analysis.report import write_report
+from suite.analysis.runs import load_runs
 from suite.analysis.results import config_hash, summarize
 
 STEPS = 40

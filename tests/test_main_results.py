@@ -64,7 +64,7 @@ def test_step0_mismatch_is_a_property_of_the_flow_not_the_algorithm(cls):
 
 def test_the_main_table_leads_with_the_mismatch():
     """outcomes.md opens with the per-flow mismatch, ordered by the precision table, and the verdict count."""
-    from suite.analysis.report import outcome_markdown
+    from suite.analysis.outcomes import outcome_markdown
 
     md = outcome_markdown(ROOT)
     lead = md[md.index("## Mismatch first"):md.index("## Runs")]

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from suite import config
-from suite.analysis import provenance, render, report, stats
+from suite.analysis import outcomes, provenance, render, report, stats
 from suite.analysis.results import atomic_write_json, atomic_write_text, config_hash, summarize
+from suite.analysis.runs import load_runs
 
 # ---------------------------------------------------------------------------- the outcome table
 
@@ -30,11 +31,11 @@ def _write(root, precision, k3, dp, slr, verdict="pass"):
 def test_markdown_table_and_bf16_fp16_ratios(tmp_path):
     _write(tmp_path, "bf16", 4e-5, 5e-4, 4e-2)
     _write(tmp_path, "fp16", 2e-6, 1e-4, 8e-3, verdict="collapse")
-    md = report.outcome_markdown(tmp_path)
+    md = outcomes.outcome_markdown(tmp_path)
     assert "| arith__grpo__bf16__s0 | pass | 0.960 (90) |" in md
     assert "| arith__grpo__fp16__s0 | collapse |" in md
     assert "mean abs dp 5.0x, k3 KL 20.0x, mean abs seq log-ratio 5.0x" in md
-    assert report.outcome_rows(tmp_path / "nothing") == []
+    assert outcomes.outcome_rows(tmp_path / "nothing") == []
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -136,8 +137,8 @@ def golden(tmp_path_factory):
 
 
 def _cells(root):
-    return {k: render.cell_stats(v, render.extra_keys(report.load_runs(root)))
-            for k, v in render.group_cells(report.load_runs(root)).items()}
+    return {k: render.cell_stats(v, render.extra_keys(load_runs(root)))
+            for k, v in render.group_cells(load_runs(root)).items()}
 
 
 def test_golden_verdict_numbers_by_hand(golden):
@@ -206,7 +207,7 @@ def test_golden_report_tables(golden):
 
 def test_rerun_commands_reproduce_config_hashes(golden):
     root, out = golden
-    runs = report.load_runs(root)
+    runs = load_runs(root)
     for r in runs:
         overrides = provenance.rerun_overrides(r.config)
         assert config.load(overrides) is not None
@@ -224,7 +225,7 @@ def test_rerun_commands_reproduce_config_hashes(golden):
 @pytest.mark.parametrize("root, n", [("results/reference/cpu-avx2-emulated/sanity", 24), ("tests/fixtures/results-2seeds", 6)])
 def test_committed_results_rerun_commands(root, n):
     """Every committed run (the main job's grid; older real runs) recomposes to its recorded config."""
-    runs = report.load_runs(Path(__file__).parents[1] / root)
+    runs = load_runs(Path(__file__).parents[1] / root)
     assert len(runs) == n
     for r in runs:
         assert str(provenance.check(r.config, r.config_hash)).startswith("yes"), r.label

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from suite.numerics import machine
-from suite.analysis import reproduce
+from suite.analysis import reference, reproduce
 from suite.recipe import AlgoConfig
 from suite.analysis.results import config_hash
 
@@ -130,7 +130,7 @@ def test_statement_without_a_reference_of_this_class(fresh, tmp_path):
 
 def test_promote_refuses_a_dirty_checkout_and_copies_a_clean_grid(fresh, tmp_path):
     with pytest.raises(ValueError, match="do not record one machine class"):
-        reproduce.promote(fresh, "sanity", ref_root=tmp_path / "ref")  # made before env.json recorded it
+        reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")  # made before env.json recorded it
 
     def set_env(**kw):
         for env_path in fresh.glob("*/env.json"):
@@ -138,10 +138,10 @@ def test_promote_refuses_a_dirty_checkout_and_copies_a_clean_grid(fresh, tmp_pat
 
     set_env(machine_class=machine.describe("auto", 1))
     with pytest.raises(ValueError, match="dirty checkout"):
-        reproduce.promote(fresh, "sanity", ref_root=tmp_path / "ref")  # these runs recorded git_dirty true
+        reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")  # these runs recorded git_dirty true
     set_env(git_dirty=False)
     (fresh / "arith3__grpo__fp32__s0" / "ckpt").mkdir()
-    dest = reproduce.promote(fresh, "sanity", ref_root=tmp_path / "ref")
+    dest = reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")
     assert dest == tmp_path / "ref" / machine.describe("auto", 1)["id"] / "sanity"
     assert len(list(dest.glob("*/metrics.jsonl"))) == 24 and not list(dest.glob("*/ckpt"))
     meta = json.loads((dest.parent / "reference.json").read_text())

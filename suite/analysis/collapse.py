@@ -4,7 +4,7 @@ Issue 9 asks for the published separation (arXiv 2510.26788: BF16 GRPO collapses
 sanity test, FP16 reaches > 95%) at CPU scale, searched over named regimes
 (``suite/experiments/grids.py`` REGIMES, the ``collapse-search`` grid) with several seeds per cell, and
 for the outcome to be *stated by the suite from the results*, either way. Everything here is
-a pure function of run bundles (``suite.analysis.report.Run``): ``suite report results/collapse-search``
+a pure function of run bundles (``suite.analysis.runs.Run``): ``suite report results/collapse-search``
 calls ``build_document`` when the runs span more than one regime.
 
 Rules (stated in the report):

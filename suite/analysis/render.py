@@ -1,4 +1,4 @@
-"""What the reproducibility report shows, as text: pure functions of loaded runs (suite.analysis.report.Run).
+"""What the reproducibility report shows, as text: pure functions of loaded runs (suite.analysis.runs.Run).
 
 Runs are grouped into cells (task, algorithm, precision) with across-seed statistics
 (suite/analysis/stats.py); each table is a header and rows of strings; the warnings name what makes
@@ -20,7 +20,7 @@ from suite.analysis.provenance import flatten
 from suite.analysis.results import LOCATION_KEYS
 
 if TYPE_CHECKING:
-    from suite.analysis.report import Run
+    from suite.analysis.runs import Run
 
 GRID_AXES = ("precision", "algorithm", "seed")  # what may differ between cells of one report
 VERDICTS = ("pass", "collapse", "unstable", "incomplete")

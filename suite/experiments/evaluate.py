@@ -538,7 +538,7 @@ def cli(args: list[str]) -> int:
     p.add_argument("--limit", type=int, default=None, help="documents per task (quick checks only)")
     p.add_argument("--include", type=Path, action="append", default=[], help="extra lm-eval task directory")
     a = p.parse_args(args)
-    from suite.analysis.report import _is_run_dir, find_run_dirs
+    from suite.analysis.runs import _is_run_dir, find_run_dirs
 
     missing = [str(d) for d in a.runs if not d.exists()]
     if missing:

@@ -422,10 +422,10 @@ def prebuild(cells: list[Cell], console: Console) -> None:
 
 def report_sweep(cells: list[Cell], console: Console) -> list[Cell]:
     """The outcome table of each result root, then one line per cell that is not complete; returns those."""
-    from suite.analysis import report
+    from suite.analysis import outcomes
 
     for root in dict.fromkeys(c.root for c in cells):
-        console.print(report.outcome_table(root))
+        console.print(outcomes.outcome_table(root))
     failed = [c for c in cells if state(c) != "complete"]
     for c in failed:
         s = read_summary(c) or {}
