@@ -16,15 +16,15 @@ import torch
 from rich.table import Table
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-from suite import config
-from suite.rl import dist
-from suite.tasks import perfectible
+from suite import dist
 from suite.console import make_console
 from suite.numerics.engine import sequence_seeds
 from suite.numerics.mismatch import mismatch_metrics
-from suite.numerics.policy import load_policy
+from suite.rl import config, perfectible
+from suite.rl.data import prepare_data
+from suite.rl.policy import load_policy
+from suite.rl.train import batch_tensors, build_engines
 from suite.tasks.registry import prompt_ids
-from suite.rl.train import batch_tensors, build_engines, prepare_data
 
 
 def main(argv: list[str]) -> None:

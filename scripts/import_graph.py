@@ -2,7 +2,7 @@
 
 Every ``import``/``from ... import`` inside ``suite/`` counts, at module level and inside functions (a lazy
 import is still a dependency a reader has to follow, and still a circle if the other side imports back).
-Edges are between modules (``suite.rl.train`` -> ``suite.config``); importing a package counts as importing its
+Edges are between modules (``suite.rl.train`` -> ``suite.rl.config``); importing a package counts as importing its
 ``__init__``. ``python scripts/import_graph.py`` prints one line per module, ``module -> dep, dep``, then either
 ``no import circle`` or each strongly connected component of more than one module (or a self-import).
 """
@@ -14,6 +14,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = "suite"
+# The pipeline's stages, in import order: a module may import its own stage, the stages before it and
+# the shared modules; the shared modules import only each other; the command line imports anything.
+STAGES = ("numerics", "tasks", "rl", "analysis", "experiments")
+SHARED = ("names", "console", "results", "dist")
+ENTRY = ("cli",)
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:
@@ -95,17 +100,43 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
     return sorted(out)
 
 
+def rank(mod: str) -> int | None:
+    """A module's place in the stage order: -1 shared, 0.. the stages, len(STAGES) the entry point; None unplaced."""
+    part = mod.split(".")[1] if mod.count(".") else ""
+    if part in SHARED or mod == PKG:
+        return -1
+    if part in ENTRY:
+        return len(STAGES)
+    return STAGES.index(part) if part in STAGES else None
+
+
+def against_the_stages(edges: dict[str, set[str]]) -> list[str]:
+    """Imports that go from a stage to a later one (or out of a shared module), and modules in no stage."""
+    out = [f"{m}: in no stage (STAGES, SHARED, ENTRY)" for m in sorted(edges) if rank(m) is None]
+    for mod in sorted(edges):
+        for dep in sorted(edges[mod]):
+            r, d = rank(mod), rank(dep)
+            if None not in (r, d) and d > max(r, -1) and not (r == -1 and d == -1):
+                out.append(f"{mod} -> {dep}: imports a later stage")
+            elif r == -1 and d is not None and d >= 0:
+                out.append(f"{mod} -> {dep}: a shared module imports a stage")
+    return out
+
+
 def main() -> int:
     edges = graph()
     for mod in sorted(edges):
         print(f"{mod} -> {', '.join(sorted(edges[mod])) or '-'}")
-    found = circles(edges)
-    if not found:
-        print(f"no import circle ({len(edges)} modules, {sum(map(len, edges.values()))} edges)")
-        return 0
+    found, wrong = circles(edges), against_the_stages(edges)
     for comp in found:
         print("import circle: " + " <-> ".join(comp))
-    return 1
+    for line in wrong:
+        print("against the stage order: " + line)
+    if found or wrong:
+        return 1
+    print(f"no import circle, every import follows the stage order {' -> '.join(STAGES)} "
+          f"({len(edges)} modules, {sum(map(len, edges.values()))} edges)")
+    return 0
 
 
 if __name__ == "__main__":

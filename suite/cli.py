@@ -37,7 +37,7 @@ def _console() -> Console:
 def _configs(args: list[str]):
     import torch
 
-    from suite import config
+    from suite.rl import config
 
     cfg = config.load(args)
     torch.set_num_threads(cfg.threads)
@@ -47,7 +47,7 @@ def _configs(args: list[str]):
 def cmd_run(args: list[str]) -> int:
     """One RL run (or its resumption) into <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/;
     nproc=N starts N ranks through torchrun (docs/distributed.md)."""
-    from suite.rl import dist
+    from suite import dist
     from suite.rl.train import run
 
     cfg = _configs(args)
@@ -70,8 +70,8 @@ def _print_summary(run_dir: Path) -> int:
 
 def cmd_perfectible(args: list[str]) -> int:
     """Build (or read from the cache) the base policy and the perfectible set of this config."""
-    from suite.tasks import perfectible
-    from suite.rl.train import prepare_data
+    from suite.rl import perfectible
+    from suite.rl.data import prepare_data
 
     cfg = _configs(args)
     console = _console()
@@ -91,9 +91,9 @@ def cmd_main(args: list[str]) -> int:
     from rich.table import Table
 
     from suite.analysis import leaderboard, outcomes, report, reproduce
-    from suite.numerics import machine
     from suite.experiments import sweep
-    from suite.analysis.results import atomic_write_json, atomic_write_text, env_info
+    from suite.numerics import machine
+    from suite.results import atomic_write_json, atomic_write_text, env_info
 
     t0 = time.time()
     # The embedded grid needs no hub: say so to every library (a user's explicit setting wins).
@@ -159,7 +159,8 @@ def cmd_grids(args: list[str]) -> int:
     from rich.table import Table
 
     from suite.experiments import grids
-    from suite.analysis.reproduce import REFERENCE_ROOT
+    from suite.results import REFERENCE_ROOT
+    from suite.rl.schema import REGIMES
 
     if args:
         if args[0] in ("-h", "--help"):
@@ -179,7 +180,7 @@ def cmd_grids(args: list[str]) -> int:
                       *times)
     console.print(table)
     regimes = Table("regime", "sets", "what it tests", title="regimes (regime=NAME, on top of the tier)")
-    for name, r in grids.REGIMES.items():
+    for name, r in REGIMES.items():
         regimes.add_row(name, " ".join(f"{k}={v}" for k, v in r["set"].items()) or "-", r["doc"])
     console.print(regimes)
     return 0
@@ -206,7 +207,7 @@ def cmd_reference(args: list[str]) -> int:
 def cmd_fingerprint(args: list[str]) -> int:
     """suite fingerprint [--write] [gemm=auto|native|emulated]: smoke-tier steps of every precision flow,
     compared with the committed numerics fingerprint of this machine class (--write regenerates it)."""
-    from suite.experiments import fingerprint
+    from suite.analysis import fingerprint
 
     return fingerprint.cli(args, _console())
 
@@ -256,14 +257,14 @@ def cmd_leaderboard(args: list[str]) -> int:
 
 def cmd_transfer(args: list[str]) -> int:
     """suite transfer RUN_DIR... [--groups embedded|paper] [--sigma ...]: Transferability Index into each bundle."""
-    from suite.experiments import evaluate
+    from suite.rl import evaluate
 
     return evaluate.cli(args)
 
 
 def cmd_trl_run(args: list[str]) -> int:
     """suite trl-run [key=value ...]: the sanity test of a suite config trained by TRL (the trl extra)."""
-    from suite import config
+    from suite.rl import config
 
     if not (args and args[0] in ("-h", "--help")):
         config.load(args)  # bad input is refused before TRL (and its import-time notices) loads
@@ -289,7 +290,7 @@ COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "t
             "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
 
 
-# Subcommands whose key=value arguments are run-config fields (suite/config.py: RunConfig).
+# Subcommands whose key=value arguments are run-config fields (suite/rl/config.py: RunConfig).
 CONFIG_COMMANDS = ("run", "perfectible", "bench", "mismatch", "main")
 
 
@@ -327,7 +328,7 @@ def _config_help(command: str, args: list[str]) -> int | None:
     import dataclasses
     import json
 
-    from suite import config
+    from suite.rl import config
 
     if "-h" in args or "--help" in args:
         print(f"usage: suite {command} [key=value ...] [--cfg job]\n\n{COMMANDS[command].__doc__ or ''}\n\n"

@@ -29,7 +29,7 @@ def suite_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model():
     """A random (not warm-started) tiny Llama and the arith tokenizer: for numerics tests."""
-    from suite.numerics.policy import PolicySpec, build_model, build_tokenizer
+    from suite.rl.policy import PolicySpec, build_model, build_tokenizer
     from suite.tasks.registry import get_task
 
     task = get_task("arith")

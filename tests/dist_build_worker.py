@@ -6,15 +6,14 @@ import os
 import sys
 from pathlib import Path
 
-from suite import config
-from suite.rl import train
+from suite.rl import config, data, train
 
 
 def main(out: Path) -> None:
     def broken_build(cfg, console):
         raise OSError("disk full while writing the policy")
 
-    train.prepare_data = broken_build  # only local rank 0 builds; the others would read the cache
+    data.prepare_data = broken_build  # only local rank 0 builds; the others would read the cache
     rank = os.environ["RANK"]
     try:
         train.run(config.load(["tier=smoke", "nproc=2", f"out={out}"]))

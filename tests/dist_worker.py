@@ -7,11 +7,11 @@ from pathlib import Path
 
 import torch
 
-from suite.rl import dist
-from suite.config import OptimConfig
-from suite.numerics.policy import PolicySpec, build_model
+from suite import dist
 from suite.numerics.precision import resolve
-from suite.rl.trainer import Trainer
+from suite.numerics.trainer import Trainer
+from suite.rl.policy import PolicySpec, build_model
+from suite.rl.schema import OptimConfig
 
 
 def main(out: Path, inject_rank: int) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from suite import cli, config
+from suite import cli
+from suite.rl import config
 
 pytest.importorskip("trl")
 

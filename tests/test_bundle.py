@@ -1,4 +1,4 @@
-"""The bundle of outside loops (suite/rl/bundle.py): what the writer logs, checked by hand on tiny
+"""The bundle of outside loops (suite/analysis/bundle.py): what the writer logs, checked by hand on tiny
 tensors, and what the leaderboard's check rejects: a number the evidence does not give, swapped
 evidence, a precision label the observed dtypes contradict, a key nothing backs, and a suite
 run that claims an outside framework to skip its own checks."""
@@ -14,9 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load, save
 
-from suite.rl import bundle
-from suite.analysis import leaderboard, report
-from suite.analysis.results import atomic_write_json, read_jsonl, write_summary
+from suite.analysis import bundle, leaderboard, report
+from suite.results import atomic_write_json, read_jsonl, write_summary
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "results-2seeds" / "arith__grpo__fp16__s0"
 OBSERVED_BF16 = {"sampler": {"compute_dtype": "torch.bfloat16"}, "trainer": {"compute_dtype": "torch.bfloat16"}}

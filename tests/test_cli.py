@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from suite import cli, config
+from suite import cli
+from suite.rl import config
 
 
 def _leaf_fields(cls, prefix=""):
@@ -70,10 +71,11 @@ def _reference_run(root, cls, name, seconds, **cfg):
 
 def test_grids_lists_every_grid_and_regime(capsys):
     from suite.experiments import grids
+    from suite.rl import schema
 
     assert cli.main(["grids"]) == 0
     out = capsys.readouterr().out
-    for name in [*grids.GRIDS, *grids.REGIMES]:
+    for name in [*grids.GRIDS, *schema.REGIMES]:
         assert name in out, name
 
 

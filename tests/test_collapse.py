@@ -7,7 +7,7 @@ import pytest
 from suite.analysis import collapse
 from suite.analysis.report import write_report
 from suite.analysis.runs import load_runs
-from suite.analysis.results import config_hash, summarize
+from suite.results import config_hash, summarize
 
 STEPS = 40
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from suite import config
+from suite.rl import config
 
 
 @pytest.mark.parametrize("overrides, field, words", [
@@ -77,7 +77,7 @@ def test_bad_value_rejected_before_compute(monkeypatch, tmp_path):
 
 
 def test_regime_fills_defaults_and_yields_to_explicit_values():
-    from suite.experiments.grids import REGIMES
+    from suite.rl.schema import REGIMES
 
     cfg = config.load(["regime=stress"])
     assert (cfg.perfectible.max_prompts, cfg.optim.eps, cfg.optim.lr, cfg.updates_per_step) == (32, 1e-15, 2e-4, 8)

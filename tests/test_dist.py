@@ -1,4 +1,4 @@
-"""One run over two ranks, for real: torchrun, gloo on this CPU, FSDP2, DCP checkpoints (suite/rl/dist.py).
+"""One run over two ranks, for real: torchrun, gloo on this CPU, FSDP2, DCP checkpoints (suite/dist.py).
 
 What a user relies on when a run is spread over ranks: it samples exactly the tokens of a 1-rank
 run and computes the same update up to reduction order; killing any rank and rerunning resumes to
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from suite import config
-from suite.analysis.results import read_jsonl
+from suite.results import read_jsonl
+from suite.rl import config, schema
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 SMOKE = ["tier=smoke"]
@@ -150,7 +150,7 @@ def test_resume_with_another_world_size_reshards(tmp_path):
     (d / "summary.json").unlink()  # make it resumable: ask for more steps of the same experiment
     cfg = json.loads((d / "config.json").read_text())
     cfg["config"]["steps"] = 3
-    from suite.analysis.results import config_hash
+    from suite.results import config_hash
     cfg["config_hash"] = config_hash(cfg["config"])
     (d / "config.json").write_text(json.dumps(cfg))
     _suite_run(f"out={out}", "precision=fp32", "steps=3", "ckpt_every=2")
@@ -188,10 +188,10 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
 def test_exported_policy_loads_in_transformers_and_gives_the_trainers_logprobs(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from suite.rl.checkpoint import model_state
-    from suite.numerics.policy import load_policy
     from suite.numerics.precision import resolve
-    from suite.rl.trainer import Trainer
+    from suite.numerics.trainer import Trainer
+    from suite.rl.checkpoint import model_state
+    from suite.rl.policy import load_policy
 
     out = tmp_path / "x"
     _suite_run(f"out={out}", "precision=bf16", "steps=2", "nproc=2")
@@ -204,7 +204,7 @@ def test_exported_policy_loads_in_transformers_and_gives_the_trainers_logprobs(t
     assert meta["step"] == 2 and all(torch.equal(state[k], v) for k, v in hf.state_dict().items())
     ids = torch.tensor([tok("123+456=")["input_ids"] + tok("9+6+0=15")["input_ids"][1:]])
     attn = torch.ones_like(ids)
-    trainer = Trainer(base, resolve("fp32"), "native", config.OptimConfig(lr=1e-4))
+    trainer = Trainer(base, resolve("fp32"), "native", schema.OptimConfig(lr=1e-4))
     want, _ = trainer.logprobs(ids, attn, 8, ids[:, -8:], 1.0)
     logits = hf(input_ids=ids).logits
     got = torch.log_softmax(logits[:, -9:-1].float(), -1).gather(-1, ids[:, -8:, None])[..., 0]
@@ -215,13 +215,13 @@ def test_autocast_runs_on_the_parameters_device(monkeypatch):
     """A host that has CUDA must not open autocast("cuda") around a trainer whose parameters are on the CPU
     (it would compute in fp32 while env.json says bf16): the autocast device comes from the parameters, and
     the dtype recorded is the one observed in the forward."""
-    from suite.numerics.policy import PolicySpec, build_model
     from suite.numerics.precision import resolve
-    from suite.rl.trainer import Trainer
+    from suite.numerics.trainer import Trainer
+    from suite.rl.policy import PolicySpec, build_model
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
-    trainer = Trainer(model, resolve("bf16"), "native", config.OptimConfig(lr=1e-4))
+    trainer = Trainer(model, resolve("bf16"), "native", schema.OptimConfig(lr=1e-4))
     seen = trainer.observe()
     assert trainer.autocast_device() == next(trainer.model.parameters()).device.type == "cpu"
     assert seen["autocast_device"] == "cpu" and seen["gemm_output"] == "torch.bfloat16"
@@ -264,7 +264,7 @@ SRUN_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "16", "SLURM_NNODES": "2", "S
     ({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}, None),  # srun of one task
 ])
 def test_world_from_launcher_environment(env, world):
-    from suite.rl.dist import from_env
+    from suite.dist import from_env
 
     assert from_env(env) == world
 
@@ -274,12 +274,12 @@ def test_world_from_launcher_environment(env, world):
 def test_observed_trainer_dtypes_have_one_shape_for_every_flow(flow, gemm):
     """env.json's trainer_observed: the same keys whether the trainer is the HF model under autocast or
     the sampler's own code (exact, unified FP8), each value seen in a forward, never copied from the table."""
-    from suite.numerics.policy import PolicySpec, build_model
     from suite.numerics.precision import resolve
-    from suite.rl.trainer import Trainer
+    from suite.numerics.trainer import Trainer
+    from suite.rl.policy import PolicySpec, build_model
 
     model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
-    seen = Trainer(model, resolve(flow), "native", config.OptimConfig(lr=1e-4)).observe()
+    seen = Trainer(model, resolve(flow), "native", schema.OptimConfig(lr=1e-4)).observe()
     assert set(seen) == {"gemm_output", "logits", "autocast_device", "param_device"}
     assert seen["gemm_output"] == gemm and seen["param_device"] == "cpu"
     assert seen["autocast_device"] == ("cpu" if flow == "fp16" else "none")

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from suite.numerics.engine import TorchEngine
-from suite.numerics.policy import EOS
-from suite.numerics.precision import FLOWS, emulate_autocast, gemm_backend, lowp_linear, resolve
+from suite.numerics.precision import (
+    FLOWS,
+    emulate_autocast,
+    gemm_backend,
+    lowp_linear,
+    resolve,
+)
+from suite.rl.policy import EOS
 from suite.rl.train import batch_tensors
 
 
@@ -77,7 +83,7 @@ def test_top_p_keeps_the_nucleus(tiny_model):
 @pytest.mark.parametrize("lm_head_fp32", [False, True])
 def test_run_engines_follow_the_table(tiny_model, name, lm_head_fp32):
     """The engines a run builds hold exactly the table's dtypes (the sampler never picks its own)."""
-    from suite import config
+    from suite.rl import config
     from suite.rl.train import build_engines
 
     model, tok, task = tiny_model
@@ -149,8 +155,8 @@ def test_emulated_autocast_matches_native_autocast(tiny_model):
 @pytest.mark.parametrize("lm_head_fp32", [False, True])
 def test_exact_flow_has_zero_mismatch_and_trains(tiny_model, lm_head_fp32):
     """`exact`: the trainer's log-probs are bitwise the sampler's, and gradients still flow."""
-    from suite import config
     from suite.numerics.mismatch import mismatch_metrics
+    from suite.rl import config
     from suite.rl.train import build_engines
 
     model, tok, task = tiny_model
@@ -178,8 +184,8 @@ def test_exact_flow_has_zero_mismatch_and_trains(tiny_model, lm_head_fp32):
 
 
 def _step0_mismatch(model, tok, task, precision):
-    from suite import config
     from suite.numerics.mismatch import mismatch_metrics
+    from suite.rl import config
     from suite.rl.train import build_engines
 
     trainer, engine, _ = build_engines(config.load(["tier=smoke", f"precision={precision}"]), copy.deepcopy(model))

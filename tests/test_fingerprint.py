@@ -12,7 +12,7 @@ import warnings
 
 import pytest
 
-from suite.experiments import fingerprint
+from suite.analysis import fingerprint
 from suite.numerics import machine
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from suite.analysis import leaderboard
-from suite.analysis.results import atomic_write_json, config_hash
+from suite.results import atomic_write_json, config_hash
 
 DEFAULT = Path(__file__).resolve().parent / "fixtures" / "results-2seeds"  # real runs (an earlier small tier)
 # No "/" in it: it also becomes a directory name and a model label (the path's last part).

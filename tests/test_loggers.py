@@ -11,10 +11,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from suite import cli, config
+from suite import cli
 from suite.numerics import flops
-from suite.rl import loggers
-from suite.analysis.results import read_jsonl
+from suite.results import read_jsonl
+from suite.rl import config, loggers
 from suite.rl.train import run
 
 RUN = "arith__grpo__fp32__s0"
@@ -92,7 +92,7 @@ def test_a_logger_that_raises_is_switched_off_and_the_run_completes(tmp_path, mo
 
 
 def test_logger_is_not_part_of_the_experiment():
-    from suite.analysis.results import config_hash
+    from suite.results import config_hash
 
     plain, mirrored = (config.to_dict(config.load(["tier=smoke", *x])) for x in ([], ["logger=[tensorboard]"]))
     assert config_hash(plain) == config_hash(mirrored)

@@ -87,9 +87,9 @@ def test_the_committed_grids_are_complete_for_todays_code():
 
 
 def test_same_experiment_tolerates_only_fields_added_at_their_defaults(tmp_path):
-    from suite import config
-    from suite.analysis.provenance import same_experiment
-    from suite.analysis.results import config_hash
+    from suite.results import config_hash
+    from suite.rl import config
+    from suite.rl.provenance import same_experiment
 
     new = config.to_dict(config.load(["tier=smoke"]))
     old = {k: v for k, v in new.items() if k not in ("micro_batch", "eval")}  # recorded before those fields existed

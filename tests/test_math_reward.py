@@ -6,7 +6,15 @@ import time
 import pytest
 
 from suite.tasks import math_reward as mr
-from suite.tasks.math_reward import gsm8k_answer, gsm8k_extract, gsm8k_reward, last_boxed, r1_reward, strip_string, think_answer
+from suite.tasks.math_reward import (
+    gsm8k_answer,
+    gsm8k_extract,
+    gsm8k_reward,
+    last_boxed,
+    r1_reward,
+    strip_string,
+    think_answer,
+)
 
 TIMEOUT = 2.0  # seconds per symbolic check in these tests
 MARGIN = 3.0  # killing the worker and returning; generous for a busy 2-core machine

@@ -91,7 +91,7 @@ def test_a_wheel_installed_outside_the_checkout_runs_a_smoke_run(wheel, tmp_path
 
 
 def test_the_cache_defaults_to_the_users_cache_directory(monkeypatch, tmp_path):
-    from suite.numerics.policy import cache_root
+    from suite.rl.policy import cache_root
 
     monkeypatch.delenv("SUITE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -106,7 +106,7 @@ def test_the_cache_defaults_to_the_users_cache_directory(monkeypatch, tmp_path):
 def test_a_feature_whose_extra_is_missing_is_refused_before_compute_naming_the_extra(monkeypatch):
     import importlib.util
 
-    from suite import config
+    from suite.rl import config
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "lm_eval" else real(name, *a))

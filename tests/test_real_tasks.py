@@ -10,11 +10,10 @@ import re
 from pathlib import Path
 
 import pytest
-
-from suite import config
-from suite.numerics import models
-from suite.rl.train import run
 from test_hub_tasks import SUFFIX, verl_rows, write_parquet
+
+from suite.rl import config, models
+from suite.rl.train import run
 
 # The "Hyperparameters" of the published sanity test (arXiv 2510.26788).
 PUBLISHED = {
@@ -65,7 +64,7 @@ def test_few_rl_steps_on_a_local_parquet_with_the_embedded_stand_in(r1d_copy, tm
     assert env["dataset"]["prompts"] == 16 and env["dataset"]["provenance"]["prefiltered"].startswith("published")
     assert env["task"] == {"name": "sanity_r1d", "version": 1}
     # The prompt went through the stand-in's chat template, as a real model's would.
-    from suite.numerics.policy import CHAT_TEMPLATE, load_policy
+    from suite.rl.policy import CHAT_TEMPLATE, load_policy
     from suite.tasks.registry import get_task, prompt_ids
 
     _, tok = load_policy(Path(env["policy"]["path"]))
@@ -95,8 +94,8 @@ def test_bad_input_is_refused_before_compute(r1d_copy, tmp_path, monkeypatch):
 
 def test_perfectible_builder_on_a_dataset_task(tmp_path):
     """The builder runs on gsm8k from a local file with the stand-in and records its provenance."""
-    from suite.tasks import perfectible
-    from suite.numerics.policy import PolicySpec, ensure_policy
+    from suite.rl import perfectible
+    from suite.rl.policy import PolicySpec, ensure_policy
     from suite.tasks.registry import get_task
 
     rows = [{"question": f"Tom has {a} apples and buys {b}. How many?", "answer": f"{a}+{b}=<<{a}+{b}={a + b}>>{a + b}\n#### {a + b}"}

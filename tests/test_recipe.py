@@ -7,12 +7,19 @@ import math
 
 import pytest
 import torch
-
-from suite import cli, config, recipe
-from suite.rl.algos import ALGORITHMS, get_algorithm, kl_penalty, policy_loss, regularised_loss
-from suite.analysis.results import read_jsonl
-from suite.rl.train import run
 from test_run import _kill_at
+
+from suite import cli
+from suite.results import read_jsonl
+from suite.rl import config, recipe
+from suite.rl.algos import (
+    ALGORITHMS,
+    get_algorithm,
+    kl_penalty,
+    policy_loss,
+    regularised_loss,
+)
+from suite.rl.train import run
 
 
 def test_default_knobs_are_each_algorithms_own_row():

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from suite import config
-from suite.analysis import outcomes, provenance, render, report, stats
-from suite.analysis.results import atomic_write_json, atomic_write_text, config_hash, summarize
+from suite.analysis import outcomes, render, report, stats
 from suite.analysis.runs import load_runs
+from suite.results import atomic_write_json, atomic_write_text, config_hash, summarize
+from suite.rl import config, provenance
 
 # ---------------------------------------------------------------------------- the outcome table
 

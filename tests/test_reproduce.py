@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from suite.numerics import machine
 from suite.analysis import reference, reproduce
-from suite.recipe import AlgoConfig
-from suite.analysis.results import config_hash
+from suite.numerics import machine
+from suite.results import config_hash
+from suite.rl.recipe import AlgoConfig
 
 REPO = Path(__file__).resolve().parents[1]
 AVX2 = REPO / "results" / "reference" / "cpu-avx2-emulated" / "sanity"
@@ -184,7 +184,7 @@ def test_main_job_writes_next_to_its_runs_and_leaves_git_status_clean(tmp_path):
 
 
 def test_runs_never_write_into_the_committed_references(tmp_path):
-    from suite import config
+    from suite.rl import config
     from suite.rl.train import RunDirConflict, run
 
     cfg = config.load(["tier=smoke", f"out={AVX2.parent}", "name=new-grid"])

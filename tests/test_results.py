@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from suite.analysis import results
-from suite.analysis.results import (
+from suite import results
+from suite.results import (
     SCHEMA_VERSION,
     VERDICT_RULE,
     append_jsonl,

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from suite import config
-from suite.analysis.results import load_run, read_jsonl
+from suite.results import load_run, read_jsonl
+from suite.rl import config
 from suite.rl.train import CorruptCheckpoint, RunDirConflict, run
 
 
@@ -41,7 +41,7 @@ def test_run_writes_a_complete_bundle(tmp_path):
     # the trainer really trained: the checkpointed weights differ from the base policy's, and the exported
     # HF directory holds exactly the checkpoint's weights
     from suite.rl.checkpoint import model_state
-    from suite.numerics.policy import load_policy
+    from suite.rl.policy import load_policy
     base, _ = load_policy(env["policy"]["path"])
     state, meta = model_state(d, base)
     assert meta["step"] == 4 and meta["file"] == "step_000004" and sorted(p.name for p in (d / "ckpt").iterdir()) == [
@@ -61,7 +61,7 @@ def test_same_seed_gives_identical_metrics(tmp_path):
 
 def _kill_at(monkeypatch, n_updates):
     """Make the trainer die (as a kill would) on its n-th optimizer update."""
-    from suite.rl.trainer import Trainer
+    from suite.numerics.trainer import Trainer
 
     calls = {"n": 0}
     real = Trainer.step

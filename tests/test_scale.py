@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from suite import config
-from suite.numerics.precision import resolve
-from suite.analysis.results import read_jsonl
-from suite.rl.train import run
-from suite.rl.trainer import Trainer
 from test_run import _kill_at
+
+from suite.numerics.precision import resolve
+from suite.numerics.trainer import Trainer
+from suite.results import read_jsonl
+from suite.rl import config
+from suite.rl.train import run
 
 
 def _logp_and_grads(tiny_model, precision, **options):

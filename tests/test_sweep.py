@@ -14,12 +14,13 @@ from dataclasses import replace
 import pytest
 from rich.console import Console
 
-from suite import config
 from suite.experiments import grids, sweep
+from suite.experiments.cells import plan
+from suite.rl import config
 
 
 def test_plan_validates_every_cell_and_expands_axes(tmp_path):
-    cells = sweep.plan(["tier=smoke", f"out={tmp_path}", "precision=bf16"], {"precision": ["fp32", "fp16"], "seed": [0, 1]})
+    cells = plan(["tier=smoke", f"out={tmp_path}", "precision=bf16"], {"precision": ["fp32", "fp16"], "seed": [0, 1]})
     assert [(c.cfg.precision, c.cfg.seed) for c in cells] == [("fp32", 0), ("fp32", 1), ("fp16", 0), ("fp16", 1)]
     assert all(c.cfg.tier == "smoke" for c in cells)
 
@@ -30,7 +31,7 @@ def test_failing_cell_is_isolated_and_rerun_runs_only_what_is_missing(tmp_path):
     # An impossible setting in one cell only: its model directory does not exist.
     bad_ov = base + ["precision=bf16", f"policy.path={tmp_path / 'no-such-model'}"]
     bad = sweep.Cell(bad_ov, config.load(bad_ov))
-    from suite.rl.train import prepare_data
+    from suite.rl.data import prepare_data
     prepare_data(good.cfg, Console(quiet=True))  # the shared policy, built once (as `suite main` does)
     codes = sweep.launch_local([good, bad], jobs=2, console=Console(quiet=True))
     assert codes[str(good.run_dir)] == 0 and codes[str(bad.run_dir)] != 0
@@ -72,8 +73,8 @@ def test_sanity_grid_is_every_flow_times_three_algorithms_and_a_seed_sweep_doubl
 
 
 def test_grids_read_flows_and_algorithms_when_looked_up(monkeypatch):
-    from suite.rl import algos
     from suite.numerics import precision
+    from suite.rl import algos
 
     monkeypatch.setitem(precision.FLOWS, "fp8_later", replace(precision.FLOWS["bf16"], name="fp8_later"))
     assert "fp8_later" in grids.get("sanity")["axes"]["precision"]

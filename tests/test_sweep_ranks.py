@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from suite.rl import dist
+from suite import dist
 from suite.experiments import local_launcher, sweep
 
 
@@ -155,7 +155,7 @@ def test_local_launcher_passes_the_users_hub_settings_to_every_cell(tmp_path, mo
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
     monkeypatch.setattr(local_launcher.subprocess, "Popen", Done)
     monkeypatch.setattr(local_launcher.time, "sleep", lambda s: None)
-    from suite import config
+    from suite.rl import config
 
     cell = sweep.Cell(["tier=smoke"], config.load(["tier=smoke", f"out={tmp_path}"]))
     local_launcher.launch_local([cell], jobs=1, console=local_launcher.Console(quiet=True))

@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from suite.config import OptimConfig
 from suite.numerics.precision import resolve
-from suite.rl.trainer import LossScaler, Trainer
+from suite.numerics.trainer import LossScaler, Trainer
+from suite.rl.schema import OptimConfig
 
 
 def test_loss_scaler_backoff_and_growth():

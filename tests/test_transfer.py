@@ -1,5 +1,5 @@
 """Transfer index: the formulas on the paper's Table 1, the flags, and a real lm-eval evaluation
-of the embedded base policy against trained ones (suite/analysis/transfer.py, suite/experiments/evaluate.py)."""
+of the embedded base policy against trained ones (suite/rl/transfer.py, suite/rl/evaluate.py)."""
 
 import json
 import shutil
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from suite.analysis import transfer as ti
+from suite.rl import transfer as ti
 
 # ---- Table 1 of arXiv 2507.00432 scores in percent -----------------------
 BENCHES = ["aime24", "aime25", "math500", "olympiad", "gpqa", "lcb2", "acpbench", "headqa",
@@ -114,7 +114,7 @@ def test_bad_groups_and_sigma_are_refused():
 
 # ---- lm-eval: task names ---------------------------------------------------------------------------------
 def test_an_unknown_task_name_gets_a_suggestion():
-    from suite.experiments import evaluate as ev
+    from suite.rl import evaluate as ev
     from suite.tasks.registry import get_task
 
     tm = ev.task_manager([ev.build_embedded(get_task("arith3"))], defaults=False)
@@ -128,7 +128,7 @@ def test_the_papers_benchmarks_are_lm_eval_names_or_listed_missing():
     index takes ~40 s); the three benchmarks lm-eval lacks are listed, not silently dropped."""
     import lm_eval
 
-    from suite.experiments import evaluate as ev
+    from suite.rl import evaluate as ev
 
     root = Path(lm_eval.__file__).parent / "tasks"
     dirs = [root / d for d in ("minerva_math", "aime", "gpqa", "acpbench", "headqa", "coqa", "ifeval", "mc_taco")]
@@ -142,12 +142,13 @@ def test_the_papers_benchmarks_are_lm_eval_names_or_listed_missing():
 
 
 def test_embedded_documents_stay_in_the_policys_alphabet():
-    from suite.experiments import evaluate as ev
+    from suite.rl import evaluate as ev
+    from suite.tasks.lm_eval_docs import embedded_docs
     from suite.tasks.registry import get_task
 
     for task in (get_task("arith3"), get_task("arith")):
         for name in (n for g in ev.EMBEDDED.values() for n in g):
-            docs = ev.embedded_docs(name, task, 128)
+            docs = embedded_docs(name, task, 128)
             assert len(docs) >= 32, (task.name, name, len(docs))
             text = "".join(json.dumps([d.get("prompt", ""), d.get("answer", ""), d.get("context", ""),
                                        d.get("choices", [])]) for d in docs)
@@ -157,7 +158,7 @@ def test_embedded_documents_stay_in_the_policys_alphabet():
                     assert len(set(d["choices"])) == len(d["choices"]) and 0 <= d["gold"] < len(d["choices"])
     held_out = {it.prompt for it in get_task("arith3").split("test")}
     for name in ("tiny_math_sum", "tiny_math_carry"):
-        assert all(d["prompt"] in held_out for d in ev.embedded_docs(name, get_task("arith3"), 128))
+        assert all(d["prompt"] in held_out for d in embedded_docs(name, get_task("arith3"), 128))
 
 
 # ---- lm-eval: a real evaluation of the embedded base and trained policies ------------------------------
@@ -165,8 +166,8 @@ def test_embedded_documents_stay_in_the_policys_alphabet():
 def evaluated(tmp_path_factory):
     """Two smoke-tier runs (a few RL steps, one at a learning rate that wrecks the policy), a run
     without a checkpoint and a directory that is no run, evaluated together with lm-eval."""
-    from suite import config
-    from suite.experiments import evaluate as ev
+    from suite.rl import config
+    from suite.rl import evaluate as ev
     from suite.rl.train import run
 
     out = tmp_path_factory.mktemp("transfer-runs")
@@ -179,7 +180,7 @@ def evaluated(tmp_path_factory):
 
 
 def test_base_and_trained_policies_are_scored_on_the_three_groups(evaluated):
-    from suite.experiments.evaluate import EMBEDDED
+    from suite.rl.evaluate import EMBEDDED
 
     hot_rec, _, mild_rec, _ = evaluated["records"]
     assert hot_rec["status"] == mild_rec["status"] == "ok"
@@ -204,7 +205,7 @@ def test_base_and_trained_policies_are_scored_on_the_three_groups(evaluated):
 def test_base_scores_are_cached_and_runs_without_checkpoint_are_reported(evaluated):
     hot_rec, bare_rec, mild_rec, none_rec = evaluated["records"]
     hot, mild = hot_rec["transfer"], mild_rec["transfer"]
-    from suite.numerics.policy import cache_root
+    from suite.rl.policy import cache_root
 
     # the base is evaluated once (for the first run; a warm session cache may already hold it)
     assert mild["base"]["cached"] is True and (cache_root() / "transfer" / "base" / f"{hot['base']['cache_key']}.json").exists()
@@ -244,8 +245,8 @@ def test_report_and_leaderboard_show_the_transfer_index(evaluated, tmp_path):
 
 
 def test_a_failing_evaluation_at_the_end_of_a_run_never_fails_the_run(tmp_path, monkeypatch):
-    from suite import config
-    from suite.experiments import evaluate as ev
+    from suite.rl import config
+    from suite.rl import evaluate as ev
     from suite.rl.train import run
 
     def boom(*a, **k):
@@ -258,7 +259,7 @@ def test_a_failing_evaluation_at_the_end_of_a_run_never_fails_the_run(tmp_path, 
 
 
 def test_the_vllm_back_end_needs_the_vllm_distribution(monkeypatch, tmp_path):
-    from suite.experiments import evaluate as ev
+    from suite.rl import evaluate as ev
 
     monkeypatch.setattr(ev, "_version", lambda dist: None)
     with pytest.raises(ValueError, match="--backend vllm: lm-eval's vLLM wrapper needs the `vllm` distribution"):

@@ -15,12 +15,13 @@ import torch
 trl_bridge = pytest.importorskip("suite.experiments.trl_bridge", reason="TRL is not installed (the trl extra: pip install "
                                  "'lowprec-rl-suite[trl]')")
 
-from safetensors.torch import load  # noqa: E402
 import trl  # noqa: E402  (already imported by the bridge)
+from safetensors.torch import load  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-from suite import config, leaderboard  # noqa: E402
+from suite import leaderboard  # noqa: E402
 from suite.numerics.engine import eos_ids  # noqa: E402
+from suite.rl import config
 
 
 def _args(tmp_path, bf16: bool, **kw) -> GRPOConfig:

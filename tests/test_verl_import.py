@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from suite.rl import bundle
 from suite import cli
-from suite.analysis import leaderboard
+from suite.analysis import bundle, leaderboard
 from suite.experiments import verl_import
 from suite.numerics.mismatch import mismatch_metrics
-from suite.analysis.results import atomic_write_json, read_jsonl, write_summary
+from suite.results import atomic_write_json, read_jsonl, write_summary
 
 PROVENANCE = dict(verl_version="0.6.0", git_sha="0123456789abcdef0123456789abcdef01234567", git_dirty=False,
                   packages={"torch": "2.8.0", "vllm": "0.10.2"}, hardware={"gpus": ["NVIDIA H100 80GB HBM3"] * 8},

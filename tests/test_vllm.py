@@ -14,10 +14,10 @@ import pytest
 import torch
 from rich.console import Console
 
-from suite import config
 from suite.numerics.engine import TorchEngine
-from suite.numerics.policy import EOS, load_policy
 from suite.numerics.precision import resolve
+from suite.rl import config
+from suite.rl.policy import EOS, load_policy
 
 VLLM_POLICY = ["tier=smoke", "policy.heads=2", "policy.kv_heads=1"]  # head size 64 / 2 = 32
 VLLM_ARGS = ["engine=vllm", "vllm.kv_cache_gib=0.05", "vllm.max_model_len=128"]
@@ -32,11 +32,14 @@ def _cfg(*extra):
 @pytest.fixture(scope="module")
 def policy():
     """The warm-started smoke policy (built once per test session) and its perfectible prompts."""
-    from suite.tasks.perfectible import load
-    from suite.rl.train import prepare_data
+    from suite.rl.data import prepare_data
+    from suite.rl.perfectible import load
 
     cfg = config.load(VLLM_POLICY)
     model_dir, data_dir = prepare_data(cfg, Console(quiet=True))
+    # The perfectible set screened by vLLM (what engine=vllm runs train on), built before any engine of the
+    # module starts: its build starts and closes a vLLM engine, and closing one releases vLLM's process-wide state.
+    prepare_data(_cfg(), Console(quiet=True))
     items, _ = load(data_dir, 0)
     model, tok = load_policy(model_dir)
     prompts = [tok(it.prompt)["input_ids"] for it in items[:cfg.prompts_per_step] for _ in range(cfg.samples_per_prompt)]
@@ -204,7 +207,7 @@ def test_bench_reports_vllm_speed(engines, policy, capsys):
 
 def test_rl_run_with_vllm(tmp_path):
     """Two RL steps with vLLM as the sampler write a complete bundle with mismatch metrics."""
-    from suite.analysis.results import load_run
+    from suite.results import load_run
     from suite.rl.train import run
 
     d = run(_cfg("steps=2", "precision=bf16", f"out={tmp_path}"), Console(quiet=True))

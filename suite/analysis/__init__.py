@@ -1,5 +1,5 @@
-"""Stage 5, analysis: pure functions of result files. The result schema (results.py), statistics (stats.py),
-provenance (provenance.py), the report (runs.py loads, report.py assembles, render.py renders, figures.py
-plots), the collapse search (collapse.py), reproduction against the reference (reproduce.py), the transfer
-index (transfer.py) and the static leaderboard (leaderboard.py, site/).
+"""Stage 4, analysis: functions of result files. Runs read back (runs.py), the report (report.py assembles,
+outcomes.py the outcome tables, render.py renders, figures.py plots, stats.py the statistics), the collapse
+search (collapse.py), reproduction against the committed reference (reproduce.py, reference.py,
+fingerprint.py), the bundle of outside loops (bundle.py) and the static leaderboard (leaderboard.py, site/).
 """

@@ -2,7 +2,7 @@
 
 Issue 9 asks for the published separation (arXiv 2510.26788: BF16 GRPO collapses on the
 sanity test, FP16 reaches > 95%) at CPU scale, searched over named regimes
-(``suite/experiments/grids.py`` REGIMES, the ``collapse-search`` grid) with several seeds per cell, and
+(``suite/rl/schema.py`` REGIMES, the ``collapse-search`` grid) with several seeds per cell, and
 for the outcome to be *stated by the suite from the results*, either way. Everything here is
 a pure function of run bundles (``suite.analysis.runs.Run``): ``suite report results/collapse-search``
 calls ``build_document`` when the runs span more than one regime.
@@ -27,8 +27,8 @@ from pathlib import Path
 import numpy as np
 
 from suite.analysis import render
-from suite.analysis.results import PEAK_WINDOW, VERDICT_RULE
 from suite.analysis.stats import bootstrap_ci, finite, mean_std, trailing_mean
+from suite.results import PEAK_WINDOW, VERDICT_RULE
 
 LOW_FLOWS = ("bf16", "bf16_fp8rollout")
 REFERENCE_FLOWS = ("fp16", "fp32")
@@ -43,8 +43,8 @@ def regime(run) -> str:
 
 
 def regimes_of(runs) -> list[str]:
-    """Regimes in the order of suite.experiments.grids.REGIMES (unknown names last, sorted)."""
-    from suite.experiments.grids import REGIMES
+    """Regimes in the order of suite.rl.schema.REGIMES (unknown names last, sorted)."""
+    from suite.rl.schema import REGIMES
 
     found = {regime(r) for r in runs}
     return [g for g in REGIMES if g in found] + sorted(found - set(REGIMES))
@@ -271,13 +271,13 @@ def corrections_table(runs, base_algo: str = "grpo") -> tuple[list[str], list[li
 
 
 def settings_table(runs) -> tuple[list[str], list[list[str]]]:
-    from suite.experiments.grids import REGIMES
+    from suite.rl.schema import REGIMES
 
     head = ["regime", "what it changes (on top of the tier)", "why", "runs"]
     count = Counter(regime(r) for r in runs)
     rows = []
     for g in regimes_of(runs):
-        spec = REGIMES.get(g, {"set": {}, "doc": "(not in suite/experiments/grids.py REGIMES)"})
+        spec = REGIMES.get(g, {"set": {}, "doc": "(not in suite/rl/schema.py REGIMES)"})
         rows.append([g, ", ".join(f"{k}={v}" for k, v in spec["set"].items()) or "nothing", spec["doc"], str(count[g])])
     return head, rows
 
@@ -313,7 +313,7 @@ def build_document(runs, root: Path, fig_dir: Path) -> list[tuple]:
               f"jobs=2, then suite report {root}. Wall time of the runs: {_wall(runs)}."),
         ("h", "Settings tried", "settings"),
         ("table", *settings_table(runs), "Every regime of this search, including those where nothing separated. "
-         "A regime sets its fields on top of the tier for every precision alike (suite/experiments/grids.py REGIMES)."),
+         "A regime sets its fields on top of the tier for every precision alike (suite/rl/schema.py REGIMES)."),
         ("h", "Separation", "separation"),
         ("table", *findings_table(found), f"Separated: every complete seed of the low-precision flow fails (verdict "
          f"unstable or collapse) while every complete seed of fp16 and fp32 passes, with >= {MIN_SEEDS} seeds each. "

@@ -41,16 +41,16 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from suite.rl import bundle
+from suite.analysis import bundle, stats
 from suite.numerics import machine
-from suite.analysis import provenance, stats, transfer
-from suite.analysis.results import (
+from suite.results import (
     SCHEMA_VERSION,
     VERDICT_RULE,
     config_hash,
     read_jsonl,
     summarize,
 )
+from suite.rl import provenance, transfer
 
 KNOWN_SCHEMAS = (SCHEMA_VERSION,)  # versions whose files this code knows how to read
 SITE_DIR = Path(__file__).with_name("site")

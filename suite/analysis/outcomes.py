@@ -10,9 +10,8 @@ from rich.table import Table
 
 from suite.analysis import render
 from suite.analysis.render import fmt, ratio_caption
-from suite.analysis.results import VERDICT_RULE, display_path
-from suite.analysis.runs import Run, find_run_dirs, load_runs, load_summaries
-
+from suite.analysis.runs import Run, load_runs, load_summaries
+from suite.results import VERDICT_RULE, display_path, find_run_dirs
 
 # ---------------------------------------------------------------------------- the outcome table (sweeps, suite main)
 COLUMNS = ("run", "verdict", "peak acc (step)", "final acc", "first pass step", "step-0 mean abs dp",
@@ -73,7 +72,7 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
         runs = load_runs(search)
         text += f" The collapse search ({search}, report in {search / 'report'}): " + collapse.statement(runs, collapse.findings(runs))
     else:
-        from suite.analysis.results import REFERENCE_ROOT
+        from suite.results import REFERENCE_ROOT
 
         committed = sorted(REFERENCE_ROOT.glob(f"*/{SEARCH_DIR}"))
         text += (" Where precision does decide the outcome is searched by `suite sweep grid=collapse-search launcher=local "

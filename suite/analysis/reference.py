@@ -12,8 +12,12 @@ from pathlib import Path
 from suite.analysis.outcomes import outcome_markdown
 from suite.analysis.report import write_report
 from suite.analysis.reproduce import _env, _summary
-from suite.analysis.results import REFERENCE_ROOT, atomic_write_json, atomic_write_text
-from suite.analysis.runs import find_run_dirs
+from suite.results import (
+    REFERENCE_ROOT,
+    atomic_write_json,
+    atomic_write_text,
+    find_run_dirs,
+)
 
 
 def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty: bool = False) -> Path:

@@ -16,8 +16,8 @@ import json
 from typing import TYPE_CHECKING
 
 from suite.analysis import stats
-from suite.analysis.provenance import flatten
-from suite.analysis.results import LOCATION_KEYS
+from suite.results import LOCATION_KEYS
+from suite.rl.provenance import flatten
 
 if TYPE_CHECKING:
     from suite.analysis.runs import Run
@@ -232,7 +232,7 @@ def step0_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 def transfer_tables(runs: list[Run]) -> list[tuple[list[str], list[list[str]]]]:
     """Runs with a transfer.json (suite transfer; docs/transfer.md): the TI variants per run, then the
     per-benchmark scores base -> final. A TI that is not a meaningful number shows "flag". [] when none."""
-    from suite.analysis import transfer
+    from suite.rl import transfer
 
     docs = [(r, d) for r in runs if (d := transfer.load(r.dir)) is not None]
     if not docs:
@@ -334,7 +334,7 @@ def env_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 
 
 def provenance_table(runs: list[Run], answers: dict[str, str]) -> tuple[list[str], list[list[str]]]:
-    """Per run: config hash, whether its rerun command reproduces it (`answers`, suite/analysis/provenance.py), code and data."""
+    """Per run: config hash, whether its rerun command reproduces it (`answers`, suite/rl/provenance.py), code and data."""
     head = ["run", "config hash", "rerun command reproduces the hash", "git sha", "dirty", "task (version)",
             "dataset sha256"]
     rows = []

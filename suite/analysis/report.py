@@ -1,4 +1,4 @@
-"""Tables and reproducibility reports: pure functions of result bundles (suite/analysis/results.py).
+"""Tables and reproducibility reports: pure functions of result bundles (suite/results.py).
 
 ``suite report RESULTS_DIR [--out DIR]`` writes a self-contained folder (default
 ``RESULTS_DIR/report/``): ``index.html`` and ``report.md`` with the same content, and
@@ -13,7 +13,7 @@ runs with their errors, every run, and provenance (environment, config hashes, t
 ``suite run`` command of every run). docs/report.md explains how to read it.
 
 This module assembles the document and writes the files; suite/analysis/runs.py loads the runs,
-suite/analysis/outcomes.py holds the outcome table, suite/analysis/render.py the cells, tables and HTML/Markdown, suite/analysis/provenance.py the rerun commands and their
+suite/analysis/outcomes.py holds the outcome table, suite/analysis/render.py the cells, tables and HTML/Markdown, suite/rl/provenance.py the rerun commands and their
 config-hash check (shared with the leaderboard). Nothing is timestamped: the same result
 files give the same report.
 """
@@ -27,13 +27,12 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from suite.rl import bundle
-from suite.analysis import provenance, render
+from suite.analysis import bundle, render
 from suite.analysis.outcomes import machine_sentence
 from suite.analysis.render import IS_PLOT, MISMATCH_PLOT, ratio_caption
-from suite.analysis.results import PEAK_WINDOW, VERDICT_RULE
 from suite.analysis.runs import Run, load_runs
-
+from suite.results import PEAK_WINDOW, VERDICT_RULE
+from suite.rl import provenance
 
 # ---------------------------------------------------------------------------- the document
 # A list of blocks (suite/analysis/render.py), rendered twice (HTML, Markdown) so both files say the same.
@@ -179,9 +178,9 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     head, rows = render.run_table(runs)
     doc += [("h", "Runs", "runs"), ("table", head, rows, "")]
     head, rows = render.provenance_table(runs, answers)
-    doc += [("h", "Provenance", "provenance"), ("table", head, rows, "Config hash: suite.analysis.results.config_hash "
+    doc += [("h", "Provenance", "provenance"), ("table", head, rows, "Config hash: suite.results.config_hash "
              "of the resolved config (out and name excluded). The check recomposes the command below with "
-             "suite.config.load and compares hashes."),
+             "suite.rl.config.load and compares hashes."),
             ("table", *render.env_table(runs), "From env.json; 'differs' lists each value with its runs."),
             ("p", "Commands that rerun every run (its axes, then the fields that differ from what those compose to):"),
             ("pre", "\n".join(f"# {r.label}\n{command_of(r)}" for r in runs if r.config) or "(no configs)")]

@@ -19,12 +19,12 @@ import json
 from pathlib import Path
 
 from suite.numerics import machine
-from suite.analysis.runs import find_run_dirs
-from suite.analysis.results import (
+from suite.results import (
     REFERENCE_ROOT,
     atomic_write_json,
     atomic_write_text,
     display_path,
+    find_run_dirs,
     read_jsonl,
 )
 
@@ -56,7 +56,7 @@ def _env(run_dir: Path) -> dict:
 def _same_config(run_dir: Path, ref_dir: Path) -> bool:
     """Is the fresh run the reference's experiment? Same config hash, or the reference predates fields the code
     gained since and the fresh run holds their defaults (provenance.same_experiment)."""
-    from suite.analysis.provenance import same_experiment
+    from suite.rl.provenance import same_experiment
 
     paths = run_dir / "config.json", ref_dir / "config.json"
     if not all(p.is_file() for p in paths):

@@ -8,14 +8,11 @@ of them has to import another for it.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from suite.rl import bundle
-from suite.analysis.results import RUN_FILES, SCHEMA_VERSION, read_jsonl, summarize
-
-RUN_NAME = re.compile(r"^(?P<task>.+?)__(?P<algorithm>.+?)__(?P<precision>.+?)__s(?P<seed>\d+)$")
+from suite.analysis import bundle
+from suite.results import RUN_NAME, SCHEMA_VERSION, find_run_dirs, read_jsonl, summarize
 
 
 # ---------------------------------------------------------------------------- loading
@@ -47,24 +44,6 @@ class Run:
     def status(self) -> str:
         """The verdict, with incomplete runs that recorded an error shown as failed."""
         return "failed" if self.verdict == "incomplete" and self.error else self.verdict
-
-
-def _is_run_dir(d: Path) -> bool:
-    return bool(RUN_NAME.match(d.name)) and any((d / f).is_file() for f in (*RUN_FILES, "error.txt"))
-
-
-def find_run_dirs(root: Path) -> list[Path]:
-    """Run directories in `root` and one level below it (hidden directories skipped)."""
-    root = Path(root)
-    if not root.is_dir():
-        return []
-    out = []
-    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if _is_run_dir(d):
-            out.append(d)
-        else:
-            out += [c for c in sorted(d.iterdir()) if c.is_dir() and _is_run_dir(c)]
-    return out
 
 
 def _read_json(path: Path, problems: list[str], versioned: bool = False):

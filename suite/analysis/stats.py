@@ -112,7 +112,7 @@ def bootstrap_band(curves: np.ndarray, n_boot: int = 2_000, level: float = LEVEL
 def trailing_mean(values, w: int) -> np.ndarray:
     """Trailing moving average over full windows: out[i] = mean(values[i-w+1 .. i]), NaN for i < w-1.
 
-    The same smoothing as the verdict rule's acc_t (suite.analysis.results.summarize), so a reward
+    The same smoothing as the verdict rule's acc_t (suite.results.summarize), so a reward
     curve's maximum is the run's reported peak. Non-finite values inside a window are
     skipped (a mismatch metric is NaN on an empty batch); an all-NaN window gives NaN.
     """

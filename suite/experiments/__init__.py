@@ -1,4 +1,5 @@
-"""Stage 4, experiments: grids of runs and what drives them: the named grids (grids.py), sweeps and their
-launchers (sweep.py, local_launcher.py, submitit_jobs.py), benchmarks (bench*.py), the held-out and transfer
-evaluation (evaluate.py), the TRL and verl bridges (trl_bridge.py, verl_import.py) and fingerprint.py.
+"""Stage 5, experiments: many runs and what drives them. The named grids (grids.py), sweeps and their
+launchers (sweep.py, local_launcher.py, submitit_jobs.py), benchmarks (bench.py, bench_memory.py,
+bench_trl.py) and the TRL and verl bridges (trl_bridge.py, verl_import.py). A sweep ends in an analysis
+report, so this stage sits above analysis.
 """

@@ -19,12 +19,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from suite import config as cfgmod
-from suite.numerics import machine
 from suite.console import make_console
+from suite.numerics import machine
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import gemm_backend, resolve
-from suite.analysis.results import read_jsonl
+from suite.results import read_jsonl
+from suite.rl import config as cfgmod
 from suite.tasks.registry import prompt_ids
 
 
@@ -53,9 +53,9 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
     """Tokens/s of the built-in engine and of HF ``generate`` on one identical batch, and of vLLM
     (with its start-up time) when ``cfg.engine == "vllm"``. ``vllm_engines`` ({dtype name: engine})
     reuses engines already started (tests); otherwise one is started, timed and closed per dtype."""
-    from suite.numerics.policy import load_policy
+    from suite.rl.data import prepare_data
+    from suite.rl.policy import load_policy
     from suite.tasks.registry import get_task
-    from suite.rl.train import prepare_data
 
     model_dir, data_dir = prepare_data(cfg, Console(quiet=True))
     model, tok = load_policy(model_dir)
@@ -233,10 +233,11 @@ def mismatch_main(args: list[str]) -> int:
     """
     import copy
 
-    from suite.tasks.perfectible import load
-    from suite.numerics.policy import load_policy
     from suite.numerics.precision import FLOWS
-    from suite.rl.train import build_engines, prepare_data
+    from suite.rl.data import prepare_data
+    from suite.rl.perfectible import load
+    from suite.rl.policy import load_policy
+    from suite.rl.train import build_engines
 
     console = make_console()
     base = cfgmod.load(args)

@@ -33,10 +33,10 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     """One variant in this process: {peak_mb (over the built model), step_s (median)}."""
     import torch
 
-    from suite import config
-    from suite.numerics.policy import PolicySpec, build_model
     from suite.numerics.precision import resolve
-    from suite.rl.trainer import Trainer
+    from suite.numerics.trainer import Trainer
+    from suite.rl import config
+    from suite.rl.policy import PolicySpec, build_model
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

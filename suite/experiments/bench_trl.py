@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from suite.analysis.results import read_jsonl
+from suite.results import read_jsonl
 
 
 def _medians(run_dir: Path, drop_last: bool = False) -> dict:
@@ -63,9 +63,9 @@ def compare(cfg, console) -> dict:
 
 
 def main(args: list[str]) -> int:
-    from suite import config
-    from suite.numerics import machine
     from suite.console import make_console
+    from suite.numerics import machine
+    from suite.rl import config
 
     try:
         import trl  # noqa: F401

@@ -36,30 +36,6 @@ def _algorithms() -> list[str]:
 # plain PPO-clip, token-level truncated IS, sequence-level IS policy gradient.
 SANITY_ALGORITHMS = ["grpo", "grpo_token_tis", "pg_seq_is"]
 
-# The collapse search: regimes chosen for *sensitivity*, the way the published test
-# chose a small perfectible set trained for many epochs (arXiv 2510.26788 section 4). Every
-# precision runs the same settings; `regime=` applies a bundle on top of the tier (config.resolve).
-REGIMES: dict[str, dict[str, Any]] = {
-    "base": {"doc": "the main job's setting (small tier) unchanged", "set": {}},
-    "tiny-set": {"doc": "32 perfectible prompts: saturates early, 50 epochs in 100 steps",
-                 "set": {"perfectible.max_prompts": 32}},
-    "adam-eps": {"doc": "AdamW eps 1e-15 as published: sign-like updates on near-zero gradients",
-                 "set": {"optim.eps": 1e-15}},
-    "lr-edge": {"doc": "lr 2e-4, high for this policy: "
-                       "low precision narrows the stable lr range (arXiv 2405.18710)",
-                "set": {"optim.lr": 2e-4}},
-    "many-updates": {"doc": "8 optimizer updates per rollout (minibatches of 16): the later updates are "
-                            "off-policy and lean on the ratio's denominator",
-                     "set": {"updates_per_step": 8}},
-    "stress": {"doc": "every amplifier at once: 32 prompts, eps 1e-15, lr 2e-4, 8 updates per rollout",
-               "set": {"perfectible.max_prompts": 32, "optim.eps": 1e-15, "optim.lr": 2e-4, "updates_per_step": 8}},
-    "cold": {"doc": "sampling temperature 0.7: logit errors are divided by T, sharper distributions",
-             "set": {"sampling.temperature": 0.7}},
-    "wide": {"doc": "a 4x wider policy (hidden 256, MLP 640): longer dot products in every GEMM",
-             "set": {"policy.hidden": 256, "policy.mlp": 640}},
-    "long": {"doc": "5-digit sums (53-token responses instead of 33): the sequence log-ratio accumulates",
-             "set": {"task": "arith"}},
-}
 SEARCH_FLOWS = ["fp32", "fp16", "bf16", "bf16_fp8rollout"]
 
 GRIDS: dict[str, dict[str, Any]] = {
@@ -154,7 +130,7 @@ def catalogue(reference_root) -> list[dict]:
     import itertools
     import json
 
-    from suite import config
+    from suite.rl import config
 
     times = _reference_times(reference_root)
     jobs = {}

@@ -56,7 +56,7 @@ def record_failure(cell, code: int) -> None:
     path = cell.run_dir / "summary.json"
     if path.exists():
         return
-    from suite.analysis.results import atomic_write_json, summarize
+    from suite.results import atomic_write_json, summarize
 
     s = summarize([], total_steps=cell.cfg.steps, error=f"process exited with code {code}")
     s.update({"run": cell.run_dir.name, "task": cell.cfg.task, "algorithm": cell.cfg.algorithm,

@@ -4,7 +4,7 @@ A submitit sweep submits every cell with one launcher config, so a cell of ``npr
 ``nnodes`` nodes makes every job of the sweep that shape (the cells must agree):
 
 - **submitit_slurm**: ``tasks_per_node=nproc``, ``nodes=nnodes`` and ``gpus_per_node=nproc``,
-  each unless the user set it. Slurm starts the ranks as the job's tasks; ``suite.rl.dist.from_env``
+  each unless the user set it. Slurm starts the ranks as the job's tasks; ``suite.dist.from_env``
   reads their world from SLURM_* variables and every task runs the cell (rank 0 writes).
   **GPU rule**: one GPU per rank unless the user asked for GPUs another way (``gpus_per_node``,
   ``gres``, ``gpus_per_task``). The job runs on a cluster node whose GPUs cannot be seen from
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 
 SUBMITIT = ("submitit_slurm", "submitit_local")
 # Ways of asking Slurm for GPUs; any of them given by the user replaces our gpus_per_node default.
@@ -73,18 +74,38 @@ def check_job_shape(launcher: str, ranks: tuple[int, int], launcher_cfg) -> None
                              f"nnodes={nnodes}) need {v} under {launcher} ({why}); drop hydra.launcher.{k}")
 
 
+# hydra-submitit-launcher's Slurm fields under their sbatch names and units, as submitit's SlurmExecutor
+# converts them (generic names: timeout_min, mem_gb, tasks_per_node, name, signal_delay_s); every other
+# field keeps its name with '-' for '_'. These fields configure the launcher or the command, not sbatch:
+_SBATCH_NAMES = {"timeout_min": "time", "mem_gb": "mem", "tasks_per_node": "ntasks-per-node", "name": "job-name",
+                 "signal_delay_s": "signal"}
+_NOT_SBATCH = ("_target_", "submitit_folder", "max_num_timeout", "array_parallelism", "setup", "srun_args",
+               "stderr_to_stdout", "additional_parameters")
+
+
 def sbatch_script(launcher_cfg: dict, n_jobs: int) -> str:
-    """The sbatch file that hydra-submitit-launcher would submit for ``n_jobs`` cells (a job array when
-    n_jobs > 1), rendered with submitit's own template; nothing is submitted and Slurm need not exist.
-
-    Mirrors ``BaseSubmititLauncher.launch`` -> ``AutoExecutor.update_parameters`` ->
-    ``SlurmExecutor``: generic names (timeout_min, mem_gb, ...) become sbatch names (time, mem, ...)."""
-    from submitit.slurm.slurm import SlurmExecutor, _make_sbatch_string
-
-    params = {k: v for k, v in launcher_cfg.items()  # None means "not set" to submitit
-              if v is not None and k not in ("_target_", "submitit_folder", "max_num_timeout")}
-    executor = object.__new__(SlurmExecutor)  # only for its parameter conversion; __init__ looks for srun
-    params = executor._convert_parameters(params)
-    folder = launcher_cfg["submitit_folder"]
-    command = " ".join([shlex.quote(sys.executable), "-u -m submitit.core._submit", shlex.quote(folder)])
-    return _make_sbatch_string(command=command, folder=folder, map_count=n_jobs if n_jobs > 1 else None, **params)
+    """The sbatch file of the job hydra-submitit-launcher submits for ``n_jobs`` cells (a job array when
+    n_jobs > 1), rendered here from the launcher config with submitit's conventions (its parameter
+    conversion, log paths and ``python -m submitit.core._submit FOLDER`` command) for a dry run:
+    nothing is submitted and Slurm need not exist. The file submitit writes may order its lines
+    differently; the options and the command are these."""
+    cfg = {k: v for k, v in launcher_cfg.items() if v is not None}  # None means "not set" to submitit
+    job = "%A_%a" if n_jobs > 1 else "%j"
+    folder = cfg["submitit_folder"]
+    logs = str(Path(folder.replace("%j", job)).resolve())
+    opts = {"array": f"0-{n_jobs - 1}%{min(n_jobs, int(cfg.get('array_parallelism', n_jobs)))}"} if n_jobs > 1 else {}
+    for k, v in cfg.items():
+        if k not in _NOT_SBATCH:
+            opts[_SBATCH_NAMES.get(k, k)] = f"{v}GB" if k == "mem_gb" else f"USR2@{v}" if k == "signal_delay_s" else v
+    opts.update(cfg.get("additional_parameters") or {})
+    opts.update({"output": f"{logs}/{job}_0_log.out", "open-mode": "append", "wckey": opts.get("wckey", "submitit")})
+    err = [] if cfg.get("stderr_to_stdout") else ["--error", f"{logs}/{job}_%t_log.err"]
+    if err:
+        opts["error"] = f"{logs}/{job}_0_log.err"
+    srun = ["srun", "--unbuffered", "--output", f"{logs}/{job}_%t_log.out", *err, *(cfg.get("srun_args") or []),
+            sys.executable, "-u", "-m", "submitit.core._submit", folder]
+    setup = ["", "# setup", *cfg["setup"]] if cfg.get("setup") else []
+    return "\n".join(["#!/bin/bash", "", "# Parameters",
+                      *(f"#SBATCH --{k.replace('_', '-')}={v}" for k, v in sorted(opts.items(), key=lambda kv: kv[0].replace("_", "-"))),
+                      *setup, "", "# command", "export SUBMITIT_EXECUTOR=slurm",
+                      shlex.join(srun), ""])

@@ -30,7 +30,6 @@ relative ``out``).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -43,8 +42,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from suite import config as cfgmod
 from suite.console import make_console
+from suite.experiments.cells import Cell, _key, check_run_dirs, expand, state
 from suite.experiments.local_launcher import (
     capacity,
     check_one_node,
@@ -52,11 +51,15 @@ from suite.experiments.local_launcher import (
     launch_local,
     read_summary,
     record_failure,
-    steps_done,
 )
-from suite.analysis.provenance import hydra_value, same_experiment
-from suite.analysis.results import run_dir_name
-from suite.experiments.submitit_jobs import check_job_shape, check_one_shape, job_shape, sbatch_script
+from suite.experiments.submitit_jobs import (
+    check_job_shape,
+    check_one_shape,
+    job_shape,
+    sbatch_script,
+)
+from suite.rl import config as cfgmod
+from suite.rl.recipe import hydra_value
 
 log = logging.getLogger(__name__)
 
@@ -87,94 +90,6 @@ def _register_config() -> None:
 _register_config()  # at import: a Hydra job process (joblib, submitit) unpickles run_cell, imports this
 
 
-# ---- cells -------------------------------------------------------------------------------------
-@dataclass
-class Cell:
-    overrides: list[str]
-    cfg: cfgmod.RunConfig
-
-    @property
-    def root(self) -> Path:
-        return Path(self.cfg.out) / self.cfg.name
-
-    @property
-    def run_dir(self) -> Path:
-        c = self.cfg
-        return self.root / run_dir_name(c.task, c.algorithm, c.precision, c.seed)
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def expand(overrides: list[str]) -> list[Cell]:
-    """The product of the sweeps in ``overrides`` (``k=a,b``, ``k=range(0,3)``, ``k=glob(...)``), in Hydra's
-    order (the first sweep varies slowest, as Hydra's basic sweeper), each cell validated. Hydra's public
-    override parser reads them; each sweep's values come from its own iterator."""
-    import itertools
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    try:
-        choices: dict[str, list[str]] = {}  # a key given twice: the last value, at the first one's place
-        parsed = OverridesParser.create().parse_overrides(list(overrides))
-        for o in parsed:
-            key = o.get_key_element()
-            if o.is_sweep_override() and not o.is_discrete_sweep():
-                raise ValueError(f"{key}: an interval sweep has no list of values to run (use choices or range)")
-            choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-                            else [f"{key}={o.get_value_element_as_str()}"])
-        jobs = [list(job) for job in itertools.product(*choices.values())]
-    except HydraException as e:
-        raise ValueError(f"overrides: {str(e).splitlines()[0]}") from None
-    swept = {o.get_key_element() for o in parsed if o.is_sweep_override()}
-    cells = []
-    for job in jobs:
-        try:
-            cells.append(Cell(job, cfgmod.load(job)))
-        except ValueError as e:
-            where = " ".join(o for o in job if o.split("=", 1)[0] in swept)
-            raise ValueError(f"{e}{f' (in the cell {where})' if where else ''}") from None
-    return cells
-
-
-def plan(base: list[str], axes: dict[str, list]) -> list[Cell]:
-    """Cartesian product of ``axes`` on top of ``base``; every cell validated before any compute."""
-    rest = [o for o in base if _key(o) not in axes]
-    return expand(rest + [f"{k}={','.join(hydra_value(v) for v in vs)}" for k, vs in axes.items()])
-
-
-def state(cell: Cell) -> str:
-    """complete | failed (an incomplete summary with an error) | partial (steps done, no verdict) | new."""
-    s = read_summary(cell)
-    if s and s.get("verdict") != "incomplete":
-        return "complete"
-    if s and s.get("error"):
-        return "failed"
-    return "partial" if steps_done(cell) else "new"
-
-
-def check_run_dirs(cells: list[Cell]) -> None:
-    """Refuse, before compute, two cells sharing a run directory or a directory of another config."""
-    from suite.rl.train import _diff
-
-    seen: dict[Path, Cell] = {}
-    for cell in cells:
-        other = seen.setdefault(cell.run_dir, cell)
-        if other is not cell:
-            a, b = (" ".join(sorted(set(c.overrides) - set(d.overrides))) for c, d in ((other, cell), (cell, other)))
-            raise ValueError(f"cells '{a}' and '{b}' would share the run directory {cell.run_dir}: a swept field "
-                             f"that is not in the run name (task, algorithm, precision, seed) needs a name=... per value")
-        path = cell.run_dir / "config.json"
-        if path.exists():
-            old = json.loads(path.read_text())
-            new = cfgmod.to_dict(cell.cfg)
-            if not same_experiment(old, new):
-                raise ValueError(f"{cell.run_dir} holds a run of a different config ({_diff(old.get('config', {}), new)}); "
-                                 f"choose another name=..., or delete that directory")
-
-
 # ---- the grid and the command line -------------------------------------------------------------
 @dataclass
 class Sweep:
@@ -199,7 +114,7 @@ class Sweep:
 def plan_grid(args: list[str]) -> Sweep:
     """``grid=NAME`` plus command-line overrides -> validated cells (nothing runs, nothing is written)."""
     from suite.experiments import grids
-    from suite import recipe
+    from suite.rl import recipe
 
     options, fields, hydra_ovs = {}, [], []
     for a in recipe.expand(args):  # a recipe file's fields first, the command line after them
@@ -297,7 +212,7 @@ def run_cell(job_cfg) -> dict:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
 
-    from suite.rl import dist
+    from suite import dist
     from suite.rl.train import run
 
     cfg = cfgmod.validate(cfgmod.resolve(OmegaConf.to_object(job_cfg)))
@@ -336,7 +251,7 @@ def _launch_ranks(cell: Cell, logf) -> int:
 
     ``dist.launch`` lets the child inherit this process's stdout and stderr, so both descriptors point
     at ``log.txt`` for the call (not the sweep's terminal) and are put back after it."""
-    from suite.rl import dist
+    from suite import dist
 
     logf.flush()
     sys.stdout.flush()
@@ -376,13 +291,30 @@ def _run_other_rank(cell: Cell, world: dict) -> dict:
     return {"run": str(cell.run_dir), "rank": world["rank"], "verdict": None, "error": error}
 
 
+class HydraCallbacks:
+    """The user's ``hydra.callbacks`` (``hydra.experimental.callback.Callback`` subclasses), built with
+    ``hydra.utils.instantiate`` and called as Hydra calls them: in order, and in reverse order for the
+    ``*_end`` events. A launcher calls ``on_job_start``/``on_job_end`` around each cell, in its own process
+    for joblib, submitit and Ray (so this object is pickled with the launcher's context)."""
+
+    def __init__(self, cfg) -> None:
+        from hydra.utils import instantiate
+
+        self.callbacks = [instantiate(c) for c in (cfg.hydra.callbacks or {}).values()]
+
+    def __getattr__(self, event: str):
+        if not event.startswith("on_") or "callbacks" not in self.__dict__:
+            raise AttributeError(event)
+        order = reversed(self.callbacks) if event.endswith("_end") else self.callbacks
+        return lambda **kw: [getattr(cb, event)(**kw) for cb in list(order)]
+
+
 def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
     """Hand ``cells`` to the configured Hydra launcher plugin; return its JobReturns.
 
     This is ``Hydra.multirun`` with the sweeper's expansion done (and filtered) beforehand:
     compose the multirun config, instantiate the launcher, launch one job per cell."""
     from hydra import initialize
-    from hydra._internal.callbacks import Callbacks
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.plugins import Plugins
     from hydra.types import HydraContext, RunMode
@@ -392,7 +324,7 @@ def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
         hydra = GlobalHydra.instance().hydra
         cfg = hydra.compose_config(CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), run_mode=RunMode.MULTIRUN,
                                    with_log_configuration=True)
-        callbacks = Callbacks(cfg)
+        callbacks = HydraCallbacks(cfg)
         callbacks.on_multirun_start(config=cfg, config_name=CONFIG_NAME)
         launcher = Plugins.instance().instantiate_launcher(
             config=cfg, hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
@@ -411,7 +343,7 @@ def prebuild(cells: list[Cell], console: Console) -> None:
     """Build each distinct policy and perfectible set once, before cells start side by side.
 
     A failure here is only reported: the cells that need that data fail on it and record it."""
-    from suite.rl.train import prepare_data
+    from suite.rl.data import prepare_data
 
     for cell in cells:
         try:

@@ -2,7 +2,7 @@
 verdict, the report and a leaderboard row for a recipe that lives in TRL (docs/bundle.md).
 
 ``BundleGRPOTrainer`` is ``trl.GRPOTrainer`` plus, every generation round (one RL step), a
-``suite.rl.bundle`` step: the log-probs the **sampler** gave the tokens it drew, the log-probs the
+``suite.analysis.bundle`` step: the log-probs the **sampler** gave the tokens it drew, the log-probs the
 **trainer** gives the same tokens at the same parameters, the mask, the rewards. TRL's training
 is left as it is: nothing the bridge records feeds back into TRL's loss.
 
@@ -36,8 +36,8 @@ translated to ``GRPOConfig`` (``grpo_args``), the bundle in ``<out>/<name>/``.
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 import os
+import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -58,7 +58,7 @@ if _VLLM_LOGGING_LEVEL is None:
 else:
     os.environ["VLLM_LOGGING_LEVEL"] = _VLLM_LOGGING_LEVEL
 
-from suite.rl import bundle
+from suite.analysis import bundle
 from suite.numerics.precision import FLOWS
 from suite.tasks.item import Item
 
@@ -194,7 +194,7 @@ def _capturing_generate(model: nn.Module, capture: SamplerLogprobs, out: list):
 class BundleGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` that writes a suite bundle into ``bundle_out`` (see the module docstring).
 
-    bundle_meta: ``suite.rl.bundle.open_run`` arguments besides out, precision, steps, framework and
+    bundle_meta: ``suite.analysis.bundle.open_run`` arguments besides out, precision, steps, framework and
     observed: task, algorithm (default ``trl_<loss_type>``), seed, threshold, tier, model, policy,
     env_extra, recipe. ``precision`` there is what the run is meant to be; the bundle's label is what
     was observed, and a difference stops the run at its first step.
@@ -359,12 +359,12 @@ def grpo_args(cfg, output_dir: str) -> GRPOConfig:
 
 def run(cfg, console=None) -> Path:
     """Train the suite's sanity test of ``cfg`` (a validated suite config) with TRL; return the bundle."""
-    from suite.tasks import perfectible
     from suite.console import make_console
     from suite.numerics.engine import eos_ids
-    from suite.numerics.policy import load_policy
+    from suite.rl import perfectible
+    from suite.rl.data import prepare_data
+    from suite.rl.policy import load_policy
     from suite.tasks.registry import get_task
-    from suite.rl.train import prepare_data
 
     torch.set_num_threads(cfg.threads)
     model_dir, data_dir = prepare_data(cfg, console or make_console())
@@ -390,8 +390,8 @@ def cli(args: list[str]) -> int:
     fp16; grpo, dr_grpo, dapo or grpo_vanilla), written as a bundle to <out>/<name>/ (default runs/trl)."""
     import json
 
-    from suite import config
     from suite.console import make_console
+    from suite.rl import config
 
     cfg = config.load(([] if any(a.startswith("name=") for a in args) else ["name=trl"]) + list(args))
     grpo_args(cfg, "unused")  # refuse what TRL cannot run before any compute

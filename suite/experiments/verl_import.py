@@ -33,8 +33,14 @@ import math
 import re
 from pathlib import Path
 
-from suite.rl import bundle
-from suite.analysis.results import SCHEMA_VERSION, append_jsonl, atomic_write_bytes, env_info, write_summary
+from suite.analysis import bundle
+from suite.results import (
+    SCHEMA_VERSION,
+    append_jsonl,
+    atomic_write_bytes,
+    env_info,
+    write_summary,
+)
 
 # bundle key -> (verl key, how the two differ). Rows: the verl key's value is copied as is.
 MAPPING = {

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from suite.numerics.fp8 import fp8_linear, fp8_linear_inference, quantize_blockwise
 from suite.numerics.precision import lowp_attention, lowp_linear
 
-# The embedded tokenizer's special ids (suite/numerics/policy.py builds it with them): the sampler pads with PAD
+# The embedded tokenizer's special ids (suite/rl/policy.py builds it with them): the sampler pads with PAD
 # and stops at EOS. Defined here, the lower module, so the policy imports the sampler and not the reverse.
 PAD, BOS, EOS = 0, 1, 2
 
@@ -391,7 +391,7 @@ def _diag(S: int, T: int, t0: int) -> torch.Tensor:
 def sequence_seeds(seed: int, step: int, groups: list[int], group_size: int) -> torch.Tensor:
     """(len(groups) * group_size,) int64 seeds, one per sampled sequence: a function of (run seed, step,
     prompt group's index in the step's batch, sample within the group) and of nothing else, so the
-    rank that samples a group (suite/rl/dist.py) never changes its tokens."""
+    rank that samples a group (suite/dist.py) never changes its tokens."""
     def one(g: int, j: int) -> int:
         digest = hashlib.sha256(f"{seed}:{step}:{g}:{j}".encode()).digest()
         return int.from_bytes(digest[:8], "little") >> 1  # a non-negative int64

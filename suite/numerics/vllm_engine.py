@@ -20,7 +20,7 @@ How each requirement maps onto vLLM 0.32 (read from its source, paths relative t
   ``topk_topp_sampler``), the same quantity the built-in engine records and the trainer recomputes.
   With ``top_p < 1`` vLLM renormalises over the nucleus first, the built-in engine records the
   log-prob before the cut, and the trainer never applies it, so training refuses ``top_p < 1``
-  (suite/config.py; the published recipe uses 1.0); held-out evaluation may use it (``eval.top_p``).
+  (suite/rl/config.py; the published recipe uses 1.0); held-out evaluation may use it (``eval.top_p``).
 - **seeds**: one ``SamplingParams(seed=...)`` per request, drawn from the run's step generator, so a
   run is reproducible and a response does not depend on its neighbours in the batch (vLLM keeps one
   ``torch.Generator`` per seeded request, ``v1/worker/gpu_input_batch.py``).

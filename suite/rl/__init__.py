@@ -1,4 +1,7 @@
-"""Stage 3, the RL loop: train.py reads top to bottom (sample, reward, advantage, trainer log-probs, mismatch,
-loss, step, log) over the algorithm table (algos.py), the trainer (trainer.py), checkpoints (checkpoint.py),
-data parallelism (dist.py), the bundle writer for outside loops (bundle.py) and the trackers (loggers.py).
+"""Stage 3, one RL run. train.py reads top to bottom (sample, reward, advantage, trainer log-probs, mismatch,
+loss, step, log) over: the config (schema.py fields, tiers and regimes; config.py composes and validates;
+recipe.py the recipe's knobs; provenance.py the command that reruns a run), the data (data.py: the base
+policy of policy.py or models.py and the perfectible set of perfectible.py), the algorithm table (algos.py),
+checkpoints (checkpoint.py), trackers (loggers.py) and evaluation after the run (evaluate.py with the
+transfer index of transfer.py).
 """

@@ -33,8 +33,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
-from suite.rl import dist
-from suite.analysis.results import atomic_write_json
+from suite import dist
+from suite.results import atomic_write_json
 
 
 class CorruptCheckpoint(RuntimeError):

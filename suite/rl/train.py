@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-import os
 import time
 import traceback
 from pathlib import Path
@@ -31,28 +30,12 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from suite.rl import checkpoint, dist, loggers
+from suite import dist, results
 from suite.numerics import flops, machine
-from suite.tasks import perfectible
-from suite import recipe
-from suite.analysis import results
-from suite import config as cfgmod
-from suite.rl.algos import compute_advantages, policy_loss, regularised_loss
-from suite.rl.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
 from suite.numerics.engine import Rollout, TorchEngine, left_pad, sequence_seeds
 from suite.numerics.mismatch import mismatch_anatomy, mismatch_metrics
-from suite.numerics.policy import (
-    BUILD_THREADS,
-    PolicySpec,
-    cache_root,
-    ensure_policy,
-    load_policy,
-    policy_key,
-    torch_threads,
-)
 from suite.numerics.precision import gemm_backend, resolve
-from suite.analysis.provenance import same_experiment
-from suite.analysis.results import (
+from suite.results import (
     REFERENCE_ROOT,
     append_jsonl,
     atomic_write_json,
@@ -62,109 +45,20 @@ from suite.analysis.results import (
     run_dir_name,
     truncate_jsonl,
 )
-from suite.tasks.registry import get_task, grade, prompt_ids, task_spec
+from suite.rl import checkpoint, data, loggers, perfectible, recipe
+from suite.rl import config as cfgmod
+from suite.rl.algos import compute_advantages, policy_loss, regularised_loss
+from suite.rl.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
+from suite.rl.policy import (
+    BUILD_THREADS,
+    load_policy,
+)
+from suite.rl.provenance import same_experiment
+from suite.tasks.registry import get_task, grade, prompt_ids
 
 
 class RunDirConflict(ValueError):
     """The run directory holds a run of a different config."""
-
-
-# ---- data ---------------------------------------------------------------------------------
-def policy_spec(cfg) -> PolicySpec:
-    p = cfg.policy
-    return PolicySpec(hidden=p.hidden, layers=p.layers, heads=p.heads, kv_heads=p.kv_heads, mlp=p.mlp,
-                      target_acc=p.target_acc)
-
-
-def prepare_data(cfg, console: Console) -> tuple[Path, Path]:
-    """The base model directory and the training set for this config (built once, cached, with
-    ``policy.BUILD_THREADS`` torch threads)."""
-    with torch_threads(BUILD_THREADS):
-        return _prepare_data(cfg, console)
-
-
-LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
-                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_STEPID")
-
-
-def _prepare_alone(cfg) -> None:
-    for k in LAUNCHER_ENV:
-        os.environ.pop(k, None)
-    prepare_data(cfg, Console())
-
-
-def prepare_data_outside_world(cfg, console: Console) -> tuple[Path, Path]:
-    """prepare_data for one rank of a world whose sampler is vLLM: the build runs in a fresh process.
-
-    A vLLM engine joins whatever process group its process has (it would wait in ``new_group`` for
-    ranks that are waiting for this build), and the perfectible set must be the one a single
-    process builds, so that a run on N ranks trains on the set of a 1-rank run. The child has no
-    launcher variables; once it has filled the cache, the call here only reads it."""
-    import multiprocessing
-
-    child = multiprocessing.get_context("spawn").Process(target=_prepare_alone, args=(cfg,))
-    child.start()
-    child.join()
-    if child.exitcode != 0:
-        raise RuntimeError(f"building the base policy and perfectible set in a separate process failed (exit code "
-                           f"{child.exitcode}); its error is printed above")
-    return prepare_data(cfg, console)
-
-
-def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
-    """The base model directory and the training set for this config (built once, cached).
-
-    Everything that can fail without compute fails here, before training: the dataset (missing
-    columns, offline without a local copy), the model (not cached, offline) and its tokenizer
-    (a chat task needs a chat template). Tasks whose train split is already a perfectible set
-    (sanity_r1d: the published filter) use it as is; the others are filtered with the base model.
-    """
-    from suite.numerics import models
-
-    task = get_task(cfg.task, cfg.data)
-    spec = task_spec(cfg.task)
-    if cfg.policy.path or cfg.model != models.EMBEDDED:
-        model_dir = models.model_dir(cfg.policy.path or cfg.model)
-        if not (model_dir / "config.json").exists():
-            raise FileNotFoundError(f"model: no HF model (config.json) in {model_dir}")
-        key = hashlib.sha256(str(model_dir.resolve()).encode()).hexdigest()[:12]
-    else:
-        model_dir = ensure_policy(policy_spec(cfg), task, console)
-        key = policy_key(policy_spec(cfg), task)
-    if task.split("train", 1)[0].messages:
-        from transformers import AutoTokenizer
-
-        models.check_chat_template(AutoTokenizer.from_pretrained(model_dir), cfg.model, task.name)
-    if cfg.eval.every:  # a missing held-out split is bad input: say so now, not at the first evaluation
-        for split in eval_settings(cfg, task)["splits"]:
-            task.split(split, 1)
-    pf = cfg.perfectible
-    source = hashlib.sha256(str(getattr(task, "source", "")).encode()).hexdigest()[:8]
-    if spec.get("prefiltered"):
-        data_dir = cache_root() / "datasets" / f"{task.name}-v{task.version}-{source}-prefiltered"
-        if not (data_dir / "provenance.json").exists():
-            perfectible.from_split(task, data_dir, note=spec["prefiltered"])
-        return model_dir, data_dir
-    data_dir = cache_root() / "datasets" / (f"{task.name}-v{task.version}-{key}-k{pf.k}-{pf.lo}-{pf.hi}"
-                                            f"-pool{pf.pool}-len{cfg.sampling.max_new_tokens}"
-                                            + (f"-{source}" if hasattr(task, "source") else "")
-                                            + (f"-{pf.sampler}-{cfg.engine}" if (pf.sampler, cfg.engine) != ("fp32", "torch") else ""))
-    if not (data_dir / "provenance.json").exists():
-        console.print(f"building the perfectible set: {pf.pool} prompts x k={pf.k} samples")
-        perfectible.build(model_dir, task, k=pf.k, lo=pf.lo, hi=pf.hi, pool=pf.pool,
-                          max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir, console=console,
-                          sampler=pf.sampler, engine=cfg.engine, vllm_cfg=cfg.vllm)
-    return model_dir, data_dir
-
-
-def eval_settings(cfg, task) -> dict:
-    """Resolved held-out evaluation: splits, prompts, samples (mean@n), temperature, top-p."""
-    e, spec = cfg.eval, getattr(task, "eval", None) or task_spec(cfg.task).get("eval") or {}
-    splits = e.splits or spec.get("splits") or ["test"]
-    return {"splits": list(splits), "prompts": e.prompts or (None if hasattr(task, "source") else 128),
-            "samples": e.samples or int(spec.get("n", 1)),
-            "temperature": e.temperature or float(spec.get("temperature", cfg.sampling.temperature)),
-            "top_p": e.top_p or float(spec.get("top_p", cfg.sampling.top_p))}
 
 
 def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
@@ -262,7 +156,7 @@ def _diff(a: dict, b: dict, prefix: str = "") -> str:
 # ---- the run ---------------------------------------------------------------------------------
 def build_engines(cfg, model, world: dist.World | None = None):
     """Trainer and sampler of a run (on this rank's device), configured from the precision table and nothing else."""
-    from suite.rl.trainer import Trainer
+    from suite.numerics.trainer import Trainer
 
     flow, world = resolve(cfg.precision), world or dist.World()
     device = world.device.split(":")[0]
@@ -285,7 +179,7 @@ def build_engines(cfg, model, world: dist.World | None = None):
 def run(cfg, console: Console | None = None) -> Path:
     """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated.
 
-    Under torchrun or srun (suite/rl/dist.py) every rank calls this; rank 0 alone writes the bundle.
+    Under torchrun or srun (suite/dist.py) every rank calls this; rank 0 alone writes the bundle.
     """
     world = dist.init(cfg.nproc, cfg.nnodes)
     try:
@@ -317,15 +211,15 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         built = failed = None
         if world.local_rank == 0:  # one build per node (the cache is per machine), the other ranks read it
             try:
-                built = (prepare_data_outside_world(cfg, console) if world.distributed and cfg.engine == "vllm"
-                         else prepare_data(cfg, console))
+                built = (data.prepare_data_outside_world(cfg, console) if world.distributed and cfg.engine == "vllm"
+                         else data.prepare_data(cfg, console))
             except Exception as e:
                 failed = e
         dist.barrier(world)
         if dist.any_rank(failed is not None, world):  # a failed build stops every rank, not only the builder
             raise failed or RuntimeError("building the base policy or perfectible set failed on another node; see "
                                          "the log of its local rank 0")
-        model_dir, data_dir = built or prepare_data(cfg, console)
+        model_dir, data_dir = built or data.prepare_data(cfg, console)
         items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
         if len(items) < cfg.prompts_per_step:
             raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
@@ -404,7 +298,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                        **mismatch_anatomy(old_logp, roll.logprobs, roll.mask, entropy)}
 
                 # ---- updates: minibatches of the rollout batch, one PPO epoch; each rank takes an equal share
-                # of every minibatch and the gradients are summed over ranks (suite/rl/trainer.py)
+                # of every minibatch and the gradients are summed over ranks (suite/numerics/trainer.py)
                 gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
                 perm = torch.randperm(B, generator=gen)
                 dev = trainer.device
@@ -461,7 +355,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     reward_seen = stats
                 lockstep = cfg.engine == "vllm" and world.distributed  # every rank's vLLM engine must step
                 if (world.main or lockstep) and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
-                    scores = evaluate(engine, tok, task, eval_settings(cfg, task), cfg.sampling.max_new_tokens,
+                    scores = evaluate(engine, tok, task, data.eval_settings(cfg, task), cfg.sampling.max_new_tokens,
                                       seed=cfg.seed * 1_000_003 + step + 500_000, world=world if lockstep else None,
                                       tp=tp)
                     row.update(scores if world.main else {})
@@ -496,7 +390,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         if mirrors:
             mirrors.close()
     if cfg.transfer and world.main:  # lm-eval transfer index of base vs final checkpoint; never fails the finished run
-        from suite.experiments.evaluate import after_run
+        from suite.rl.evaluate import after_run
 
         after_run(run_dir, console)
     return run_dir

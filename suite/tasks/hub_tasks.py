@@ -24,8 +24,8 @@ import os
 import re
 from pathlib import Path
 
-from suite.tasks import math_reward
 from suite.names import unknown
+from suite.tasks import math_reward
 from suite.tasks.item import Item
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,9 @@ def _existing(task: str, path: str, what: str) -> str:
 
 def _load(task: str, repo: str | None, file: str, required: tuple, hint: str) -> list[dict]:
     """Rows of one file (local, or ``file`` inside hub ``repo``), with the required columns checked."""
-    from datasets import load_dataset  # heavy (pyarrow, pandas): only when a hub task is built
+    from datasets import (
+        load_dataset,  # heavy (pyarrow, pandas): only when a hub task is built
+    )
 
     where = f"{repo}:{file}" if repo else file
     if repo is None:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import yaml
 
+from suite.names import lookup
 from suite.tasks.hub_tasks import HubTask
 from suite.tasks.item import Item
-from suite.names import lookup
 
 TASK_DIR = Path(__file__).resolve().parent / "task_files"  # shipped in the wheel (package data)
 

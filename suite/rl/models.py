@@ -1,6 +1,6 @@
 """Which base model a run trains: the embedded policy, a named preset, or a local HF directory.
 
-``model=embedded`` (the default) is the tiny Llama the suite builds itself (suite/numerics/policy.py).
+``model=embedded`` (the default) is the tiny Llama the suite builds itself (suite/rl/policy.py).
 ``model=r1d-1.5b`` and the other presets name the hub checkpoints of the published work; a
 preset also says what its tokenizer must provide (a chat template: the math tasks' prompts are
 chat messages). ``model=/path/to/dir`` is any saved HF causal LM (``save_pretrained`` layout).

@@ -26,7 +26,7 @@ TI > 0 is transfer, TI < 0 forgetting. A TI is a ratio to the math gain: undefin
 gain is 0 and meaningless when math got worse, so those cases are *flagged* (value None plus a
 flag string) instead of printed as a number. Test vectors: tests/test_transfer.py (Table 1).
 
-This module is pure arithmetic on score dicts; suite/experiments/evaluate.py produces the scores with
+This module is pure arithmetic on score dicts; suite/rl/evaluate.py produces the scores with
 lm-eval and writes them into the run bundle.
 """
 

@@ -33,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import subprocess
 import tempfile
@@ -42,6 +43,7 @@ from pathlib import Path
 SCHEMA_VERSION = 1
 
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "env.json")
+RUN_NAME = re.compile(r"^(?P<task>.+?)__(?P<algorithm>.+?)__(?P<precision>.+?)__s(?P<seed>\d+)$")
 
 # Distributions whose versions go into env.json (None when not installed).
 TRACKED_PACKAGES = (
@@ -52,11 +54,11 @@ TRACKED_PACKAGES = (
 # and how memory and time are traded (options tested to leave every number as it is),
 # not what runs;
 # they do not enter `config_hash`, so the same experiment written to two places, or resumed with
-# another world size (suite/rl/dist.py), hashes the same.
+# another world size (suite/dist.py), hashes the same.
 LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger", "reward_workers", "keep_last", "gradient_checkpointing",
                  "logprob_chunk")
 # Committed reference results, one folder per machine class (suite/analysis/reproduce.py); runs never write there.
-REFERENCE_ROOT = Path(__file__).resolve().parents[2] / "results" / "reference"
+REFERENCE_ROOT = Path(__file__).resolve().parents[1] / "results" / "reference"
 
 PEAK_WINDOW = 5  # w: steps in the trailing moving average used for peak and first pass
 MIN_FINAL_WINDOW = 5  # W = max(5, total_steps // 10): the final-accuracy window
@@ -411,7 +413,7 @@ def _verdict(steps_done, total_steps, threshold, error, peak, final, initial) ->
 def write_summary(run_dir, config: dict, error: str | None = None) -> dict:
     """Write ``summary.json`` of a run directory: ``summarize`` over metrics.jsonl merged with
     timing.jsonl (by step), plus the run's identity from its config dict. The suite's loop and the
-    writer for outside loops (suite/rl/bundle.py) both end a run here, and the leaderboard recomputes
+    writer for outside loops (suite/analysis/bundle.py) both end a run here, and the leaderboard recomputes
     the same thing, so a summary is a pure function of the per-step rows and the config."""
     run_dir = Path(run_dir)
     rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
@@ -452,4 +454,23 @@ def load_run(run_dir) -> dict:
             raise ValueError(f"load_run: {run_dir / (key + '.json')} has schema_version={version!r}; "
                              f"this code reads versions <= {SCHEMA_VERSION}")
     out["metrics"] = read_jsonl(run_dir / "metrics.jsonl")
+    return out
+
+
+# ---- which directories are runs -------------------------------------------------------------
+def _is_run_dir(d: Path) -> bool:
+    return bool(RUN_NAME.match(d.name)) and any((d / f).is_file() for f in (*RUN_FILES, "error.txt"))
+
+
+def find_run_dirs(root: Path) -> list[Path]:
+    """Run directories in `root` and one level below it (hidden directories skipped)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    out = []
+    for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        if _is_run_dir(d):
+            out.append(d)
+        else:
+            out += [c for c in sorted(d.iterdir()) if c.is_dir() and _is_run_dir(c)]
     return out

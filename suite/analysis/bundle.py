@@ -1,7 +1,7 @@
 """The run bundle for RL loops outside the suite: write it from TRL, verl or your own loop, and
 the suite's verdict, mismatch metrics, report and leaderboard row follow (docs/bundle.md).
 
-A bundle is the directory the suite's own loop writes (suite/analysis/results.py): ``config.json``,
+A bundle is the directory the suite's own loop writes (suite/results.py): ``config.json``,
 ``metrics.jsonl``, ``timing.jsonl``, ``summary.json``, ``env.json``. An outside loop adds two
 things the suite's runs do not need, because nothing can rerun them with ``suite run``:
 
@@ -19,7 +19,7 @@ things the suite's runs do not need, because nothing can rerun them with ``suite
 Writing one, from any loop (tensors are (B, T) over the response tokens; row b of the batch is
 response b % group_size of prompt b // group_size)::
 
-    from suite.rl import bundle
+    from suite.analysis import bundle
     run = bundle.open_run("runs/mine", task="arith3", algorithm="grpo", precision="bf16", seed=0,
                           steps=100, framework=("mylib", "0.3.1"), recipe={"lr": 1e-4})
     for step in range(100):
@@ -48,7 +48,7 @@ import torch
 from suite.numerics import machine
 from suite.numerics.mismatch import mismatch_anatomy, mismatch_metrics
 from suite.numerics.precision import resolve
-from suite.analysis.results import (
+from suite.results import (
     RUN_FILES,
     append_jsonl,
     atomic_write_bytes,

@@ -3,7 +3,7 @@
 ``suite transfer RUN_DIR...`` (and ``transfer=true`` at the end of ``suite run``) evaluates, for
 each run, its base model (``env.json: policy.path``) and its last checkpoint (``ckpt/latest.json``,
 sha256-checked as in suite/rl/train.py) with EleutherAI's lm-evaluation-harness on three groups,
-then computes every Transferability Index variant (suite/analysis/transfer.py) and writes
+then computes every Transferability Index variant (suite/rl/transfer.py) and writes
 ``transfer.json`` into the run directory. Base scores are cached under
 ``<cache>/transfer/base/<key>.json``, the key hashing the base directory, the tasks, their
 versions and data, lm-eval's version and the back end, so a grid of runs on one base pays for
@@ -31,7 +31,6 @@ import hashlib
 import io
 import json
 import os
-import random
 import shutil
 import time
 from pathlib import Path
@@ -39,14 +38,12 @@ from pathlib import Path
 import yaml
 from rich.console import Console
 
-from suite.analysis import transfer as ti
 from suite.names import did_you_mean
-from suite.numerics.policy import cache_root
-from suite.analysis.results import SCHEMA_VERSION, atomic_write_json, atomic_write_text
-from suite.tasks.registry import TASK_DIR
+from suite.results import SCHEMA_VERSION, atomic_write_json, atomic_write_text
+from suite.rl import transfer as ti
+from suite.rl.policy import cache_root
+from suite.tasks.lm_eval_docs import GENERATOR_VERSION, embedded_docs, templates
 
-LM_EVAL_TASKS = TASK_DIR / "lm_eval"
-GENERATOR_VERSION = 1  # bump when a generator below changes its documents
 SCORES_VERSION = 1  # bump when the scores read from lm-eval change meaning (invalidates cached base scores)
 
 EMBEDDED = {"math": ["tiny_math_sum", "tiny_math_carry"],
@@ -78,94 +75,14 @@ class TaskNotFound(ValueError):
     """A task name lm-eval does not know (with a "did you mean")."""
 
 
-# ---- embedded task data ---------------------------------------------------------------------
-def _trace(a: str, b: str) -> tuple[list[str], str]:
-    """Column steps "a+b+c=ss," (least significant first) and the sum, as in suite/tasks/registry.py."""
-    steps, carry = [], 0
-    for da, db in zip(reversed(a), reversed(b)):
-        s = int(da) + int(db) + carry
-        steps.append(f"{da}+{db}+{carry}={s:02d},")
-        carry = s // 10
-    return steps, f"{int(a) + int(b):0{len(a) + 1}d}"
-
-
-def _carries(prompt: str) -> int:
-    a, b = prompt[:-1].split("+")
-    return sum(int(s[-2]) for s in _trace(a, b)[0])
-
-
-def _near(rng: random.Random, s: str, k: int = 3) -> list[str]:
-    """``s`` and ``k`` distinct strings that differ from it in one digit."""
-    out = [s]
-    while len(out) < k + 1:
-        w = list(s)
-        i = rng.randrange(len(w))
-        w[i] = str((int(w[i]) + rng.randrange(1, 10)) % 10)
-        if "".join(w) not in out:
-            out.append("".join(w))
-    return out
-
-
-def _num(rng: random.Random, digits: int) -> str:
-    return "".join(rng.choice("0123456789") for _ in range(digits))
-
-
-def embedded_docs(name: str, task, n: int) -> list[dict]:
-    """The documents of one embedded task for an arith-family ``task`` (``digits`` D)."""
-    D, rng = task.digits, random.Random(f"{name}-{GENERATOR_VERSION}")
-    test = task.split("test")
-    if name == "tiny_math_sum":  # the first n held-out items
-        return [{"prompt": it.prompt, "answer": it.answer} for it in test[:n]]
-    if name == "tiny_math_carry":  # the carry-heavy held-out items, disjoint from tiny_math_sum's
-        hard = [it for it in test[128:] if _carries(it.prompt) >= D - 1]
-        return [{"prompt": it.prompt, "answer": it.answer} for it in hard[:n]]
-    docs = []
-    for _ in range(n):
-        if name == "tiny_reason_column":  # "a+b+c=" -> one of "00".."19"
-            a, b, c = rng.randrange(10), rng.randrange(10), rng.randrange(2)
-            docs.append({"context": f"{a}+{b}+{c}=", "choices": [f"{v:02d}" for v in range(20)], "gold": a + b + c})
-        elif name == "tiny_reason_longer":  # a column step inside a (D+1)-digit trace
-            a, b = _num(rng, D + 1), _num(rng, D + 1)
-            steps, _ = _trace(a, b)
-            k = rng.randrange(D + 1)
-            context = f"{a}+{b}=" + "".join(steps[:k]) + steps[k][:6]
-            docs.append({"context": context, "choices": [f"{v:02d}" for v in range(20)], "gold": int(steps[k][6:8])})
-        elif name == "tiny_copy_answer":  # a trace with random column sums: copy its answer
-            a, b = _num(rng, D), _num(rng, D)
-            sums = [rng.randrange(20) for _ in range(D)]
-            steps = [f"{x}+{y}+{rng.randrange(2)}={s:02d}," for x, y, s in zip(reversed(a), reversed(b), sums)]
-            copied = str(sums[-1] // 10) + "".join(str(s % 10) for s in reversed(sums))
-            true = f"{int(a) + int(b):0{D + 1}d}"
-            choices = [copied] + ([true] if true != copied else [])  # the computed sum: the tempting wrong one
-            while len(choices) < 4:
-                w = _num(rng, D + 1)
-                if w not in choices:
-                    choices.append(w)
-            docs.append({"context": f"{a}+{b}=" + "".join(steps) + "#", "choices": choices, "gold": 0})
-        elif name == "tiny_copy_repeat":  # "dddd#" -> repeat the digits
-            s = _num(rng, D + 1)
-            docs.append({"context": s + "#", "choices": _near(rng, s), "gold": 0})
-        else:
-            raise KeyError(name)
-    return docs
-
-
-def _templates() -> dict[str, dict]:
-    out = {}
-    for path in sorted(LM_EVAL_TASKS.glob("*.yaml")):
-        cfg = yaml.safe_load(path.read_text())
-        out[cfg["task"]] = cfg
-    return out
-
-
 def build_embedded(task) -> Path:
     """Write the embedded tasks' data and resolved YAMLs (absolute data paths) for ``task``;
     return the directory to pass as lm-eval's ``include_path``. Cached by content."""
     if not hasattr(task, "digits"):
         raise ValueError(f"transfer: the embedded groups need an arith-family task, not '{task.name}'; "
                          f"use --groups paper for dataset tasks")
-    templates = _templates()
-    blob = json.dumps({"templates": templates, "task": task.name, "task_version": task.version,
+    specs = templates()
+    blob = json.dumps({"templates": specs, "task": task.name, "task_version": task.version,
                        "generator": GENERATOR_VERSION}, sort_keys=True)
     key = hashlib.sha256(blob.encode()).hexdigest()[:12]
     out = cache_root() / "transfer" / "tasks" / f"{task.name}-v{task.version}-{key}"
@@ -174,7 +91,7 @@ def build_embedded(task) -> Path:
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    for name, cfg in templates.items():
+    for name, cfg in specs.items():
         docs = embedded_docs(name, task, int(cfg["metadata"]["n"]))
         (tmp / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
         cfg = json.loads(json.dumps(cfg))  # a copy
@@ -350,7 +267,7 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
     import lm_eval
     import torch
 
-    from suite.numerics.policy import load_policy
+    from suite.rl.policy import load_policy
     from suite.tasks.registry import get_task
 
     console = console or Console(stderr=True)
@@ -456,7 +373,7 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
             "ti": {k: variants[k] for k in ("v1", "v2_per_model", "v2_pooled", "v2_fixed", "v2_no_sigma") if k in variants},
             "delta": variants["delta"], "sigma": variants["sigma"],
             "pooled_over": len(pairs), "flags": variants["flags"], "run_flags": run_flags,
-            "formulas": "arXiv 2507.00432, TI v1 and v2; suite/analysis/transfer.py",
+            "formulas": "arXiv 2507.00432, TI v1 and v2; suite/rl/transfer.py",
         }
         atomic_write_json(r["dir"] / "transfer.json", doc)
         records.append({"run": str(r["dir"]), "status": "ok", "transfer": doc})
@@ -538,7 +455,7 @@ def cli(args: list[str]) -> int:
     p.add_argument("--limit", type=int, default=None, help="documents per task (quick checks only)")
     p.add_argument("--include", type=Path, action="append", default=[], help="extra lm-eval task directory")
     a = p.parse_args(args)
-    from suite.analysis.runs import _is_run_dir, find_run_dirs
+    from suite.results import _is_run_dir, find_run_dirs
 
     missing = [str(d) for d in a.runs if not d.exists()]
     if missing:

@@ -23,9 +23,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from suite.numerics import machine
 from suite.analysis.reproduce import REFERENCE_ROOT, invariants
-from suite.analysis.results import atomic_write_json, read_jsonl
+from suite.numerics import machine
+from suite.results import atomic_write_json, read_jsonl
 
 SCHEMA = 1
 KEYS = ("reward/mean", "mismatch/kl_k3", "mismatch/prob_diff/mean", "train/grad_norm", "loss/policy")
@@ -37,8 +37,8 @@ def overrides(flow: str, gemm: str, out: Path) -> list[str]:
 
 def compute(gemm: str = "auto", workdir: Path | None = None, console: Console | None = None) -> dict:
     """Run every flow's smoke steps (in ``workdir``, default a temporary directory) and fingerprint them."""
-    from suite import config as cfgmod
     from suite.numerics.precision import FLOWS
+    from suite.rl import config as cfgmod
     from suite.rl.train import run
 
     console = console or Console(quiet=True)
@@ -101,7 +101,7 @@ def cli(args: list[str], console: Console) -> int:
         if not a.startswith("gemm="):
             raise ValueError(f"'{a}': suite fingerprint takes --write and gemm=auto|native|emulated only")
         gemm = a.split("=", 1)[1]
-    from suite import config as cfgmod
+    from suite.rl import config as cfgmod
 
     cfgmod.load(overrides("fp32", gemm, Path("runs")))  # bad gemm: refused before compute
     got = compute(gemm, console=console)

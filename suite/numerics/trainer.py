@@ -11,7 +11,7 @@ scale the loss before backward, unscale before clipping, skip the step on inf/na
 the scale, double it after ``growth_interval`` clean steps. ``LossScaler`` is that, small
 enough to read and to checkpoint.
 
-Sharded (``World.distributed``, suite/rl/dist.py): the model is FSDP2 (``fully_shard`` on every
+Sharded (``World.distributed``, suite/dist.py): the model is FSDP2 (``fully_shard`` on every
 decoder layer, then on the root) over **fp32** parameter shards, and the flow's compute dtype
 still comes from autocast (or its emulation) inside the forward, exactly as unsharded, so the
 precision table stays the one place that decides it and a 1-rank FSDP2 run computes what a
@@ -29,9 +29,14 @@ import math
 
 import torch
 
-from suite.rl import dist
+from suite import dist
 from suite.numerics.engine import TorchEngine
-from suite.numerics.precision import Flow, emulate_autocast, fp8_decoder_linears, fp32_lm_head
+from suite.numerics.precision import (
+    Flow,
+    emulate_autocast,
+    fp8_decoder_linears,
+    fp32_lm_head,
+)
 
 
 class LossScaler:
@@ -245,7 +250,7 @@ class Trainer:
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next update (the schedule is a pure function of the update index,
-        suite/recipe.py lr_factor, so nothing about it needs to be checkpointed)."""
+        suite/rl/recipe.py lr_factor, so nothing about it needs to be checkpointed)."""
         for group in self.opt.param_groups:
             group["lr"] = lr
 

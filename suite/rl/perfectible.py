@@ -27,7 +27,7 @@ from rich.progress import Progress
 
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import DTYPES
-from suite.analysis.results import atomic_write_json, atomic_write_text
+from suite.results import atomic_write_json, atomic_write_text
 from suite.tasks.item import Item
 from suite.tasks.registry import prompt_ids
 
@@ -53,14 +53,14 @@ def pass_rates(engine, tok, task, items: list[Item], k: int, max_new_tokens: int
 
 def sampler_engine(model_dir: Path, sampler: str, engine: str, vllm_cfg=None):
     """The engine that estimates pass rates: built-in (fp32 by default) or vLLM, weights from model_dir."""
-    from suite.numerics.policy import load_policy
+    from suite.rl.policy import load_policy
 
     if engine == "vllm":
         from transformers import AutoTokenizer
 
-        from suite.config import VllmConfig
         from suite.numerics.precision import resolve
         from suite.numerics.vllm_engine import VllmEngine
+        from suite.rl.schema import VllmConfig
 
         return VllmEngine(model_dir, resolve(sampler), vllm_cfg or VllmConfig()), AutoTokenizer.from_pretrained(model_dir)
     model, tok = load_policy(model_dir)
@@ -79,8 +79,12 @@ def build(model_dir: Path, task, *, k: int, lo: float, hi: float, pool: int, max
     t0 = time.time()
     eng, tok = sampler_engine(model_dir, sampler, engine, vllm_cfg)
     items = task.split("train", min(pool, len(task.split("train"))))
-    with Progress(console=console, transient=True) as progress:
-        rates = pass_rates(eng, tok, task, items, k, max_new_tokens, temperature, seed, progress=progress)
+    try:
+        with Progress(console=console, transient=True) as progress:
+            rates = pass_rates(eng, tok, task, items, k, max_new_tokens, temperature, seed, progress=progress)
+    finally:  # a vLLM engine holds device memory and process-wide state until closed, not until collected
+        if hasattr(eng, "close"):
+            eng.close()
     # A pass rate is a multiple of 1/k; compare with a tolerance so 0.2 * 40 = 8 is kept.
     kept = [(it, r) for it, r in zip(items, rates) if lo - 1e-9 <= r <= hi + 1e-9]
     lines = "".join(json.dumps({**asdict(it), "pass_rate": r}) + "\n" for it, r in kept)

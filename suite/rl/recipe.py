@@ -14,12 +14,15 @@ fields it resolves to are.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 SCHEDULES = ("constant", "linear", "cosine")
+_BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-./]*")
+_HYDRA_WORDS = {"true", "false", "null", "nan", "inf"}
 
 
 @dataclass
@@ -116,8 +119,6 @@ def recipe_overrides(path: Path) -> list[str]:
     """The ``key=value`` overrides of a recipe file (nested mappings become dotted keys)."""
     import yaml
 
-    from suite.analysis.provenance import hydra_value
-
     try:
         doc = yaml.safe_load(path.read_text())
     except OSError as e:
@@ -137,3 +138,24 @@ def recipe_overrides(path: Path) -> list[str]:
         return out
 
     return flat(doc)
+
+
+def hydra_value(v) -> str:
+    """A value in Hydra's override grammar; strings that are not plain words are quoted."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)  # repr keeps 1.0 a float, and config_hash tells 1 from 1.0
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(hydra_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
+    s = str(v)
+    if _BARE.fullmatch(s) and s.lower() not in _HYDRA_WORDS:
+        return s
+    # Inside quotes Hydra unescapes \' and backslashes in front of a quote or at the end, and
+    # still resolves ${...} interpolations, so those three are escaped.
+    s = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, s)
+    return "'" + s.replace("'", "\\'").replace("${", "\\${") + "'"

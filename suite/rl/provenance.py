@@ -16,15 +16,13 @@ no longer accepts, makes the command fail to compose: that run is not reproducib
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from dataclasses import dataclass, field
 
-from suite.analysis.results import LOCATION_KEYS, config_hash
+from suite.results import LOCATION_KEYS, config_hash
+from suite.rl.recipe import hydra_value
 
 AXES = ("task", "algorithm", "precision", "seed", "tier")  # always spelled out, in this order
-_BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-./]*")
-_HYDRA_WORDS = {"true", "false", "null", "nan", "inf"}
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -38,27 +36,6 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def hydra_value(v) -> str:
-    """A value in Hydra's override grammar; strings that are not plain words are quoted."""
-    if v is None:
-        return "null"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)  # repr keeps 1.0 a float, and config_hash tells 1 from 1.0
-    if isinstance(v, (list, tuple)):
-        return "[" + ",".join(hydra_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(x)}" for k, x in v.items()) + "}"
-    s = str(v)
-    if _BARE.fullmatch(s) and s.lower() not in _HYDRA_WORDS:
-        return s
-    # Inside quotes Hydra unescapes \' and backslashes in front of a quote or at the end, and
-    # still resolves ${...} interpolations, so those three are escaped.
-    s = re.sub(r"(\\+)(?='|$)", lambda m: m.group(1) * 2, s)
-    return "'" + s.replace("'", "\\'").replace("${", "\\${") + "'"
-
-
 def _same(a, b) -> bool:
     # Canonical JSON: a tuple equals a list, but 1 differs from 1.0 (as in config_hash).
     return json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
@@ -67,7 +44,7 @@ def _same(a, b) -> bool:
 def rerun_overrides(cfg: dict) -> list[str]:
     """``key=value`` overrides that make ``suite run`` compose ``cfg``: its axes, then every
     field (sorted) that differs from what the axes alone compose to today."""
-    from suite import config as cfgmod
+    from suite.rl import config as cfgmod
 
     base = [f"{k}={hydra_value(cfg[k])}" for k in AXES if k in cfg]
     try:
@@ -110,9 +87,9 @@ class Check:
 
 
 def check(cfg: dict, expected_hash: str) -> Check:
-    """Recompose ``rerun_command(cfg)`` with ``suite.config.load`` and compare config hashes
+    """Recompose ``rerun_command(cfg)`` with ``suite.rl.config.load`` and compare config hashes
     over the fields ``cfg`` has (see the module docstring)."""
-    from suite import config as cfgmod
+    from suite.rl import config as cfgmod
 
     command = rerun_command(cfg)
     try:
@@ -137,7 +114,7 @@ def same_experiment(recorded: dict, new: dict) -> bool:
     resolve to by default (so the old run ran with today's behaviour): a run directory written
     before a field existed is resumed or skipped, not refused as "another config".
     """
-    from suite import config as cfgmod
+    from suite.rl import config as cfgmod
 
     old_cfg, old_hash = recorded.get("config") or {}, recorded.get("config_hash")
     if old_hash == config_hash(new):
