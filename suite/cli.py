@@ -290,7 +290,7 @@ COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "t
             "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
 
 
-# Subcommands whose key=value arguments are run-config fields (suite/rl/config.py: RunConfig).
+# Subcommands whose key=value arguments are run-config fields (suite/rl/schema.py: RunConfig).
 CONFIG_COMMANDS = ("run", "perfectible", "bench", "mismatch", "main")
 
 

@@ -17,7 +17,7 @@ def test_both_sides_do_the_same_work_and_the_ratio_is_theirs(capsys):
     import subprocess
     import sys
 
-    code = ("import json; from suite import config; from suite.experiments import bench_trl; from suite.console import make_console; "
+    code = ("import json; from suite.experiments import bench_trl; from suite.rl import config; from suite.console import make_console; "
             "r = bench_trl.compare(config.load(['tier=smoke', 'steps=4', 'precision=fp32']), make_console()); "
             "print('RESULT ' + json.dumps(r))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)

@@ -69,9 +69,9 @@ def test_tier_fills_unset_fields_and_overrides_win():
 def test_bad_value_rejected_before_compute(monkeypatch, tmp_path):
     """The CLI refuses a bad config without building a policy or touching the output dir."""
     from suite import cli
-    from suite.rl import train
+    from suite.rl import data
 
-    monkeypatch.setattr(train, "ensure_policy", lambda *a, **k: pytest.fail("compute started"))
+    monkeypatch.setattr(data, "ensure_policy", lambda *a, **k: pytest.fail("compute started"))
     assert cli.main(["run", "precision=bf17", f"out={tmp_path}"]) == 2
     assert list(tmp_path.iterdir()) == []
 

@@ -30,6 +30,7 @@ relative ``out``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
@@ -165,24 +166,28 @@ def plan_grid(args: list[str]) -> Sweep:
 def hydra_config(sweep: Sweep, sweep_dir: Path | None = None):
     """Hydra's multirun config (hydra node included) for this sweep's launcher; ValueError if it does not compose."""
     from hydra import initialize
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from hydra.types import RunMode
 
     with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)):
-        try:
-            return GlobalHydra.instance().hydra.compose_config(
-                CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), run_mode=RunMode.MULTIRUN,
-                with_log_configuration=False)
-        except HydraException as e:
-            raise ValueError(f"hydra: {e}") from None
+        return _compose(sweep, sweep_dir)
+
+
+def _compose(sweep: Sweep, sweep_dir: Path | None):
+    """Compose through Hydra's public Compose API, in multirun mode as ``--multirun`` sets it (inside ``initialize``)."""
+    from hydra import compose
+    from hydra.errors import HydraException
+
+    try:
+        return compose(CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), return_hydra_config=True)
+    except HydraException as e:
+        raise ValueError(f"hydra: {e}") from None
 
 
 def _hydra_overrides(sweep: Sweep, sweep_dir: Path | None) -> list[str]:
     """Hydra's outputs under <out>/<name>/.hydra/<time>/<cell>/, no chdir; the user's settings win."""
     ours = {"hydra.sweep.dir": hydra_value(str(sweep_dir or sweep.cells[0].root / ".hydra" / "plan")),
             "hydra.sweep.subdir": "'${suite_task:${task},${tier}}__${algorithm}__${precision}__s${seed}'",
-            "hydra.job.chdir": "false", **job_shape(sweep.launcher, sweep.ranks, sweep.hydra_overrides)}
+            "hydra.job.chdir": "false", "hydra.mode": "MULTIRUN",
+            **job_shape(sweep.launcher, sweep.ranks, sweep.hydra_overrides)}
     given = {_key(o) for o in sweep.hydra_overrides}
     return [f"{k}={v}" for k, v in ours.items() if k not in given] + sweep.hydra_overrides
 
@@ -309,25 +314,41 @@ class HydraCallbacks:
         return lambda **kw: [getattr(cb, event)(**kw) for cb in list(order)]
 
 
+@contextlib.contextmanager
+def _restore_logging(root: logging.Logger, saved: tuple):
+    """Give the root logger back its handlers and level: a sweep started from Python (a notebook, a test)
+    leaves logging as it found it, with no handler bound to a stream that has since closed."""
+    try:
+        yield
+    finally:
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])
+
+
 def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
     """Hand ``cells`` to the configured Hydra launcher plugin; return its JobReturns.
 
     This is ``Hydra.multirun`` with the sweeper's expansion done (and filtered) beforehand:
-    compose the multirun config, instantiate the launcher, launch one job per cell."""
+    compose the multirun config, instantiate the launcher, launch one job per cell, with the user's
+    ``hydra.callbacks`` around them. Public API only: Hydra's Compose API, its plugin registry (the one
+    launcher plugins use), ``hydra.core.utils.configure_log``."""
     from hydra import initialize
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.plugins import Plugins
-    from hydra.types import HydraContext, RunMode
+    from hydra.core.utils import configure_log
+    from hydra.types import HydraContext
     from omegaconf import OmegaConf
 
-    with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)):
-        hydra = GlobalHydra.instance().hydra
-        cfg = hydra.compose_config(CONFIG_NAME, _hydra_overrides(sweep, sweep_dir), run_mode=RunMode.MULTIRUN,
-                                   with_log_configuration=True)
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level  # Hydra configures logging for the sweep and each in-process job
+    with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)), _restore_logging(root, saved):
+        cfg = _compose(sweep, sweep_dir)
+        configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
         callbacks = HydraCallbacks(cfg)
         callbacks.on_multirun_start(config=cfg, config_name=CONFIG_NAME)
         launcher = Plugins.instance().instantiate_launcher(
-            config=cfg, hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+            config=cfg, hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
+                                                   callbacks=callbacks),
             task_function=run_cell)
         out = Path(str(cfg.hydra.sweep.dir))
         out.mkdir(parents=True, exist_ok=True)
