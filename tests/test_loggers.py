@@ -45,8 +45,12 @@ def _wandb_history(run_dir: Path) -> list[dict]:
     return out
 
 
-def test_mirrors_hold_the_values_of_metrics_jsonl(tmp_path):
+def test_mirrors_hold_the_values_of_metrics_jsonl(tmp_path, monkeypatch):
+    cwd = tmp_path / "cwd"  # nothing may land in the working directory (MLflow's default artifact root is ./mlruns)
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
     d = run(config.load(["tier=smoke", f"out={tmp_path}", "logger=[tensorboard,wandb,mlflow]"]))
+    assert list(cwd.iterdir()) == []
     rows = read_jsonl(d / "metrics.jsonl")
     want = {(r["step"], k): v for r in rows for k, v in loggers.scalars(r).items()}
     assert len(want) > 20 * len(rows)
@@ -72,6 +76,8 @@ def test_mirrors_hold_the_values_of_metrics_jsonl(tmp_path):
     assert mrun.info.run_name == RUN and mrun.data.params["algorithm"] == '"grpo"'
     got = {(m.step, k): m.value for k in mrun.data.metrics for m in client.get_metric_history(mrun.info.run_id, k)}
     assert got == {k: v for k, v in want.items() if math.isfinite(v)}  # MLflow refuses NaN: those stay in the JSONL
+    (env,) = (tmp_path / "default" / "mlflow-artifacts").rglob("env.json")
+    assert json.loads(env.read_text())["python"] == json.loads((d / "env.json").read_text())["python"]
 
 
 def test_a_logger_that_raises_is_switched_off_and_the_run_completes(tmp_path, monkeypatch, capsys):

@@ -107,7 +107,9 @@ class _MLflow:
         uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{(run_dir.parent / 'mlflow.db').resolve()}"
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(group)
-        exp_id = exp.experiment_id if exp else self.client.create_experiment(group)
+        # Artifacts (env.json) next to the store: MLflow's default artifact root is ./mlruns in the working directory.
+        exp_id = exp.experiment_id if exp else self.client.create_experiment(
+            group, artifact_location=(run_dir.parent / 'mlflow-artifacts').resolve().as_uri())
         tag = str(run_dir.resolve())
         found = self.client.search_runs([exp_id], filter_string=f"tags.`suite.run_dir` = '{tag}'")
         if found:
