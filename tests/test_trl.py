@@ -19,7 +19,7 @@ import trl  # noqa: E402  (already imported by the bridge)
 from safetensors.torch import load  # noqa: E402
 from trl import GRPOConfig  # noqa: E402
 
-from suite import leaderboard  # noqa: E402
+from suite.analysis import leaderboard  # noqa: E402
 from suite.numerics.engine import eos_ids  # noqa: E402
 from suite.rl import config
 
