@@ -66,6 +66,13 @@ GRIDS: dict[str, dict[str, Any]] = {
                  "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "name=collapse-search/${regime}"],
     },
+    "h1-phantom-clip": {
+        "doc": "hypothesis H1 (phantom clipping): the PPO ratio's denominator recomputed by the trainer or taken "
+               "from the sampler (verl's bypass mode), GRPO's clip 0.2 / 0.28, 4 updates per rollout, x fp32/fp16/bf16/"
+               "bf16_fp8rollout, three seeds",
+        "axes": {"algo.ppo_ref": ["trainer", "sampler"], "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
+        "overrides": ["algorithm=grpo", "updates_per_step=4", "name=h1-phantom-clip/${algo.ppo_ref}"],
+    },
     "sanity-r1d": {
         "doc": "the published sanity test on GPUs: R1-Distill-Qwen-1.5B, 1,460 MATH prompts, the published recipe "
                "(task file tier full), bf16 vs fp16 x the sanity algorithms, vLLM rollouts",

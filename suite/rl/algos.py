@@ -242,6 +242,17 @@ def ppo_token_loss(
     return loss_tok, {"ppo/clip_frac": clip_frac}
 
 
+def gap_clip_fraction(old_logp: Tensor, sampler_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float,
+                      clip_high: float) -> float:
+    """Share of response tokens PPO's clip zeroes at the first update of a rollout when the ratio's denominator
+    is the sampler's log-prob: there theta = theta', so r_t = pi_theta'/mu_t is the precision gap alone and
+    every clipped token is clipped by it, not by a policy change ("phantom clipping"). 0 when they agree."""
+    m = mask.bool()
+    gap = torch.where(m, old_logp - sampler_logp, torch.zeros_like(old_logp))
+    ratio = torch.exp(gap.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+    return clipped_objective(ratio, advantages.to(ratio.dtype)[:, None], m, clip_low, clip_high)[1]
+
+
 def gspo_token_loss(
     trainer_logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_low: float, clip_high: float
 ) -> tuple[Tensor, dict[str, float]]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
+PPO_REFS = ("trainer", "sampler")
 SCHEDULES = ("constant", "linear", "cosine")
 _BARE = re.compile(r"[A-Za-z_][A-Za-z0-9_\-./]*")
 _HYDRA_WORDS = {"true", "false", "null", "nan", "inf"}
@@ -48,6 +49,11 @@ class AlgoConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus: the loss minus entropy_coef x the aggregated per-token entropy of the
     trainer (verl's entropy_coeff). 0: off."""
+    ppo_ref: str = "trainer"
+    """Denominator of the PPO/GSPO ratio, pi_theta': trainer (the trainer's log-probs of the sampled tokens at the
+    sampling parameters, recomputed before the updates) or sampler (the sampler's own log-probs, as in verl's rollout
+    "bypass" mode, which skips that forward pass; the suite still runs it for the mismatch metrics). With the
+    sampler's, the clip reads the precision gap as policy change (ppo/clip_frac_gap)."""
 
 
 def algorithm(cfg):
@@ -72,6 +78,13 @@ def check(cfg) -> None:
         from suite.names import unknown
 
         raise ValueError(f"algo.{unknown('kl_estimator', a.kl_estimator, KL_ESTIMATORS)}")
+    if a.ppo_ref not in PPO_REFS:
+        from suite.names import unknown
+
+        raise ValueError(f"algo.{unknown('ppo_ref', a.ppo_ref, PPO_REFS)}")
+    if a.ppo_ref == "sampler" and algorithm(cfg).surrogate == "pg":
+        raise ValueError(f"algo.ppo_ref: {cfg.algorithm} has no PPO ratio (a policy-gradient surrogate); "
+                         "the reference choice applies to PPO and GSPO algorithms")
     for name in ("kl_coef", "entropy_coef"):
         if not getattr(a, name) >= 0:
             raise ValueError(f"algo.{name}: must be >= 0 (got {getattr(a, name)!r}).")

@@ -47,7 +47,12 @@ from suite.results import (
 )
 from suite.rl import checkpoint, data, loggers, perfectible, recipe
 from suite.rl import config as cfgmod
-from suite.rl.algos import compute_advantages, policy_loss, regularised_loss
+from suite.rl.algos import (
+    compute_advantages,
+    gap_clip_fraction,
+    policy_loss,
+    regularised_loss,
+)
 from suite.rl.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
 from suite.rl.policy import (
     BUILD_THREADS,
@@ -296,13 +301,18 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 # ---- mismatch: sampler (mu) vs trainer (pi) on the same tokens, before any update
                 row = {"step": step, **mismatch_metrics(old_logp, roll.logprobs, roll.mask),
                        **mismatch_anatomy(old_logp, roll.logprobs, roll.mask, entropy)}
+                if algo.surrogate == "ppo" and cfg.algo.ppo_ref == "sampler":  # what the gap alone clips
+                    row["ppo/clip_frac_gap"] = gap_clip_fraction(old_logp, roll.logprobs, adv, roll.mask,
+                                                                 algo.clip_low, algo.clip_high)
 
                 # ---- updates: minibatches of the rollout batch, one PPO epoch; each rank takes an equal share
                 # of every minibatch and the gradients are summed over ranks (suite/numerics/trainer.py)
                 gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
                 perm = torch.randperm(B, generator=gen)
                 dev = trainer.device
-                old_d, mu_d, adv_d, mask_d = (t.to(dev) for t in (old_logp, roll.logprobs, adv, roll.mask))
+                # The ratio's denominator: the trainer's recomputed log-probs, or the sampler's (algo.ppo_ref).
+                denom = roll.logprobs if cfg.algo.ppo_ref == "sampler" else old_logp
+                old_d, mu_d, adv_d, mask_d = (t.to(dev) for t in (denom, roll.logprobs, adv, roll.mask))
                 ref_d = ref_logp.to(dev) if ref is not None else None
                 updates = []
                 for u, mb in enumerate(perm.chunk(cfg.updates_per_step)):
