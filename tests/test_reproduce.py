@@ -150,6 +150,19 @@ def test_promote_refuses_a_dirty_checkout_and_copies_a_clean_grid(fresh, tmp_pat
     assert {r["metrics"] for r in reproduce.compare(fresh, dest)} == {"identical"}
 
 
+def test_promote_keeps_the_folders_of_a_nested_grid(fresh, tmp_path):
+    """A grid nested by an axis (<grid>/<ppo_ref or regime>/<run>) repeats run names across its folders."""
+    nested = tmp_path / "nested"
+    for arm in ("trainer", "sampler"):
+        shutil.copytree(fresh, nested / arm)
+    for env_path in nested.glob("*/*/env.json"):
+        env_path.write_text(json.dumps({**json.loads(env_path.read_text()),
+                                        "machine_class": machine.describe("auto", 1), "git_dirty": False}))
+    dest = reference.promote(nested, "h1", ref_root=tmp_path / "ref")
+    assert {p.parent.parent.name for p in dest.glob("*/*/metrics.jsonl")} == {"trainer", "sampler"}
+    assert len(list(dest.glob("*/*/metrics.jsonl"))) == 48
+
+
 # ---- the console and the main job ----------------------------------------------------------
 def test_piped_output_is_never_cut():
     from suite.console import make_console

@@ -29,7 +29,7 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     dirs = find_run_dirs(root)
     if not dirs:
         raise ValueError(f"{root}: no run directories")
-    envs = {d.name: _env(d) for d in dirs}
+    envs = {str(d.relative_to(root)): _env(d) for d in dirs}
     classes = {json.dumps(e.get("machine_class"), sort_keys=True) for e in envs.values()}
     if len(classes) != 1 or "null" in classes:
         raise ValueError(f"{root}: the runs do not record one machine class ({len(classes)} found)")
@@ -38,7 +38,7 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     if (dirty or len(shas) != 1) and not allow_dirty:
         raise ValueError(f"{root}: runs from a dirty checkout ({', '.join(dirty[:3])}) or several commits "
                          f"({len(shas)}); a reference comes from a clean checkout of one commit (--allow-dirty to override)")
-    unfinished = [d.name for d in dirs if _summary(d).get("verdict") in (None, "incomplete")]
+    unfinished = [str(d.relative_to(root)) for d in dirs if _summary(d).get("verdict") in (None, "incomplete")]
     if unfinished:
         raise ValueError(f"{root}: incomplete runs cannot be a reference: {', '.join(unfinished[:5])}")
     cls = json.loads(classes.pop())
@@ -46,7 +46,8 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     tmp = dest.with_name(f".{grid}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for d in dirs:
-        shutil.copytree(d, tmp / d.name, ignore=shutil.ignore_patterns("ckpt", "policy", "error.txt"))
+        # Nested grids (<grid>/<regime or ppo_ref>/<run>) keep their folders: run names repeat across them.
+        shutil.copytree(d, tmp / d.relative_to(root), ignore=shutil.ignore_patterns("ckpt", "policy", "error.txt"))
     job = json.loads((Path(root) / "job.json").read_text()) if (Path(root) / "job.json").is_file() else {}
     meta_path = dest.parent / "reference.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
