@@ -155,12 +155,18 @@ def test_promote_keeps_the_folders_of_a_nested_grid(fresh, tmp_path):
     nested = tmp_path / "nested"
     for arm in ("trainer", "sampler"):
         shutil.copytree(fresh, nested / arm)
-    for env_path in nested.glob("*/*/env.json"):
-        env_path.write_text(json.dumps({**json.loads(env_path.read_text()),
+    for env_path in [*fresh.glob("*/env.json"), *nested.glob("*/*/env.json")]:
+        sha = "b" * 40 if env_path.is_relative_to(nested) else "a" * 40
+        env_path.write_text(json.dumps({**json.loads(env_path.read_text()), "git_sha": sha,
                                         "machine_class": machine.describe("auto", 1), "git_dirty": False}))
+    reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")
     dest = reference.promote(nested, "h1", ref_root=tmp_path / "ref")
     assert {p.parent.parent.name for p in dest.glob("*/*/metrics.jsonl")} == {"trainer", "sampler"}
     assert len(list(dest.glob("*/*/metrics.jsonl"))) == 48
+    # Each grid keeps the commit it was made at; a later grid does not rewrite the first one's.
+    meta = json.loads((dest.parent / "reference.json").read_text())
+    assert meta["git_sha"] == "a" * 40 and meta["jobs"]["h1"]["git_sha"] == "b" * 40
+    assert "made at commit aaaaaaa" in reproduce.check(fresh, "sanity", ref_root=tmp_path / "ref")["statement"]
 
 
 # ---- the console and the main job ----------------------------------------------------------

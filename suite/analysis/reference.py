@@ -51,8 +51,11 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     job = json.loads((Path(root) / "job.json").read_text()) if (Path(root) / "job.json").is_file() else {}
     meta_path = dest.parent / "reference.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    meta.update({"machine_class": cls, "git_sha": shas.pop(), "grids": sorted({*meta.get("grids", []), grid})})
-    meta.setdefault("jobs", {})[grid] = {k: job.get(k) for k in ("command", "wall_time_s", "cells_trained")}
+    sha = shas.pop()
+    meta.update({"machine_class": cls, "grids": sorted({*meta.get("grids", []), grid})})
+    meta.setdefault("git_sha", sha)  # the class's first grid; each grid records its own commit below
+    meta.setdefault("jobs", {})[grid] = {**{k: job.get(k) for k in ("command", "wall_time_s", "cells_trained")},
+                                         "git_sha": sha}
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)

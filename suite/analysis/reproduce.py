@@ -173,9 +173,10 @@ def statement(doc: dict) -> str:
     same = sum(r["metrics"] == "identical" for r in with_ref)
     agree = sum(r["verdict"] == r["ref_verdict"] for r in with_ref)
     meta = doc["reference_meta"]
+    sha = ((meta.get("jobs") or {}).get(doc.get("grid")) or {}).get("git_sha") or meta.get("git_sha", "?")
     diffs = doc["class_differences"]
     text = (f"Against the committed reference of machine class {cls.get('id')} ({doc['reference']}, made at commit "
-            f"{str(meta.get('git_sha', '?'))[:7]}): metrics.jsonl byte-identical in {same} of {len(rows)} cells"
+            f"{str(sha)[:7]}): metrics.jsonl byte-identical in {same} of {len(rows)} cells"
             f"{'' if len(with_ref) == len(rows) else f' ({len(rows) - len(with_ref)} without a reference cell)'}; "
             f"verdicts agree in {agree} of {len(with_ref)}.")
     if diffs:
