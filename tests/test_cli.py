@@ -90,7 +90,9 @@ def test_grid_time_is_measured_where_a_reference_ran_it_else_summed_from_matchin
     for i, flow in enumerate(flows):
         for seconds, algo in ((10.0 * (i + 1), "grpo"), (30.0 * (i + 1), "grpo_token_tis")):
             _reference_run(tmp_path, cls, f"arith3__{algo}__{flow}__s0", seconds, task="arith3", tier="small",
-                           regime="base", precision=flow, steps=100)
+                           regime="base", precision=flow, steps=100, updates_per_step=2)
+            _reference_run(tmp_path, cls, f"arith3__{algo}__{flow}__s1", 1000.0, task="arith3", tier="small",
+                           regime="base", precision=flow, steps=100, updates_per_step=4)  # another recipe: not mixed in
     rows = {r["grid"]: r for r in grids.catalogue(tmp_path)}
     assert rows["sanity"]["time"][cls] == ("measured", 600.0)
     # Each cell takes the mean of its flow's runs (20 s x (i+1)), over 2 algorithms x 3 seeds per flow.

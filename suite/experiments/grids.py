@@ -108,8 +108,8 @@ def describe() -> str:
 
 # ---- `suite grids`: sizes and wall times --------------------------------------------------------
 def _reference_times(reference_root) -> dict:
-    """{machine class: {(task, tier, regime, precision, steps): [seconds per run]}} from the committed references'
-    run bundles (summary.json ``time/total_s``, config.json): what each kind of cell took where it was run."""
+    """{machine class: {(task, tier, regime, precision, steps, updates per step): [seconds per run]}} from the
+    committed references' run bundles (summary.json ``time/total_s``, config.json): what each kind of cell took where it was run."""
     import json
 
     out: dict = {}
@@ -121,7 +121,7 @@ def _reference_times(reference_root) -> dict:
         if s.get("time/total_s") is None:
             continue
         cls = summary.relative_to(reference_root).parts[0]
-        key = (c["task"], c["tier"], c.get("regime"), c["precision"], c["steps"])
+        key = (c["task"], c["tier"], c.get("regime"), c["precision"], c["steps"], c.get("updates_per_step"))
         out.setdefault(cls, {}).setdefault(key, []).append(float(s["time/total_s"]))
     return out
 
@@ -131,7 +131,7 @@ def catalogue(reference_root) -> list[dict]:
 
     The time is *measured* where a committed reference ran the grid (its ``reference.json`` job), else an
     *estimate*: the sum over the grid's cells of the mean time of reference runs with the same task, tier,
-    regime, flow and steps on that class (cells run one after another; the algorithm is not matched: every
+    regime, flow, steps and updates per rollout on that class (cells run one after another; the algorithm is not matched: every
     algorithm runs the same loop). A class without such runs gets no figure.
     Nothing is extrapolated across steps, tiers or machine classes."""
     import itertools
@@ -156,7 +156,8 @@ def catalogue(reference_root) -> list[dict]:
             if (cls, name) in jobs:
                 per_class[cls] = ("measured", jobs[(cls, name)])
                 continue
-            runs = [times.get(cls, {}).get((c.task, c.tier, c.regime, c.precision, c.steps)) for c in cfgs]
+            runs = [times.get(cls, {}).get((c.task, c.tier, c.regime, c.precision, c.steps, c.updates_per_step))
+                    for c in cfgs]
             if runs and all(runs):
                 per_class[cls] = ("estimate", sum(sum(r) / len(r) for r in runs))
         rows.append({"grid": name, "doc": g["doc"], "axes": g["axes"], "cells": len(cells),
