@@ -31,7 +31,8 @@ class Cell:
         return self.root / run_dir_name(c.task, c.algorithm, c.precision, c.seed)
 
 
-def _key(override: str) -> str:
+def override_key(override: str) -> str:
+    """The field an override sets: ``+a.b=1`` and ``~a.b`` -> ``a.b``."""
     return override.split("=", 1)[0].lstrip("+~")
 
 
@@ -69,7 +70,7 @@ def expand(overrides: list[str]) -> list[Cell]:
 
 def plan(base: list[str], axes: dict[str, list]) -> list[Cell]:
     """Cartesian product of ``axes`` on top of ``base``; every cell validated before any compute."""
-    rest = [o for o in base if _key(o) not in axes]
+    rest = [o for o in base if override_key(o) not in axes]
     return expand(rest + [f"{k}={','.join(hydra_value(v) for v in vs)}" for k, vs in axes.items()])
 
 

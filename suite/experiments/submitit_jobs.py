@@ -25,15 +25,13 @@ import shlex
 import sys
 from pathlib import Path
 
+from suite.experiments.cells import override_key
+
 SUBMITIT = ("submitit_slurm", "submitit_local")
 # Ways of asking Slurm for GPUs; any of them given by the user replaces our gpus_per_node default.
 GPU_FIELDS = ("hydra.launcher.gpus_per_node", "hydra.launcher.gres", "hydra.launcher.gpus_per_task",
               "hydra.launcher.additional_parameters.gpus-per-node", "hydra.launcher.additional_parameters.gres",
               "hydra.launcher.additional_parameters.gpus")
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
 
 
 def check_one_shape(cells, launcher: str) -> None:
@@ -56,7 +54,7 @@ def job_shape(launcher: str, ranks: tuple[int, int], user_overrides: list[str]) 
 
         return {"hydra.launcher.gpus_per_node": nproc} if torch.cuda.is_available() else {}
     ours = {"hydra.launcher.tasks_per_node": nproc, "hydra.launcher.nodes": nnodes}
-    if not any(_key(o) in GPU_FIELDS for o in user_overrides):
+    if not any(override_key(o) in GPU_FIELDS for o in user_overrides):
         ours["hydra.launcher.gpus_per_node"] = nproc
     return ours
 

@@ -44,7 +44,7 @@ from pathlib import Path
 from rich.console import Console
 
 from suite.console import make_console
-from suite.experiments.cells import Cell, _key, check_run_dirs, expand, state
+from suite.experiments.cells import Cell, check_run_dirs, expand, override_key, state
 from suite.experiments.local_launcher import (
     capacity,
     check_one_node,
@@ -108,7 +108,7 @@ class Sweep:
     def launcher(self) -> str:
         if self.options.get("launcher"):
             return self.options["launcher"]
-        chosen = [o.split("=", 1)[1] for o in self.hydra_overrides if _key(o) == "hydra/launcher"]
+        chosen = [o.split("=", 1)[1] for o in self.hydra_overrides if override_key(o) == "hydra/launcher"]
         return chosen[-1] if chosen else "basic"
 
 
@@ -123,7 +123,7 @@ def plan_grid(args: list[str]) -> Sweep:
             continue
         if "=" not in a:
             raise ValueError(f"'{a}': expected key=value (grid=NAME, a config field, or hydra/...).")
-        k = _key(a)
+        k = override_key(a)
         if k in SWEEP_OPTIONS:
             options[k] = a.split("=", 1)[1]
         elif k == "hydra" or k.startswith(("hydra.", "hydra/")):
@@ -135,7 +135,7 @@ def plan_grid(args: list[str]) -> Sweep:
     if options.get("launcher") not in (None, "local"):
         raise ValueError(f"launcher: unknown value '{options['launcher']}'. Allowed: local (our subprocess "
                          f"launcher); for Hydra's launchers use hydra/launcher=NAME.")
-    if options.get("launcher") == "local" and any(_key(o).startswith(("hydra/launcher", "hydra.launcher")) for o in hydra_ovs):
+    if options.get("launcher") == "local" and any(override_key(o).startswith(("hydra/launcher", "hydra.launcher")) for o in hydra_ovs):
         raise ValueError("launcher=local runs its own processes: drop hydra/launcher=... and hydra.launcher.*, "
                          "or drop launcher=local")
     if not re.fullmatch(r"[1-9]\d*", options.get("jobs", "1")):
@@ -143,13 +143,13 @@ def plan_grid(args: list[str]) -> Sweep:
     grid = grids.get(options["grid"])
 
     # The grid's axes become sweeps in place; the command line replaces any of them, and any field.
-    given = {_key(o): o for o in fields}
-    overrides = [o for o in grid["overrides"] if _key(o) not in given]
-    if "name" not in given and not any(_key(o) == "name" for o in overrides):
+    given = {override_key(o): o for o in fields}
+    overrides = [o for o in grid["overrides"] if override_key(o) not in given]
+    if "name" not in given and not any(override_key(o) == "name" for o in overrides):
         overrides.append(f"name={grid['name']}")
     for k, values in grid["axes"].items():
         overrides.append(given.pop(k) if k in given else f"{k}={','.join(hydra_value(v) for v in values)}")
-    overrides += [o for o in fields if _key(o) in given]
+    overrides += [o for o in fields if override_key(o) in given]
 
     cells = expand(overrides)
     check_run_dirs(cells)
@@ -188,7 +188,7 @@ def _hydra_overrides(sweep: Sweep, sweep_dir: Path | None) -> list[str]:
             "hydra.sweep.subdir": "'${suite_task:${task},${tier}}__${algorithm}__${precision}__s${seed}'",
             "hydra.job.chdir": "false", "hydra.mode": "MULTIRUN",
             **job_shape(sweep.launcher, sweep.ranks, sweep.hydra_overrides)}
-    given = {_key(o) for o in sweep.hydra_overrides}
+    given = {override_key(o) for o in sweep.hydra_overrides}
     return [f"{k}={v}" for k, v in ours.items() if k not in given] + sweep.hydra_overrides
 
 
@@ -315,14 +315,16 @@ class HydraCallbacks:
 
 
 @contextlib.contextmanager
-def _restore_logging(root: logging.Logger, saved: tuple):
+def _restore_logging():
     """Give the root logger back its handlers and level: a sweep started from Python (a notebook, a test)
     leaves logging as it found it, with no handler bound to a stream that has since closed."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
     try:
         yield
     finally:
-        root.handlers[:] = saved[0]
-        root.setLevel(saved[1])
+        root.handlers[:] = handlers
+        root.setLevel(level)
 
 
 def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
@@ -339,9 +341,8 @@ def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
     from hydra.types import HydraContext
     from omegaconf import OmegaConf
 
-    root = logging.getLogger()
-    saved = root.handlers[:], root.level  # Hydra configures logging for the sweep and each in-process job
-    with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)), _restore_logging(root, saved):
+    # Hydra configures logging for the sweep and for each in-process job; _restore_logging undoes it.
+    with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)), _restore_logging():
         cfg = _compose(sweep, sweep_dir)
         configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
         callbacks = HydraCallbacks(cfg)
