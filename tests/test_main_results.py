@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from suite.experiments import grids
-from suite.numerics.precision import FLOWS
+from suite.numerics.precision import main_flows
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
 ROOT = REFERENCE / "cpu-avx2-emulated" / "sanity"  # the first reference (also holds the collapse search)
@@ -35,7 +35,7 @@ def test_references_of_three_classes_are_committed():
 @pytest.mark.parametrize("cls", CLASSES)
 def test_every_cell_of_the_sanity_grid_is_committed_and_complete(cls):
     got = _summaries(REFERENCE / cls / "sanity")
-    want = {(p, a) for p in FLOWS for a in grids.SANITY_ALGORITHMS}
+    want = {(p, a) for p in main_flows() for a in grids.SANITY_ALGORITHMS}
     assert set(got) == want
     assert all(s["verdict"] in ("pass", "collapse", "unstable") for s in got.values())
     assert all(got[("fp32", a)]["verdict"] == "pass" for a in grids.SANITY_ALGORITHMS)
@@ -71,7 +71,7 @@ def test_the_main_table_leads_with_the_mismatch():
     n_pass = sum(s["verdict"] == "pass" for s in _summaries().values())
     assert f"{n_pass} of {len(_summaries())} runs pass" in lead
     rows = [ln.split(" | ") for ln in lead.splitlines() if ln.startswith("| ") and "precision flow" not in ln]
-    assert [r[0].strip("| ") for r in rows] == list(FLOWS)
+    assert [r[0].strip("| ") for r in rows] == main_flows()
     k3 = {r[0].strip("| "): float(r[4]) for r in rows}
     assert k3["fp32"] < k3["fp16"] < k3["bf16"] < k3["bf16_fp8rollout"] and k3["exact"] == 0.0
 

@@ -231,3 +231,23 @@ def test_an_engine_scoring_its_own_samples_with_emulated_gemms_is_exactly_zero(t
             assert m["mismatch/kl_k3"] == 0.0 and m["mismatch/prob_diff/max"] == 0.0
         else:
             assert m["mismatch/prob_diff/max"] > 0.0
+
+
+def test_mechanism_metrics_against_a_hand_computation():
+    """Two sequences (3 and 1 tokens): token weights (2, 1, 1 | 0.5), sequence weights (2 | 0.5)."""
+    from suite.numerics.mismatch import mechanism_metrics
+
+    mu = torch.full((2, 3), -1.0)
+    pi = mu + torch.tensor([[math.log(2.0), 0.0, 0.0], [-math.log(2.0), 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    ent = torch.tensor([[1.0, 2.0, 3.0], [5.0, 9.0, 9.0]])
+    out = mechanism_metrics(pi, mu, mask, ent)
+    assert out["mech/is_tok/mean"] == pytest.approx(4.5 / 4) and out["mech/is_tok/min"] == pytest.approx(0.5)
+    assert out["mech/is_tok/ess"] == pytest.approx(4.5 ** 2 / (4 * 6.25))
+    assert out["mech/is_seq/max"] == pytest.approx(2.0) and out["mech/is_seq/ess"] == pytest.approx(2.5 ** 2 / (2 * 4.25))
+    assert out["mech/seq_log_ratio/len_1-16/mean_abs"] == pytest.approx(math.log(2.0))
+    assert out["mech/seq_log_ratio/len_1-16/n"] == 2.0
+    assert out["mech/entropy/pos_1-16"] == pytest.approx((1 + 2 + 3 + 5) / 4)  # masked positions left out
+    same = mechanism_metrics(mu, mu.clone(), mask, ent)
+    assert same["mech/is_tok/ess"] == 1.0 and same["mech/is_seq/ess"] == 1.0 and same["mech/is_tok/max"] == 1.0
+    assert mechanism_metrics(mu, mu, torch.zeros(2, 3), ent) == {}

@@ -36,6 +36,11 @@ def test_run_writes_a_complete_bundle(tmp_path):
     assert len(row["reward/pass_rates"]) == 4
     timing = read_jsonl(d / "timing.jsonl")
     assert all(t["time/step_s"] > 0 and t["throughput/sampler_tok_s"] > 0 for t in timing)
+    # the mechanism measures of every step, in their own file (metrics.jsonl stays the references' format)
+    mech = read_jsonl(d / "mechanism.jsonl")
+    assert [r["step"] for r in mech] == [1, 2, 3, 4] and not any(k.startswith("mech/") for k in row)
+    assert 0 < mech[0]["mech/is_tok/ess"] <= 1 and mech[0]["mech/gap_clip_frac"] == 0.0  # fp32: nothing to clip
+    assert any(k.startswith("mech/entropy/pos_") for k in mech[0])
     assert env["world"]["world_size"] == 1 and env["world"]["backend"] is None
     assert env["trainer_observed"]["gemm_output"] == "torch.float32"
     # the trainer really trained: the checkpointed weights differ from the base policy's, and the exported
@@ -86,6 +91,7 @@ def test_resume_after_kill_matches_uninterrupted(tmp_path, monkeypatch):
     assert [r["step"] for r in read_jsonl(d / "metrics.jsonl")] == [1, 2]
     run(_cfg(tmp_path, "name=kill", "precision=fp16"))
     assert (d / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
+    assert (d / "mechanism.jsonl").read_bytes() == (ref / "mechanism.jsonl").read_bytes()
     assert json.loads((d / "summary.json").read_text())["verdict"] != "incomplete"
 
 

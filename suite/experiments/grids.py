@@ -16,9 +16,10 @@ from suite.names import lookup
 
 
 def _flows() -> list[str]:
-    from suite.numerics.precision import FLOWS
+    """Every precision flow of the table but the controls of the mechanism studies."""
+    from suite.numerics.precision import main_flows
 
-    return list(FLOWS)
+    return main_flows()
 
 
 def _fp8_flows() -> list[str]:
@@ -72,6 +73,20 @@ GRIDS: dict[str, dict[str, Any]] = {
                "bf16_fp8rollout, three seeds",
         "axes": {"algo.ppo_ref": ["trainer", "sampler"], "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "updates_per_step=4", "name=h1-phantom-clip/${algo.ppo_ref}"],
+    },
+    "trainer-controls": {
+        "doc": "the trainer-numerics controls (bf16_unified, fp16_unified: the trainer runs the sampler's own code) "
+               "next to fp32, fp16, bf16, exact and bf16_fp8rollout, plain GRPO, the main job's setting, three seeds",
+        "axes": {"precision": ["fp32", "fp16", "fp16_unified", "bf16", "bf16_unified", "exact", "bf16_fp8rollout"],
+                 "seed": [0, 1, 2]},
+        "overrides": ["algorithm=grpo", "name=trainer-controls"],
+    },
+    "dose-response": {
+        "doc": "an fp32 run whose sampler draws from a perturbed distribution (inject.kind: Gaussian logit noise, or "
+               "a bias on tokens below p 0.1), four magnitudes spanning fp16's to beyond FP8 rollouts' step-0 "
+               "mismatch, plain GRPO, the main job's setting, three seeds",
+        "axes": {"inject.kind": ["noise", "lowp_bias"], "inject.scale": [0.1, 0.3, 1.0, 3.0], "seed": [0, 1, 2]},
+        "overrides": ["algorithm=grpo", "precision=fp32", "name=dose-response/${inject.kind}-${inject.scale}"],
     },
     "sanity-r1d": {
         "doc": "the published sanity test on GPUs: R1-Distill-Qwen-1.5B, 1,460 MATH prompts, the published recipe "

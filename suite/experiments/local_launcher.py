@@ -98,7 +98,7 @@ def relative_cost(cell) -> float:
     from suite.numerics.precision import resolve
 
     flow = resolve(cell.cfg.precision)
-    heavy = flow.exact or flow.trainer_quant == "fp8"
+    heavy = flow.exact or flow.trainer_quant == "fp8"  # the unified bf16/fp16 controls cost what bf16 does
     return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * (2.0 if heavy else 1.0)
 
 

@@ -136,7 +136,7 @@ class DtypeProbe:
 def flow_of(sampler_dtype: str | None, trainer_dtype: str | None) -> str | None:
     """The precision flow whose engines compute in these two dtypes (fp32, bf16, fp16, bf16_fp32rollout, ...)."""
     for name, f in FLOWS.items():
-        if not (f.exact or f.sampler_quant or f.trainer_quant) and (str(f.sampler_dtype), str(f.trainer_dtype)) == (
+        if not (f.sampler_code or f.sampler_quant or f.control) and (str(f.sampler_dtype), str(f.trainer_dtype)) == (
                 sampler_dtype, trainer_dtype):
             return name
     return None

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from suite.numerics.fp8 import fp8_linear, fp8_linear_inference, quantize_blockwise
+from suite.numerics.perturbation import NoiseStream, Perturbation, perturb
 from suite.numerics.precision import lowp_attention, lowp_linear
 
 # The embedded tokenizer's special ids (suite/rl/policy.py builds it with them): the sampler pads with PAD
@@ -99,8 +100,11 @@ class TorchEngine:
     """Batched sampling with a KV cache from a copy of the weights held in ``dtype``."""
 
     def __init__(self, config, dtype: torch.dtype, backend: str = "native", device: str = "cpu",
-                 lm_head_fp32: bool = False, functional_cache: bool = False, quant: str | None = None):
+                 lm_head_fp32: bool = False, functional_cache: bool = False, quant: str | None = None,
+                 perturbation: Perturbation | None = None):
         self.cfg = config
+        # A synthetic mismatch added to the sampled distribution only (dose-response runs; perturbation.py).
+        self.perturbation = perturbation or Perturbation()
         # quant="fp8": every decoder linear holds block-scaled E4M3 weights, quantised at each sync
         # from the trainer's weights rounded to the sampler dtype (bf16), the input vLLM's online FP8
         # quantisation receives too, and quantises its input per 1x128 group.
@@ -275,9 +279,12 @@ class TorchEngine:
         mask = torch.zeros(B, max_new_tokens, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         logits, cache, valid, last_pos = self._start(ids, valid_prompt, max_new_tokens)
+        z = NoiseStream(generator, logits.shape[-1], dev) if self.perturbation.kind == "noise" else None
         for t in range(max_new_tokens):
             # fp32 log-softmax of the low-precision logits, after temperature (vLLM "processed").
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
+            if self.perturbation.active:  # the sampler draws from, and records, the perturbed distribution
+                logp = perturb(logp, self.perturbation, z.next(B) if z is not None else None)
             tok = _sample(logp, top_p, generator if noise is None else noise[:, t])
             live = ~done
             tokens[:, t] = torch.where(live, tok, PAD)

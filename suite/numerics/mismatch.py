@@ -220,3 +220,51 @@ def mismatch_anatomy(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, e
     out["anatomy/corr_surprisal"] = _corr(a, -trainer_logp.detach().double()[m])
     out["anatomy/mu_gt_pi_frac"] = float((log_ratio[m] < 0).double().mean())
     return out
+
+
+# ---- mechanism: what the hypotheses of the collapse search need per step -----------------
+# Written to <run>/mechanism.jsonl (not metrics.jsonl, so the committed references stay byte-comparable):
+# the raw IS weights whatever the algorithm corrects, sequence log-ratios by response length (sequence-level
+# IS variance grows like (1 + chi2)^T, Liu, Li et al. 2025) and entropy by absolute position.
+LENGTH_BINS = ((1, 16), (17, 32), (33, 64), (65, 128), (129, 256), (257, 512), (513, 1024), (1025, 1 << 30))
+
+
+def _ess(w: Tensor) -> float:
+    """Normalised effective sample size (sum w)^2 / (n sum w^2), in (0, 1]; 1 when every weight is equal."""
+    sq = float(w.square().sum())
+    return float(w.sum()) ** 2 / (w.numel() * sq) if sq > 0 else math.nan
+
+
+def _bin_name(lo: int, hi: int) -> str:
+    return f"{lo}-{hi}" if hi < 1 << 30 else f"{lo}+"
+
+
+def mechanism_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, entropy: Tensor) -> dict[str, float]:
+    """Keys (over the masked tokens / non-empty sequences of the batch, float; empty bins are left out):
+      mech/is_tok/{mean,min,max,ess}      raw token weights rho_t = pi_t / mu_t, never truncated, and their ESS
+      mech/is_seq/{mean,max,ess}          raw sequence weights prod_t rho_t (log clamped at +-20) and their ESS
+      mech/seq_log_ratio/len_{lo-hi}/{mean_abs,n}   abs sum_t log rho_t of the sequences of that length
+      mech/entropy/pos_{lo-hi}            mean trainer entropy at response positions lo..hi (1-based)
+    """
+    log_ratio, m = _masked_log_ratio(trainer_logp, sampler_logp, mask)
+    if not bool(m.any()):
+        return {}
+    tok = log_ratio[m].clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    rows = m.any(dim=-1)
+    seq_lr = log_ratio.sum(-1)[rows]
+    seq = seq_lr.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
+    out = {"mech/is_tok/mean": float(tok.mean()), "mech/is_tok/min": float(tok.min()),
+           "mech/is_tok/max": float(tok.max()), "mech/is_tok/ess": _ess(tok),
+           "mech/is_seq/mean": float(seq.mean()), "mech/is_seq/max": float(seq.max()), "mech/is_seq/ess": _ess(seq)}
+    lengths = m.sum(-1)[rows]
+    pos = torch.arange(1, m.shape[1] + 1).expand_as(m)
+    ent = entropy.detach().double()
+    for lo, hi in LENGTH_BINS:
+        sel = (lengths >= lo) & (lengths <= hi)
+        if bool(sel.any()):
+            out[f"mech/seq_log_ratio/len_{_bin_name(lo, hi)}/mean_abs"] = float(seq_lr[sel].abs().mean())
+            out[f"mech/seq_log_ratio/len_{_bin_name(lo, hi)}/n"] = float(sel.sum())
+        at = m & (pos >= lo) & (pos <= hi)
+        if bool(at.any()):
+            out[f"mech/entropy/pos_{_bin_name(lo, hi)}"] = float(ent[at].mean())
+    return out

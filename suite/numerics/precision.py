@@ -55,6 +55,8 @@ class Flow:
     loss_scaling: bool  # dynamic loss scaling (needed for fp16 gradients)
     note: str
     exact: bool = False  # trainer scores with the sampler's own kernels on the sampler's shapes
+    unified: bool = False  # trainer scores with the sampler's own code on the full sequence (Jet-RL's unified flow)
+    control: bool = False  # a control flow of the mechanism studies, left out of the main grids (grids._flows)
 
     @property
     def trainer_dtype(self) -> torch.dtype:
@@ -63,6 +65,12 @@ class Flow:
     @property
     def sampler_dtype(self) -> torch.dtype:
         return DTYPES[self.sampler]
+
+    @property
+    def sampler_code(self) -> bool:
+        """The trainer computes with the sampler's engine code (exact replay or unified full sequence), not with
+        the HF module under autocast: these flows cannot shard the trainer or checkpoint its activations."""
+        return self.exact or self.unified
 
     @property
     def trainer_quant(self) -> str | None:
@@ -86,13 +94,26 @@ FLOWS: dict[str, Flow] = {
         Flow("bf16_fp32rollout", "bf16", "fp32", False, "paper ablation: bf16 trainer, fp32 sampler; stable but slow"),
         Flow("bf16_fp16rollout", "bf16", "fp16", False, "paper ablation: bf16 trainer, fp16 sampler"),
         Flow("fp8", "fp8", "fp8", False, "Jet-RL unified FP8 flow (arXiv 2601.14243): the same block-scaled E4M3 "
-             "quantiser in the sampler and in the trainer's forward and backward GEMMs"),
+             "quantiser in the sampler and in the trainer's forward and backward GEMMs", unified=True),
         Flow("bf16_fp8rollout", "bf16", "fp8", False, "the common baseline (verl, slime, NeMo-RL, OpenRLHF): "
              "bf16 trainer, sampler FP8-quantised at every weight sync"),
         Flow("exact", "bf16", "bf16", False, "bitwise on-policy: the trainer replays the sampler's decode loop "
              "(same kernels, same shapes); mismatch exactly 0, at the cost of a sequential training forward", True),
+        # Controls for the trainer's numerics (issue: science round 2). bf16/fp16 train the HF module under
+        # autocast (fp32 residual stream and norms) while exact and unified fp8 train with the sampler's pure
+        # low-precision code; these two train with that code too, on the full sequence, so comparing bf16 with
+        # bf16_unified separates what the mismatch does from what the trainer's own rounding does.
+        Flow("bf16_unified", "bf16", "bf16", False, "control: the trainer runs the sampler's pure-bf16 code on the "
+             "full sequence (mismatch only from GEMM shapes and accumulation order)", unified=True, control=True),
+        Flow("fp16_unified", "fp16", "fp16", True, "control: the trainer runs the sampler's pure-fp16 code on the "
+             "full sequence, with dynamic loss scaling", unified=True, control=True),
     ]
 }
+
+
+def main_flows() -> list[str]:
+    """The flows of the main grids (sanity, precision ablation): every row but the controls."""
+    return [n for n, f in FLOWS.items() if not f.control]
 
 
 def resolve(name: str) -> Flow:

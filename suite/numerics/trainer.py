@@ -119,11 +119,11 @@ class Trainer:
         # own forward, replaying its decode loop, so trainer and sampler run identical kernels.
         self.replay = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
                                    functional_cache=True) if flow.exact else None)
-        # The unified FP8 flow (Jet-RL): the trainer's forward runs the sampler's own code (bf16
-        # activations, the same FP8 quantisers) on the full sequence, so the sampler's computation
-        # is a subgraph of it; only GEMM shapes differ.
+        # The unified flows (Jet-RL's FP8 one, and the bf16/fp16 controls): the trainer's forward runs the
+        # sampler's own code (its activation dtype, the same FP8 quantisers) on the full sequence, so the
+        # sampler's computation is a subgraph of it; only GEMM shapes differ.
         self.unified = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
-                                    quant="fp8", device=str(self.device)) if flow.trainer_quant == "fp8" else None)
+                                    quant=flow.trainer_quant, device=str(self.device)) if flow.unified else None)
         if self.replay is not None:
             self.replay.device = str(self.device)
         self.logprob_chunk = logprob_chunk

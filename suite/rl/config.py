@@ -17,6 +17,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from suite.names import did_you_mean, unknown
+from suite.numerics.perturbation import KINDS
 from suite.rl.schema import ENGINES, REGIMES, TIERS, RunConfig
 
 
@@ -228,6 +229,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("vllm.gpu_memory_fraction", lambda c: 0.0 < c.vllm.gpu_memory_fraction <= 1.0, "must be in (0, 1]"),
         ("vllm.kv_cache_gib", lambda c: c.vllm.kv_cache_gib is None or c.vllm.kv_cache_gib > 0, "must be > 0"),
         ("vllm.tensor_parallel_size", lambda c: c.vllm.tensor_parallel_size >= 1, pos[0]),
+        ("inject.kind", lambda c: c.inject.kind in KINDS, f"must be one of {', '.join(KINDS)}"),
+        ("inject.scale", lambda c: c.inject.kind != "none" or c.inject.scale == 0.0,
+         "needs inject.kind=noise or lowp_bias (a scale without a kind would silently do nothing)"),
+        ("inject.scale", lambda c: c.inject.kind != "noise" or c.inject.scale >= 0.0, "must be >= 0 (a noise std)"),
+        ("inject.threshold", lambda c: 0.0 < c.inject.threshold < 1.0, "must be in (0, 1)"),
+        ("inject.kind", lambda c: c.inject.kind == "none" or c.engine == "torch",
+         "perturbs the built-in sampler's distribution; engine=vllm has no such hook"),
         ("eval.every", lambda c: c.eval.every >= 0, "must be >= 0 (0 = no evaluation)"),
         ("eval.splits", lambda c: c.eval.splits is None or len(c.eval.splits) >= 1, "must name at least one split (or null)"),
         ("eval.prompts", lambda c: c.eval.prompts is None or c.eval.prompts >= 1, pos[0]),
@@ -242,10 +250,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         from suite import dist
 
         dist.check_ranks(cfg.nproc, cfg.nnodes)
-        if resolve_flow(cfg).exact or resolve_flow(cfg).trainer_quant:
+        if resolve_flow(cfg).sampler_code:
             raise ValueError(f"precision: {cfg.precision} trains through the sampler's own engine code on the full "
                              "weights, outside FSDP2's sharded forward; run it with nproc=1 (docs/distributed.md)")
-    if (cfg.gradient_checkpointing or cfg.logprob_chunk) and (resolve_flow(cfg).exact or resolve_flow(cfg).trainer_quant):
+    if (cfg.gradient_checkpointing or cfg.logprob_chunk) and resolve_flow(cfg).sampler_code:
         raise ValueError(f"{'gradient_checkpointing' if cfg.gradient_checkpointing else 'logprob_chunk'}: precision "
                          f"{cfg.precision} trains through the sampler's own engine code, not the HF model these act on")
     if cfg.engine == "vllm":

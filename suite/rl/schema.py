@@ -106,6 +106,20 @@ class VllmConfig:
 
 
 @dataclass
+class InjectConfig:
+    """A synthetic mismatch added to the sampler's distribution only (suite/numerics/perturbation.py): the dial of
+    the dose-response runs (an fp32 run with a calibrated mismatch). Off by default."""
+
+    kind: str = "none"
+    """none, noise (Gaussian noise of std ``scale`` on every processed logit) or lowp_bias (``scale`` added to the
+    logits of tokens whose probability is below ``threshold``, then renormalised)."""
+    scale: float = 0.0
+    """Magnitude, in units of logits / temperature (nats)."""
+    threshold: float = 0.1
+    """lowp_bias: tokens with probability below this get the bias."""
+
+
+@dataclass
 class EvalConfig:
     """Held-out accuracy during training (written into metrics.jsonl as eval/<split>/mean@<n>)."""
 
@@ -208,6 +222,7 @@ class RunConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     vllm: VllmConfig = field(default_factory=VllmConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    inject: InjectConfig = field(default_factory=InjectConfig)
 
 
 # The one scale dial. Model size, prompt counts and budget; the rest of the recipe is shared.

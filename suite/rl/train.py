@@ -33,7 +33,12 @@ from rich.progress import (
 from suite import dist, results
 from suite.numerics import flops, machine
 from suite.numerics.engine import Rollout, TorchEngine, left_pad, sequence_seeds
-from suite.numerics.mismatch import mismatch_anatomy, mismatch_metrics
+from suite.numerics.mismatch import (
+    mechanism_metrics,
+    mismatch_anatomy,
+    mismatch_metrics,
+)
+from suite.numerics.perturbation import Perturbation
 from suite.numerics.precision import gemm_backend, resolve
 from suite.results import (
     REFERENCE_ROOT,
@@ -177,7 +182,8 @@ def build_engines(cfg, model, world: dist.World | None = None):
         backends["sampler"] = "vllm"
         return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed, world=world), backends
     engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32,
-                         functional_cache=flow.exact, quant=flow.sampler_quant, device=world.device)
+                         functional_cache=flow.exact, quant=flow.sampler_quant, device=world.device,
+                         perturbation=Perturbation(cfg.inject.kind, cfg.inject.scale, cfg.inject.threshold))
     return trainer, engine, backends
 
 
@@ -234,7 +240,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         # The KL reference: the starting policy, frozen, scored with the trainer's numerics (also on resume).
         ref = build_engines(cfg, load_policy(model_dir)[0], world)[0] if cfg.algo.kl_coef else None
         start = checkpoint.load(run_dir, trainer, world)
-        for name in ("metrics.jsonl", "timing.jsonl"):
+        for name in ("metrics.jsonl", "timing.jsonl", "mechanism.jsonl"):
             if world.main and (run_dir / name).exists():
                 truncate_jsonl(run_dir / name, start)
         engine.sync(trainer.full_weights())
@@ -301,9 +307,14 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 # ---- mismatch: sampler (mu) vs trainer (pi) on the same tokens, before any update
                 row = {"step": step, **mismatch_metrics(old_logp, roll.logprobs, roll.mask),
                        **mismatch_anatomy(old_logp, roll.logprobs, roll.mask, entropy)}
-                if algo.surrogate == "ppo" and cfg.algo.ppo_ref == "sampler":  # what the gap alone clips
-                    row["ppo/clip_frac_gap"] = gap_clip_fraction(old_logp, roll.logprobs, adv, roll.mask,
-                                                                 algo.clip_low, algo.clip_high)
+                gap_clip = (gap_clip_fraction(old_logp, roll.logprobs, adv, roll.mask, algo.clip_low, algo.clip_high)
+                            if algo.surrogate == "ppo" else None)
+                if gap_clip is not None and cfg.algo.ppo_ref == "sampler":  # what the gap alone clips
+                    row["ppo/clip_frac_gap"] = gap_clip
+                # every run, any algorithm: raw IS weights, lengths, entropy by position, and the share PPO's clip
+                # would zero at the first update with the sampler's denominator (counterfactual under ppo_ref=trainer)
+                mech = {"step": step, **mechanism_metrics(old_logp, roll.logprobs, roll.mask, entropy),
+                        **({"mech/gap_clip_frac": gap_clip} if gap_clip is not None else {})}
 
                 # ---- updates: minibatches of the rollout batch, one PPO epoch; each rank takes an equal share
                 # of every minibatch and the gradients are summed over ranks (suite/numerics/trainer.py)
@@ -381,6 +392,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 if world.main:
                     append_jsonl(run_dir / "metrics.jsonl", row)
                     append_jsonl(run_dir / "timing.jsonl", timing)
+                    append_jsonl(run_dir / "mechanism.jsonl", mech)
                     if mirrors:
                         mirrors.log(row)
                 if step % cfg.ckpt_every == 0 or step == cfg.steps:
