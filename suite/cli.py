@@ -248,6 +248,14 @@ def cmd_report(args: list[str]) -> int:
     return report.cli(args)
 
 
+def cmd_hypotheses(args: list[str]) -> int:
+    """suite hypotheses [--class CLASS] [--out DIR]: the per-hypothesis science report of a machine class's
+    committed grids (results/hypotheses/<class>/ by default)."""
+    from suite.analysis import hypotheses
+
+    return hypotheses.cli(args)
+
+
 def cmd_leaderboard(args: list[str]) -> int:
     """suite leaderboard RESULTS_DIR... [--out DIR]: the static leaderboard site."""
     from suite.analysis import leaderboard
@@ -286,7 +294,7 @@ def cmd_import(args: list[str]) -> int:
 
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
             "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids, "bench-memory": cmd_bench_memory,
-            "report": cmd_report, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer,
+            "report": cmd_report, "hypotheses": cmd_hypotheses, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer,
             "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
 
 

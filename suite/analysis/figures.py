@@ -271,3 +271,43 @@ def loss_scale(series: list[dict], stem: Path) -> list[str]:
         ax.set_xlabel("RL step")
     axes[0, 1].legend(loc="upper left", fontsize=7, frameon=False)
     return save(fig, stem)
+
+
+@_styled
+def dose_response(curves: dict[str, list[dict]], real: list[dict], stem: Path, threshold: float = 0.95) -> list[str]:
+    """Final training accuracy against the measured step-0 mismatch (k3 KL, log axis).
+
+    curves: kind -> points {"x": [per-seed k3], "y": [per-seed final acc], "label"} of one injected magnitude,
+    drawn as seed dots, the mean, and a line through the means; real: {"label", "x": [...], "y": [...]} of the
+    real precision flows, drawn as labelled diamonds at their own measured mismatch (and a 0 k3 at the left edge).
+    """
+    fig, ax = plt.subplots(figsize=(7.5, 4.6), constrained_layout=True)
+    palette = sns.color_palette("colorblind", 10)
+    xs = [v for pts in curves.values() for p in pts for v in p["x"]] + [v for p in real for v in p["x"]]
+    pos = [v for v in xs if v > 0]
+    floor = min(pos) / 30 if pos else 1e-12  # where a mismatch of exactly 0 (exact) is drawn, apart from the rest
+    for i, (kind, pts) in enumerate(curves.items()):
+        mx = [max(float(np.mean(p["x"])), floor) for p in pts]
+        my = [float(np.mean(p["y"])) for p in pts]
+        for p in pts:
+            ax.scatter(np.maximum(p["x"], floor), p["y"], color=palette[i], s=10, alpha=0.45)
+        ax.plot(mx, my, "-o", color=palette[i], lw=1.4, ms=5, label=f"fp32 + {kind}")
+        for p, x, y in zip(pts, mx, my):
+            ax.annotate(p["label"], (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7, color=palette[i])
+    # Real flows sit close together: labels go on staggered leader lines, below the points, in x order.
+    order = sorted(range(len(real)), key=lambda j: float(np.mean(real[j]["x"])))
+    for n, j in enumerate(order):
+        p = real[j]
+        x, y = max(float(np.mean(p["x"])), floor), float(np.mean(p["y"]))
+        ax.scatter(np.maximum(p["x"], floor), p["y"], color="0.2", marker="d", s=12, alpha=0.4)
+        ax.scatter([x], [y], color="0.1", marker="D", s=34, zorder=4)
+        label = p["label"] + (" (k3 = 0)" if float(np.mean(p["x"])) <= 0 else "")
+        ax.annotate(label, (x, y), textcoords="offset points", xytext=(-4, -22 - 13 * (n % 4)), fontsize=7.5,
+                    ha="center", arrowprops={"arrowstyle": "-", "color": "0.5", "lw": 0.6})
+    ax.axhline(threshold, color="0.3", ls="--", lw=0.9)
+    ax.set_xscale("log")
+    ax.set_xlabel("step-0 mismatch, k3 KL(sampler || trainer), measured by each run (log axis)")
+    ax.set_ylabel("final training accuracy")
+    ax.legend(loc="lower left", fontsize=8)
+    ax.set_title("dose-response: sanity-test outcome against the mismatch", fontsize=10)
+    return save(fig, stem)

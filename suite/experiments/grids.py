@@ -74,6 +74,19 @@ GRIDS: dict[str, dict[str, Any]] = {
         "axes": {"algo.ppo_ref": ["trainer", "sampler"], "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "updates_per_step=4", "name=h1-phantom-clip/${algo.ppo_ref}"],
     },
+    "h3-tail": {
+        "doc": "hypothesis H3: the many-answer task category (2,048-word vocabulary, 16 valid words at each of 4 "
+               "positions; regime tail: lr 3e-4, 400 steps) x fp32/fp16/bf16/bf16_fp8rollout, plain GRPO, three seeds",
+        "axes": {"precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
+        "overrides": ["algorithm=grpo", "regime=tail", "name=h3-tail"],
+    },
+    "h4-moe": {
+        "doc": "hypothesis H4: a top-2-of-4 mixture-of-experts policy (regime moe), the trainer routing by itself or "
+               "replaying the sampler's experts (routing_replay), x fp32/fp16/bf16 (FP8 flows would leave the experts "
+               "unquantised), plain GRPO, three seeds",
+        "axes": {"routing_replay": [False, True], "precision": ["fp32", "fp16", "bf16"], "seed": [0, 1, 2]},
+        "overrides": ["algorithm=grpo", "regime=moe", "name=h4-moe/replay-${routing_replay}"],
+    },
     "trainer-controls": {
         "doc": "the trainer-numerics controls (bf16_unified, fp16_unified: the trainer runs the sampler's own code) "
                "next to fp32, fp16, bf16, exact and bf16_fp8rollout, plain GRPO, the main job's setting, three seeds",

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from suite.numerics import moe
 from suite.numerics.fp8 import fp8_linear, fp8_linear_inference, quantize_blockwise
 from suite.numerics.perturbation import NoiseStream, Perturbation, perturb
 from suite.numerics.precision import lowp_attention, lowp_linear
@@ -48,6 +49,7 @@ class Rollout:
     mask: torch.Tensor  # (B, R) float, 1 on sampled tokens (EOS included)
     logprobs: torch.Tensor  # (B, R) fp32 sampler log-probs of the sampled tokens, 0 off-mask
     truncated: list[bool]  # True when max_new_tokens was hit before EOS (finish reason "length")
+    routes: torch.Tensor | None = None  # MoE: (B, P+R, L, k) experts of every position (left-padded prompt + response)
 
     @property
     def finish_reasons(self) -> list[str]:
@@ -66,6 +68,8 @@ class Rollout:
         """One batch from several (the ranks' rollouts, in rank order), right-padded to the longest response."""
         if len(parts) == 1:
             return parts[0]
+        if any(p.routes is not None for p in parts):  # config.validate keeps MoE policies to one rank
+            raise ValueError("Rollout.concat: routes of several ranks are not aligned (prompt padding differs)")
         R = max(p.tokens.shape[1] for p in parts)
 
         def pad(t, value):
@@ -105,6 +109,10 @@ class TorchEngine:
         self.cfg = config
         # A synthetic mismatch added to the sampled distribution only (dose-response runs; perturbation.py).
         self.perturbation = perturbation or Perturbation()
+        # Mixture of experts (Mixtral layout): experts per token; routes to replay in score_full (B, S, L, k).
+        self.top_k = getattr(config, "num_experts_per_tok", 0) if getattr(config, "num_local_experts", 0) else 0
+        self.replay_routes: torch.Tensor | None = None
+        self.routes_seen: list[torch.Tensor] = []
         # quant="fp8": every decoder linear holds block-scaled E4M3 weights, quantised at each sync
         # from the trainer's weights rounded to the sampler dtype (bf16), the input vLLM's online FP8
         # quantisation receives too, and quantises its input per 1x128 group.
@@ -191,6 +199,20 @@ class TorchEngine:
             return lowp_attention(q, k, v, keep, self.head_dim ** -0.5, self.dtype)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=self.n_kv != self.n_heads)
 
+    def _mat(self, x, w):
+        """The engine's GEMM on a raw weight (an expert's slice): x @ w.T in the compute dtype."""
+        return lowp_linear(x, w, None, self.dtype) if self.backend == "emulated" else F.linear(x, w)
+
+    def _moe(self, h, p, layer):
+        """Top-k experts of each token (its own router, or the replayed choice); records the own top-k."""
+        B, S, H = h.shape
+        x = h.reshape(-1, H)
+        replay = self.replay_routes[:, :, layer].reshape(B * S, -1) if self.replay_routes is not None else None
+        w, idx, own = moe.route(self._lin(x, p + "mlp.gate"), self.top_k, replay)
+        self.routes_seen.append(own.view(B, S, -1))
+        y = moe.experts(x, self.w[p + "mlp.experts.gate_up_proj"], self.w[p + "mlp.experts.down_proj"], idx, w, self._mat)
+        return y.view(B, S, H)
+
     # ---- model ---------------------------------------------------------------------------
     def _forward(self, ids, pos, cache, t0, key_valid, all_positions: bool = False):
         """Run ids (B, S) at positions pos (B, S); write K/V at cache slots t0..t0+S-1.
@@ -199,6 +221,7 @@ class TorchEngine:
         or of every position (B, S, V) with ``all_positions``.
         """
         B, S = ids.shape
+        self.routes_seen = []  # MoE: each layer's top-k (B, S, k) of this call
         x = self.w["model.embed_tokens.weight"][ids]  # (B, S, H) in sampler dtype
         # Rotary tables for every position, computed once per generate call (fp32 as HF, then cast).
         cos, sin = self._rope[0][pos][:, None], self._rope[1][pos][:, None]  # (B, 1, S, D)
@@ -234,8 +257,11 @@ class TorchEngine:
             a = self._attn(q, kc, vc, mask[:, None])
             x = x + self._lin(a.transpose(1, 2).reshape(B, S, -1), p + "self_attn.o_proj")
             h = _rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.eps)
-            gate, up = self._lin(h, p + "mlp.gate_up_proj").chunk(2, dim=-1)
-            x = x + self._lin(F.silu(gate) * up, p + "mlp.down_proj")
+            if self.top_k:  # a mixture of experts (suite/numerics/moe.py)
+                x = x + self._moe(h, p, i)
+            else:
+                gate, up = self._lin(h, p + "mlp.gate_up_proj").chunk(2, dim=-1)
+                x = x + self._lin(F.silu(gate) * up, p + "mlp.down_proj")
         x = _rms_norm(x if all_positions else x[:, -1], self.w["model.norm.weight"], self.eps)
         if self.head32 is not None:
             return F.linear(x.float(), self.head32)  # (B, [S,] V) fp32
@@ -279,6 +305,10 @@ class TorchEngine:
         mask = torch.zeros(B, max_new_tokens, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         logits, cache, valid, last_pos = self._start(ids, valid_prompt, max_new_tokens)
+        routes = None
+        if self.top_k:  # the experts each position ran through, (B, P + N, L, k); -1 where no forward ran (last token)
+            routes = torch.full((B, P + max_new_tokens, self.cfg.num_hidden_layers, self.top_k), -1, dtype=torch.long)
+            routes[:, :P] = torch.stack(self.routes_seen, 2).cpu()
         z = NoiseStream(generator, logits.shape[-1], dev) if self.perturbation.kind == "noise" else None
         for t in range(max_new_tokens):
             # fp32 log-softmax of the low-precision logits, after temperature (vLLM "processed").
@@ -295,8 +325,11 @@ class TorchEngine:
                 break
             last_pos = last_pos + 1
             logits = self._forward(tok[:, None], last_pos[:, None], cache, P + t, valid)
+            if routes is not None:
+                routes[:, P + t] = torch.stack(self.routes_seen, 2)[:, 0].cpu()
         return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens[:, : t + 1].cpu(),
-                       mask=mask[:, : t + 1].cpu(), logprobs=logps[:, : t + 1].cpu(), truncated=(~done).tolist())
+                       mask=mask[:, : t + 1].cpu(), logprobs=logps[:, : t + 1].cpu(), truncated=(~done).tolist(),
+                       routes=None if routes is None else routes[:, : P + t + 1])
 
     def training_weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Weights for a differentiable forward from the trainer's fp32 masters (casts kept in the
@@ -325,7 +358,8 @@ class TorchEngine:
         return saved
 
     def score_full(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
-                   temperature: float, weights: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                   temperature: float, weights: dict[str, torch.Tensor],
+                   routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies (B, R) from ONE full-sequence pass of this engine's own forward.
 
         The unified FP8 flow's trainer: the sampler's computation is a subgraph of it (same
@@ -342,10 +376,11 @@ class TorchEngine:
             self._rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
             cache = [(None, None) for _ in range(self.cfg.num_hidden_layers)]
             self_fc, self.functional_cache = self.functional_cache, True
+            self.replay_routes = routes  # MoE routing replay (B, P+R, L, k), or None
             try:
                 logits = self._forward(ids, pos, cache, 0, valid, all_positions=True)  # (B, P+R, V)
             finally:
-                self.functional_cache = self_fc
+                self.functional_cache, self.replay_routes = self_fc, None
             logp_all = torch.log_softmax(logits[:, -n_resp - 1:-1].float() / temperature, dim=-1)
             return logp_all.gather(-1, targets[..., None])[..., 0], -(logp_all.exp() * logp_all).sum(-1)
         finally:

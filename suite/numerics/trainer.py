@@ -30,12 +30,14 @@ import math
 import torch
 
 from suite import dist
+from suite.numerics import moe
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import (
     Flow,
     emulate_autocast,
     fp8_decoder_linears,
     fp32_lm_head,
+    lowp_linear,
 )
 
 
@@ -115,6 +117,14 @@ class Trainer:
         if lm_head_fp32:
             fp32_lm_head(self.model)
         self.lm_head_fp32 = lm_head_fp32
+        # A mixture-of-experts policy computes its MoE blocks with suite/numerics/moe.py (the sampler's routing
+        # semantics, the compute dtype's GEMMs, and the routing-replay hook); ``routing`` holds the replayed and
+        # the chosen experts of the last forward.
+        self.routing = moe.Routing() if getattr(self.model.config, "num_local_experts", 0) else None
+        if self.routing is not None:
+            emulated = backend == "emulated" and self.dtype != torch.float32
+            moe.patch_hf(self.model, self.routing,
+                         (lambda x, w: lowp_linear(x, w, None, self.dtype)) if emulated else None)
         # The exact flow (bitwise on-policy, vLLM + TorchTitan style): score with the sampler's
         # own forward, replaying its decode loop, so trainer and sampler run identical kernels.
         self.replay = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
@@ -221,18 +231,37 @@ class Trainer:
         return seen
 
     def logprobs(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
-                 temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+                 temperature: float, routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs (B, R) of ``targets`` (the last ``n_resp`` tokens) and the entropy (B, R).
 
         ids/attn (B, P+R); the logits at position t predict token t+1. log_softmax runs in fp32
         on the compute-dtype logits divided by the sampling temperature, exactly as the sampler.
+        ``routes`` (B, P+R, L, k): a mixture of experts runs each position through these experts (routing replay).
         """
+        if self.routing is None:
+            return self._logprobs(ids, attn, n_resp, targets, temperature, None)
+        self.routing.replay, self.routing.seen = (None if routes is None else routes.to(self.device)), {}
+        try:
+            return self._logprobs(ids, attn, n_resp, targets, temperature, routes)
+        finally:
+            self.routing.replay = None
+
+    def chosen_routes(self, batch: int) -> torch.Tensor | None:
+        """The experts the trainer's own routers chose in the last forward, (B, S, L, k); None for a dense policy."""
+        if self.routing is None:
+            return None
+        if self.unified is not None:
+            return torch.stack(self.unified.routes_seen, 2) if self.unified.routes_seen else None
+        return self.routing.chosen(batch)
+
+    def _logprobs(self, ids, attn, n_resp, targets, temperature, routes):
         if self.replay is not None:
             weights = self.replay.training_weights(dict(self.model.named_parameters()))
             return self.replay.score(ids[:, :-n_resp], attn[:, :-n_resp].bool(), targets, temperature, weights)
         if self.unified is not None:
             weights = self.unified.training_weights(dict(self.model.named_parameters()))
-            return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights)
+            return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights,
+                                           None if routes is None else routes.to(self.device))
         ids, attn, targets = ids.to(self.device), attn.to(self.device), targets.to(self.device)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():

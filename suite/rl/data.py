@@ -31,7 +31,7 @@ from suite.tasks.registry import get_task, task_spec
 def policy_spec(cfg) -> PolicySpec:
     p = cfg.policy
     return PolicySpec(hidden=p.hidden, layers=p.layers, heads=p.heads, kv_heads=p.kv_heads, mlp=p.mlp,
-                      target_acc=p.target_acc)
+                      target_acc=p.target_acc, experts=p.experts, top_k=p.top_k)
 
 
 def prepare_data(cfg, console: Console) -> tuple[Path, Path]:

@@ -18,6 +18,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -62,6 +63,8 @@ class PolicySpec:
     eval_every: int = 25
     seed: int = 0
     build_threads: int = BUILD_THREADS  # torch threads of the warm start (and the perfectible set)
+    experts: int = 0  # > 0: a top-k mixture of experts in every layer (Mixtral layout; suite/numerics/moe.py)
+    top_k: int = 2  # experts per token
 
 
 @contextlib.contextmanager
@@ -87,9 +90,9 @@ def cache_root() -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "lowprec-rl-suite"
 
 
-def build_tokenizer(alphabet: str, chat: bool = False):
+def build_tokenizer(alphabet: str, chat: bool = False, max_len: int | None = None):
     """A character-level ``PreTrainedTokenizerFast``: one token per character, BOS prepended
-    (and a chat template when ``chat``)."""
+    (and a chat template when ``chat``); ``max_len`` is its model_max_length (default 4096 / 256)."""
     from tokenizers import (
         Regex,
         Tokenizer,
@@ -107,15 +110,37 @@ def build_tokenizer(alphabet: str, chat: bool = False):
     tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
     tok = PreTrainedTokenizerFast(
         tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<pad>",
-        model_max_length=4096 if chat else 256, padding_side="left",
+        model_max_length=max_len or (4096 if chat else 256), padding_side="left",
     )
     if chat:
         tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
+def build_word_tokenizer(words: list[str], max_len: int = 256):
+    """A word-level ``PreTrainedTokenizerFast`` for a task that lists its own ``vocab`` (whole words, e.g.
+    numbers, one token each; suite/tasks/category.py): text splits on whitespace, decodes with one space
+    between words, and keeps build_tokenizer's specials (PAD, BOS, EOS = 0, 1, 2), BOS prepended, left padding."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIALS + list(words))}
+    if len(vocab) != len(SPECIALS) + len(words):
+        raise ValueError("word tokenizer: the vocabulary has duplicate words or special tokens")
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # no decoder: tokenizers joins decoded words with spaces
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<pad>",
+        model_max_length=max_len, padding_side="left",
+    )
+
+
 def build_model(spec: PolicySpec, vocab_size: int, max_len: int = 128):
     from transformers import LlamaConfig, LlamaForCausalLM
+
+    if spec.experts:
+        return _build_moe(spec, vocab_size, max_len)
 
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=spec.hidden, intermediate_size=spec.mlp,
@@ -127,8 +152,37 @@ def build_model(spec: PolicySpec, vocab_size: int, max_len: int = 128):
     return LlamaForCausalLM(config).float()
 
 
+def max_positions(task) -> int:
+    """max_position_embeddings of a generated task's policy: 128, what every policy was built with
+    before the long H2 tasks (so those builds are unchanged), or the next power of two above the
+    task's prompt + response budget (``task.context``: 205 for arith16, 397 for arith32). The built-in
+    engine would run past 128 anyway (it computes its rotary tables per call), but vLLM sizes
+    ``max_model_len`` and lm-eval truncates contexts by this number, so it must be true."""
+    need = int(getattr(task, "context", 0))
+    return max(128, 1 << max(need - 1, 0).bit_length())
+
+
+def _build_moe(spec: PolicySpec, vocab_size: int, max_len: int):
+    """The mixture-of-experts variant (hypothesis H4): the dense policy's attention, norms and rotary, and in every
+    layer ``experts`` SwiGLU experts of width ``mlp`` with a top-``top_k`` router (Mixtral's layout in transformers)."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    config = MixtralConfig(
+        vocab_size=vocab_size, hidden_size=spec.hidden, intermediate_size=spec.mlp, num_hidden_layers=spec.layers,
+        num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads, num_local_experts=spec.experts,
+        num_experts_per_tok=spec.top_k, router_jitter_noise=0.0, max_position_embeddings=max_len, rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+        bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, torch_dtype="float32",
+    )
+    torch.manual_seed(spec.seed)
+    return MixtralForCausalLM(config).float()
+
+
 def policy_key(spec: PolicySpec, task) -> str:
-    blob = json.dumps({"spec": asdict(spec), "task": task.name, "task_version": task.version}, sort_keys=True)
+    fields = asdict(spec)
+    if not spec.experts:  # dense policies keep the keys they had before the MoE fields existed (cached builds)
+        fields.pop("experts"), fields.pop("top_k")
+    blob = json.dumps({"spec": fields, "task": task.name, "task_version": task.version}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
@@ -169,24 +223,31 @@ def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Pat
 
 
 def _build_policy(spec: PolicySpec, task, out: Path, console: Console) -> Path:
-    if not hasattr(task, "alphabet"):  # a dataset task: an untrained stand-in, no warm start
+    if not hasattr(task, "alphabet") and not hasattr(task, "vocab"):  # a dataset task: an untrained stand-in, no warm start
         return _save(out, build_model(spec, len(build_tokenizer(TEXT_ALPHABET, chat=True)), max_len=4096),
                      build_tokenizer(TEXT_ALPHABET, chat=True), task, spec, steps=0, acc=None, t0=time.time(),
                      console=console, note="untrained stand-in (dataset task: no warm start)")
-    tok = build_tokenizer(task.alphabet)
-    model = build_model(spec, vocab_size=len(tok))
+    n_pos = max_positions(task)  # a function of the task and its version, so the cache key covers it
+    # A task may list whole-word tokens (``vocab``, thousands of them: hypothesis H3) instead of an alphabet.
+    tok = (build_word_tokenizer(task.vocab, max(256, n_pos)) if hasattr(task, "vocab")
+           else build_tokenizer(task.alphabet, max_len=max(256, n_pos)))
+    model = build_model(spec, vocab_size=len(tok), max_len=n_pos)
     max_new = len(task.trace(task.split("train", 1)[0])) + 8
     # Probe prompts come from the held-out split so the warm start never sees them as training data.
     probe = task.split("test", spec.probe_prompts)
     train = task.split("train")
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(spec.seed)
+    # A task with many valid answers (``sample_trace``) gives a fresh one each time an item is drawn, so the
+    # warm start learns their spread, not one answer; from a stream of its own, so the build stays seeded and
+    # the tasks without it draw exactly what they drew before.
+    draw, trace_rng = getattr(task, "sample_trace", None), random.Random(spec.seed)
     t0, acc, step = time.time(), 0.0, 0
     with console.status("warm start") as status:
         for step in range(1, spec.sft_max_steps + 1):
             idx = torch.randint(len(train), (spec.sft_batch,), generator=gen).tolist()
             batch = [train[i] for i in idx]
-            ids, mask = encode_pairs(tok, [b.prompt for b in batch], [task.trace(b) for b in batch])
+            ids, mask = encode_pairs(tok, [b.prompt for b in batch], [draw(b, trace_rng) if draw else task.trace(b) for b in batch])
             logits = model(input_ids=ids).logits[:, :-1].float()
             nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
             loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()

@@ -78,6 +78,11 @@ class PolicyConfig:
     the main job's budget, as the published test's base model already half-solves its prompts."""
     path: Optional[str] = None
     """Use this saved HF model directory instead of the embedded policy."""
+    experts: int = 0
+    """Embedded policy only: > 0 makes every layer a top-``top_k`` mixture of this many SwiGLU experts of width
+    ``mlp`` (Mixtral's layout; suite/numerics/moe.py, hypothesis H4). 0: dense."""
+    top_k: int = 2
+    """Experts each token runs through (with experts > 0)."""
 
 
 @dataclass
@@ -208,6 +213,9 @@ class RunConfig:
     """Response positions per chunk of the trainer's fp32 log-softmax and entropy, each chunk recomputed in the
     backward pass, so the fp32 (B, R, vocab) tensor never exists whole (the memory peak at a 150k vocabulary).
     0: all positions at once. Same values and gradients."""
+    routing_replay: bool = False
+    """Mixture-of-experts policies: the trainer runs each token through the experts the sampler chose (Rollout
+    Routing Replay, arXiv 2510.11370), with routing weights from its own router; False: it routes by itself."""
     logger: list[str] = field(default_factory=list)
     """Trackers mirroring metrics.jsonl, any of wandb, tensorboard, mlflow (``logger=[tensorboard,wandb]``),
     offline by default; metrics.jsonl stays the record (suite/rl/loggers.py, docs/loggers.md)."""
@@ -265,4 +273,13 @@ REGIMES: dict[str, dict[str, Any]] = {
              "set": {"policy.hidden": 256, "policy.mlp": 640}},
     "long": {"doc": "5-digit sums (53-token responses instead of 33): the sequence log-ratio accumulates",
              "set": {"task": "arith"}},
+    # H3: most sampled tokens have p < 0.5 here (a fork at every response word). Measured on one core: fp32 at
+    # the small tier's lr 1e-4 climbs 0.76 -> 0.9 in 400 steps without passing; 3e-4 passes near step 250 with
+    # entropy still ~1.8 nats (1e-3 passes sooner but halves the entropy the hypothesis is about). ~0.25 s a step.
+    "tail": {"doc": "task category (hypothesis H3): 2,048-word vocabulary, any of 16 words valid at each of 4 "
+                    "positions; lr 3e-4 and 400 steps, what fp32 needs to pass there",
+             "set": {"task": "category", "optim.lr": 3e-4, "steps": 400}},
+    "moe": {"doc": "hypothesis H4: every layer a top-2 mixture of 4 SwiGLU experts of width 128 (the dense policy's "
+                   "active MLP width, 2 x 128 = 256)",
+            "set": {"policy.experts": 4, "policy.top_k": 2, "policy.mlp": 128}},
 }

@@ -20,6 +20,7 @@ import time
 import traceback
 from pathlib import Path
 
+import numpy as np
 import torch
 from rich.console import Console
 from rich.progress import (
@@ -31,7 +32,7 @@ from rich.progress import (
 )
 
 from suite import dist, results
-from suite.numerics import flops, machine
+from suite.numerics import flops, machine, moe
 from suite.numerics.engine import Rollout, TorchEngine, left_pad, sequence_seeds
 from suite.numerics.mismatch import (
     mechanism_metrics,
@@ -174,6 +175,8 @@ def build_engines(cfg, model, world: dist.World | None = None):
                 "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype, device)}
     trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world,
                       gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk)
+    if cfg.routing_replay and trainer.routing is None:  # a given model: only known once loaded
+        raise ValueError("routing_replay: the policy has no mixture-of-experts layers to replay")
     if cfg.engine == "vllm":  # vLLM starts from the policy's directory; sync() then loads the trainer's weights
         from suite.numerics.vllm_engine import VllmEngine
 
@@ -293,9 +296,17 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
                 B, R = len(ids), roll.tokens.shape[1]
                 own = torch.arange(B).tensor_split(world.size)[world.rank]
+                # MoE: the sampler's experts, replayed in every trainer forward of this rollout (routing_replay)
+                replay = roll.routes if cfg.routing_replay else None
+                flips = []  # MoE: share of (position, layer) whose expert set the trainer chose differently
                 with torch.no_grad():  # in micro-batches: (B, R, vocab) fp32 logits of a real model do not fit at once
-                    parts = [tuple(t.cpu() for t in trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T))
-                             for c in micro_batches(own, cfg.micro_batch)]
+                    parts = []
+                    for c in micro_batches(own, cfg.micro_batch):
+                        parts.append(tuple(t.cpu() for t in trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T,
+                                                                             None if replay is None else replay[c])))
+                        chosen = trainer.chosen_routes(len(c)) if roll.routes is not None else None
+                        if chosen is not None:
+                            flips.append(moe.flip_fraction(roll.routes[c], chosen, attn[c].bool()))
                     parts = [p for rank_parts in dist.gather_objects(parts, world) for p in rank_parts]
                     old_logp, entropy = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])  # (B, R)
                     if ref is not None:
@@ -314,7 +325,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 # every run, any algorithm: raw IS weights, lengths, entropy by position, and the share PPO's clip
                 # would zero at the first update with the sampler's denominator (counterfactual under ppo_ref=trainer)
                 mech = {"step": step, **mechanism_metrics(old_logp, roll.logprobs, roll.mask, entropy),
-                        **({"mech/gap_clip_frac": gap_clip} if gap_clip is not None else {})}
+                        **({"mech/gap_clip_frac": gap_clip} if gap_clip is not None else {}),
+                        **({"mech/moe/route_flip_frac": float(np.nanmean(flips))} if flips else {})}
 
                 # ---- updates: minibatches of the rollout batch, one PPO epoch; each rank takes an equal share
                 # of every minibatch and the gradients are summed over ranks (suite/numerics/trainer.py)
@@ -328,7 +340,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 updates = []
                 for u, mb in enumerate(perm.chunk(cfg.updates_per_step)):
                     def loss_fn(c):
-                        logp, ent = trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T)
+                        logp, ent = trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T,
+                                                     None if replay is None else replay[c])
                         loss, metrics = policy_loss(algo, logp, old_d[c], mu_d[c], adv_d[c], mask_d[c],
                                                     norm_len=cfg.sampling.max_new_tokens)
                         loss, extra = regularised_loss(loss, logp, ent, None if ref_d is None else ref_d[c], mask_d[c],

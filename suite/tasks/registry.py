@@ -6,7 +6,8 @@ supervised warm start) and ``reward(item, response, truncated)``. The registry a
 with "did you mean".
 
 The embedded tasks ``arith`` and ``arith3`` are column-wise addition of 5- and 3-digit numbers,
-written as a trace of 53 and 33 tokens. The math tasks ``sanity_r1d`` (the published sanity test),
+written as a trace of 53 and 33 tokens; ``arith8``, ``arith16`` and ``arith32`` (83, 163 and 323
+tokens) make response length an explicit axis for hypothesis H2. The math tasks ``sanity_r1d`` (the published sanity test),
 ``math`` and ``gsm8k`` read their rows from the Hugging Face hub or a local copy
 (suite/tasks/hub_tasks.py) and score responses with suite/tasks/math_reward.py.
 Length matters: the training-inference mismatch is per token, so a sequence's log-ratio
@@ -22,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from suite.names import lookup
+from suite.tasks.category import CategoryTask
 from suite.tasks.hub_tasks import HubTask
 from suite.tasks.item import Item
 
@@ -45,13 +47,21 @@ class ArithTask:
     def _draw(self, seed: int, n: int) -> list[tuple[int, int]]:
         rng, top, seen, out = random.Random(seed), 10**self.digits, set(), []
         if n > top * top // 2:
-            raise ValueError(f"task arith: cannot draw {n} distinct pairs of {self.digits}-digit numbers")
+            raise ValueError(f"task {self.name}: cannot draw {n} distinct pairs of {self.digits}-digit numbers")
         while len(out) < n:
             pair = (rng.randrange(top), rng.randrange(top))
             if pair not in seen:
                 seen.add(pair)
                 out.append(pair)
         return out
+
+    @property
+    def context(self) -> int:
+        """Positions a prompt and its default response budget take: BOS, the 2 * digits + 2 prompt
+        characters, the trace (10 * digits + 2), EOS and the slack of ``sampling.max_new_tokens``'s
+        default (trace + 8, suite/rl/config.py). The embedded policy's context covers it (policy.py)."""
+        item = self._item(0, 0)
+        return 1 + len(item.prompt) + len(self.trace(item)) + 8
 
     def _item(self, a: int, b: int) -> Item:
         d = self.digits
@@ -64,9 +74,9 @@ class ArithTask:
         elif name == "train":
             pairs = self._pool[self._test_n :]
         else:
-            raise ValueError(f"task arith: unknown split '{name}' (train, test)")
+            raise ValueError(f"task {self.name}: unknown split '{name}' (train, test)")
         if n is not None and n > len(pairs):
-            raise ValueError(f"task arith: split '{name}' has {len(pairs)} items, {n} requested")
+            raise ValueError(f"task {self.name}: split '{name}' has {len(pairs)} items, {n} requested")
         return [self._item(a, b) for a, b in pairs[:n]]
 
     def trace(self, item: Item) -> str:
@@ -89,8 +99,13 @@ class ArithTask:
 
 # arith: 5-digit sums, 53-token responses (the full tier); arith3: 3-digit sums, 33 tokens
 # (the small tier, the main job: the same trace format, sized for the 2-core time budget).
+# arith8, arith16, arith32: 83-, 163- and 323-token responses for hypothesis H2 (length), where the
+# sequence-level importance ratio's variance grows like (1 + chi2)^T (regimes len8/len16/len32).
+# category: many valid answers over a 2,048-word vocabulary, for hypothesis H3 (suite/tasks/category.py).
 # sanity_r1d, math, gsm8k: dataset tasks for real models (suite/tasks/hub_tasks.py).
-REGISTRY = {"arith": ArithTask, "arith3": ArithTask,
+REGISTRY = {"arith": ArithTask, "arith3": ArithTask, "arith8": ArithTask, "arith16": ArithTask, "arith24": ArithTask,
+            "arith32": ArithTask,
+            "category": CategoryTask,
             "sanity_r1d": HubTask, "math": HubTask, "gsm8k": HubTask}
 
 

@@ -1,0 +1,378 @@
+"""The science report: which mechanism could make BF16 fail the sanity test at small scale, one section per
+hypothesis, generated from the grids' run directories (``suite hypotheses``).
+
+The collapse search (suite/analysis/collapse.py) found no regime where BF16 fails while FP16 and FP32 pass.
+Each hypothesis here is a grid (suite/experiments/grids.py) whose runs differ along one *arm* (the PPO
+reference, the response length, ...) and the precision flow. Its section is computed from the runs alone,
+with the collapse search's rules (an arm plays the part of a regime): the separation table, the outcomes with
+95% bootstrap CIs over seeds, step-0 and final mismatch and wall time, the mechanism measured per step
+(``mechanism.jsonl``), the curves, and one sentence stating the outcome, either way. Two more sections use
+the same runs' numbers: the trainer-numerics controls (is a gap the mismatch, or the trainer's own
+rounding?) and the dose-response curve (an fp32 run with a calibrated synthetic mismatch, the real flows
+placed on it by their measured mismatch). A hypothesis without results on this machine class says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from suite.analysis import collapse, render
+from suite.analysis.runs import load_runs
+from suite.analysis.stats import bootstrap_ci, finite, mean_std
+from suite.results import (
+    PEAK_WINDOW,
+    REFERENCE_ROOT,
+    VERDICT_RULE,
+    display_path,
+    read_jsonl,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    id: str
+    title: str
+    grid: str
+    arm: str | None  # the config field that tells the grid's arms apart (None: one arm)
+    claim: str
+
+
+STUDIES = [
+    Study("H1", "phantom clipping", "h1-phantom-clip", "algo.ppo_ref",
+          "With the sampler's log-probs as the PPO ratio's denominator (verl's bypass mode), the clip reads the "
+          "precision gap as policy change and zeroes those tokens' gradients from the first update on (published: "
+          "~18% of tokens at step 0 on a 0.6B model, fp32 trainer, bf16 sampler)."),
+    Study("H2", "length", "h2-length", "task",
+          "Sequence-level importance weights have variance growing like (1 + chi2)^T: with long responses BF16's "
+          "per-token mismatch should collapse the effective sample size while FP16's stays near 1."),
+    Study("H3", "a fat low-probability tail", "h3-tail", "task",
+          "The per-token mismatch grows with 1 - p; a task with many valid answers and a larger vocabulary keeps "
+          "entropy high at forking tokens and makes low-probability tokens common."),
+    Study("H4", "a tiny mixture of experts", "h4-moe", "routing_replay",
+          "BF16 rounding flips top-k routing decisions, turning a small numeric gap into a discrete one; replaying "
+          "the sampler's routing in the trainer should remove it."),
+]
+CONTROLS = Study("C", "trainer-numerics controls", "trainer-controls", None,
+                 "bf16, fp16 and bf16_fp8rollout train the HF module under autocast (fp32 residual stream and norms), "
+                 "exact and unified FP8 train with the sampler's pure low-precision code; bf16_unified and "
+                 "fp16_unified train with that code too, so a gap between bf16 and bf16_unified is the trainer's "
+                 "numerics and the mismatch together, and one between bf16_unified and exact is the mismatch alone.")
+DOSE = Study("D", "dose-response", "dose-response", "inject.kind",
+             "An fp32 run whose sampler draws from a perturbed distribution (Gaussian logit noise, or a bias on "
+             "low-probability tokens) at several magnitudes: where on the measured mismatch axis does the sanity "
+             "test start to fail, and where do the real flows sit?")
+CONTROL_PAIRS = (("bf16", "bf16_unified"), ("fp16", "fp16_unified"), ("bf16_unified", "exact"), ("fp16", "bf16"))
+
+
+def _get(cfg: dict | None, dotted: str):
+    node = cfg or {}
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def with_arms(runs, field: str | None) -> list:
+    """The runs with their arm (``field=value``) in the place of the collapse search's regime."""
+    return [dataclasses.replace(r, config={**(r.config or {}), "regime": f"{field}={_get(r.config, field)}"
+                                           if field else "base"}) for r in runs]
+
+
+def _mech(run) -> list[dict]:
+    path = Path(run.dir) / "mechanism.jsonl"
+    return read_jsonl(path) if path.is_file() else []
+
+
+def _fmt_ms(values, spec: str, unit: str = "") -> str:
+    m, s = mean_std(values)
+    return "-" if m is None else render.fmt(m, spec) + ("" if s is None else " ± " + render.fmt(s, spec)) + unit
+
+
+# ---- one hypothesis ------------------------------------------------------------------------------
+def pass_counts(runs) -> dict[str, str]:
+    """arm -> "fp32 2/3, fp16 2/3, ..." (passing seeds / complete seeds, flows in table order)."""
+    out = {}
+    for (arm, _, prec), cell in collapse.cells(runs).items():
+        done = [r for r in cell if r.verdict != "incomplete"]
+        out.setdefault(arm, []).append(f"{prec} {sum(r.verdict == 'pass' for r in done)}/{len(done)}")
+    return {arm: ", ".join(v) for arm, v in out.items()}
+
+
+def outcome(study: Study, runs, found: list[dict]) -> str:
+    """The one sentence of a hypothesis, computed from the findings (never written by hand)."""
+    counts = "; ".join(f"{arm}: {c}" for arm, c in pass_counts(runs).items())
+    sep = [f for f in found if f["separated"]]
+    if sep:
+        where = "; ".join(f"{f['flow']} in {f['regime']}" for f in sep)
+        text = (f"{study.id} separates: {where} fails the sanity test in every seed while every seed of fp16 and fp32 "
+                f"passes (passing seeds per arm: {counts}).")
+    else:
+        text = (f"{study.id} does not separate BF16 from FP16 and FP32 here: in no arm does every seed of a "
+                f"low-precision flow fail while every seed of fp16 and fp32 passes (passing seeds per arm: {counts}).")
+    gaps = [f for f in found if f["gap_significant"]]
+    if gaps:
+        text += " Final-accuracy gaps to fp16 whose 95% CI excludes 0: " + "; ".join(
+            f"{f['flow']} in {f['regime']} {f['gap'][0]:+.3f} [{f['gap'][1]:+.3f}, {f['gap'][2]:+.3f}]" for f in gaps) + "."
+    return text
+
+
+def mismatch_table(runs) -> tuple[list[str], list[list[str]]]:
+    head = ["arm", "precision", "seeds", "step-0 k3 KL", "k3 KL, last 10 steps", "final acc [95% CI]",
+            "wall time (min, summed)"]
+    rows = []
+    for (arm, _, prec), cell in collapse.cells(runs).items():
+        done = [r for r in cell if r.verdict != "incomplete"]
+        finals = finite(r.summary.get("accuracy/final") for r in done)
+        ci = bootstrap_ci(finals)
+        rows.append([arm, prec, f"{len(done)}/{len(cell)}",
+                     _fmt_ms([r.summary.get("mismatch/step0/kl_k3") for r in done], ".2e"),
+                     _fmt_ms([collapse.window_mean(r, "mismatch/kl_k3", False) for r in done], ".2e"),
+                     _fmt_ms(finals, ".3f") + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""),
+                     f"{sum(finite(r.summary.get('time/total_s') for r in done)) / 60:.1f}"])
+    return head, rows
+
+
+def mechanism_table(runs) -> tuple[list[str], list[list[str]]]:
+    """Per arm and flow, from mechanism.jsonl (runs older than it fall back to metrics.jsonl's
+    ppo/clip_frac_gap, logged there with the sampler reference only)."""
+    head = ["arm", "precision", "gap-clipped tokens, step 1", "token IS ESS, step 1", "sequence IS ESS, step 1",
+            "sequence IS ESS, min over steps", "entropy, first 16 positions / 17-32", "runs with mechanism.jsonl"]
+    rows = []
+    for (arm, _, prec), cell in collapse.cells(runs).items():
+        mechs = [_mech(r) for r in cell]
+        first = [m[0] for m in mechs if m]
+        gap = [f.get("mech/gap_clip_frac") for f in first] or [
+            (r.metrics[0] if r.metrics else {}).get("ppo/clip_frac_gap") for r in cell]
+        rows.append([arm, prec, _fmt_ms([g * 100 if g is not None else None for g in gap], ".3f", " %"),
+                     _fmt_ms([f.get("mech/is_tok/ess") for f in first], ".5f"),
+                     _fmt_ms([f.get("mech/is_seq/ess") for f in first], ".4f"),
+                     _fmt_ms([min(finite(x.get("mech/is_seq/ess") for x in m), default=None) for m in mechs if m], ".4f"),
+                     _fmt_ms([f.get("mech/entropy/pos_1-16") for f in first], ".3f") + " / "
+                     + _fmt_ms([f.get("mech/entropy/pos_17-32") for f in first], ".3f"),
+                     f"{len(first)}/{len(cell)}"])
+    return head, rows
+
+
+def study_section(study: Study, runs, fig_dir: Path) -> list[tuple]:
+    from suite.analysis import figures
+
+    runs = with_arms(runs, study.arm)
+    found = collapse.findings(runs)
+    arms = collapse.regimes_of(runs)
+    flows = render.flow_order(r.precision for r in runs)
+    doc = [("p", "Outcome: " + outcome(study, runs, found)),
+           ("table", ["arm", *collapse.findings_table(found)[0][1:]], collapse.findings_table(found)[1], "Separated: every complete seed of the low-precision flow fails "
+            "while every complete seed of fp16 and fp32 passes (>= 3 seeds each). Gap: final accuracy minus fp16's, "
+            "95% percentile-bootstrap CI resampling seeds."),
+           ("table", *mismatch_table(runs), "Every arm tried, including those where nothing separated. Final "
+            "accuracy: the verdict rule's final window; wall time: run time summed over the arm's seeds (two ran "
+            "at a time on 2 cores)."),
+           ("table", *mechanism_table(runs), "Gap-clipped: share of response tokens PPO's clip would zero at the "
+            "first update if the ratio's denominator were the sampler's log-prob (the precision gap alone). ESS: "
+            "(sum w)^2 / (n sum w^2) of the raw weights pi/mu, tokens pooled, resp. one product per sequence.")]
+    stem = f"{study.grid}_reward"
+    figures.panels({a: [collapse._curve(r, "reward/mean") for r in runs if collapse.regime(r) == a] for a in arms},
+                   flows, fig_dir / stem, PEAK_WINDOW, ylabel="training accuracy", hline=0.95)
+    doc.append(("fig", stem, f"{study.id}: training accuracy per arm (trailing mean over {PEAK_WINDOW} steps), "
+                "band = 95% bootstrap CI over seeds; dashed: the pass threshold."))
+    head, rows = collapse.lead_table(runs)
+    doc.append(("table", head, rows, f"Runs whose smoothed accuracy fell by >= {collapse.DROP}: the k3 KL of the "
+                f"{collapse.LEAD} steps before the fall against the first {collapse.LEAD} steps (does the mismatch "
+                "grow before the drop?).") if rows else
+               ("p", f"No run fell by {collapse.DROP} or more below its running best: no drop for the mismatch to precede."))
+    return doc
+
+
+# ---- the controls --------------------------------------------------------------------------------
+def controls_section(runs) -> list[tuple]:
+    runs = with_arms(runs, None)
+    done = {}
+    for r in runs:
+        if r.verdict != "incomplete":
+            done.setdefault(r.precision, []).append(r)
+    head = ["pair (a vs b)", "passing seeds a / b", "step-0 k3 a / b", "final acc a - b [95% CI]"]
+    rows, said = [], []
+    for a, b in CONTROL_PAIRS:
+        if a not in done or b not in done:
+            continue
+        fa, fb = (finite(r.summary.get("accuracy/final") for r in done[f]) for f in (a, b))
+        gap = collapse.gap_ci(fa, fb)
+        k3 = [mean_std([r.summary.get("mismatch/step0/kl_k3") for r in done[f]])[0] for f in (a, b)]
+        rows.append([f"{a} vs {b}", f"{sum(r.verdict == 'pass' for r in done[a])}/{len(done[a])} / "
+                     f"{sum(r.verdict == 'pass' for r in done[b])}/{len(done[b])}",
+                     f"{render.fmt(k3[0], '.2e')} / {render.fmt(k3[1], '.2e')}",
+                     "-" if not gap else f"{gap[0]:+.3f} [{gap[1]:+.3f}, {gap[2]:+.3f}]"])
+        if gap:
+            said.append(f"{a} vs {b} {gap[0]:+.3f} [{gap[1]:+.3f}, {gap[2]:+.3f}] "
+                        + ("(CI excludes 0)" if gap[1] > 0 or gap[2] < 0 else "(CI includes 0)"))
+    sentence = ("Outcome: final-accuracy differences, 95% CI over seeds: " + "; ".join(said) + ". A CI that includes 0 "
+                "means this grid cannot tell the two apart.") if said else "Outcome: no pair of the controls ran."
+    return [("p", sentence),
+            ("table", head, rows, "a vs b: bf16 vs bf16_unified differ in the trainer's numerics (and the mismatch "
+             "that comes with them); bf16_unified vs exact differ only in the remaining mismatch (GEMM shapes); "
+             "fp16 vs bf16 is the headline comparison."),
+            ("table", *mismatch_table(runs), "Every flow of the controls grid.")]
+
+
+# ---- the dose-response curve -----------------------------------------------------------------------
+def _dose_groups(runs) -> dict[tuple[str, float], list]:
+    out: dict[tuple[str, float], list] = {}
+    for r in sorted(runs, key=lambda r: (_get(r.config, "inject.kind") or "", _get(r.config, "inject.scale") or 0.0)):
+        out.setdefault((_get(r.config, "inject.kind"), float(_get(r.config, "inject.scale") or 0.0)), []).append(r)
+    return out
+
+
+def _xy(cell) -> tuple[list[float], list[float]]:
+    done = [r for r in cell if r.verdict != "incomplete" and r.summary.get("accuracy/final") is not None]
+    return ([float(r.summary.get("mismatch/step0/kl_k3") or 0.0) for r in done],
+            [float(r.summary["accuracy/final"]) for r in done])
+
+
+def dose_sentence(groups: dict, real: dict[str, list]) -> str:
+    parts = []
+    for kind in dict.fromkeys(k for k, _ in groups):
+        cells = [(s, [r for r in c if r.verdict != "incomplete"]) for (k, s), c in groups.items() if k == kind]
+        cells = [(s, c) for s, c in cells if c]  # magnitudes with at least one complete seed
+        if not cells:
+            continue
+        failing = [(s, c) for s, c in cells if any(r.verdict != "pass" for r in c)]
+        worst = [(s, c) for s, c in cells if all(r.verdict != "pass" for r in c)]
+        k3 = {s: float(np.mean(_xy(c)[0])) if _xy(c)[0] else float("nan") for s, c in cells}
+        if not failing:
+            parts.append(f"with {kind}, fp32 passes in every seed at every magnitude, up to a step-0 k3 of "
+                         f"{max(k3.values()):.2e} (scale {max(k3, key=k3.get)})")
+            continue
+        s0 = failing[0][0]
+        text = f"with {kind}, the smallest magnitude where a seed does not pass is scale {s0} (step-0 k3 {k3[s0]:.2e})"
+        if worst:
+            text += f", and no seed passes from scale {worst[0][0]} (k3 {k3[worst[0][0]]:.2e})"
+        parts.append(text)
+    flows = "; ".join(f"{f} k3 {np.mean(_xy(c)[0]):.2e} ({sum(r.verdict == 'pass' for r in c)}/{len(c)} pass)"
+                      for f, c in real.items() if _xy(c)[0])
+    return "Outcome: " + "; ".join(parts) + "." + (f" The real flows measured in the controls grid: {flows}." if flows else "")
+
+
+def dose_section(runs, real_runs, fig_dir: Path) -> list[tuple]:
+    from suite.analysis import figures
+
+    groups = _dose_groups(runs)
+    real = {}
+    for r in real_runs:
+        if r.verdict != "incomplete":
+            real.setdefault(r.precision, []).append(r)
+    real = {f: real[f] for f in render.flow_order(real)}
+    head = ["sampler", "scale", "seeds", "passing seeds", "step-0 k3 KL", "final acc [95% CI]"]
+    rows = []
+    for (kind, scale), cell in groups.items():
+        x, y = _xy(cell)
+        ci = bootstrap_ci(y)
+        rows.append([f"fp32 + {kind}", f"{scale:g}", f"{len(y)}/{len(cell)}", str(sum(r.verdict == "pass" for r in cell)),
+                     _fmt_ms(x, ".2e"), _fmt_ms(y, ".3f") + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")])
+    for f, cell in real.items():
+        x, y = _xy(cell)
+        ci = bootstrap_ci(y)
+        rows.append([f"{f} (real)", "-", f"{len(y)}/{len(cell)}", str(sum(r.verdict == "pass" for r in cell)),
+                     _fmt_ms(x, ".2e"), _fmt_ms(y, ".3f") + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")])
+    curves = {}
+    for (kind, scale), cell in groups.items():
+        x, y = _xy(cell)
+        if y:
+            curves.setdefault(kind, []).append({"x": x, "y": y, "label": f"{scale:g}"})
+    figures.dose_response(curves, [{"label": f, "x": _xy(c)[0], "y": _xy(c)[1]} for f, c in real.items() if _xy(c)[1]],
+                          fig_dir / "dose_response")
+    return [("p", dose_sentence(groups, real)),
+            ("fig", "dose_response", "Final training accuracy against each run's measured step-0 mismatch (log axis): "
+             "lines = fp32 with an injected perturbation at increasing magnitude (labels: inject.scale), small dots = "
+             "seeds; diamonds = the real flows of the controls grid (same settings), placed by their own measured "
+             "mismatch; dashed = the pass threshold. A k3 of exactly 0 (exact) is drawn at the left edge."),
+            ("table", head, rows, "noise: Gaussian noise of std `scale` on every processed logit of the sampler; "
+             "lowp_bias: `scale` added to the logits of tokens below p = 0.1 (suite/numerics/perturbation.py). "
+             "Passing seeds: verdict pass (" + VERDICT_RULE + ").")]
+
+
+# ---- the document -------------------------------------------------------------------------------
+def _reproduce(study: Study, class_dir: Path) -> str:
+    import json
+
+    ref = class_dir / "reference.json"
+    sha = ((json.loads(ref.read_text()).get("jobs") or {}).get(study.grid) or {}).get("git_sha") if ref.is_file() else None
+    return (f"Produced by: suite sweep grid={study.grid} launcher=local jobs=2 (from a clean clone"
+            + (f" of {sha[:7]}" if sha else "") + f"), promoted with suite reference runs/{study.grid} --grid "
+            f"{study.grid}; the standard report of the grid (or of one arm): suite report "
+            f"{display_path(class_dir / study.grid)}[/<arm>].")
+
+
+def build_document(class_dir: Path, fig_dir: Path) -> list[tuple]:
+    """One section per study whose grid has runs under ``class_dir`` (results/reference/<class>/), a line for
+    those without, and the summary table first."""
+    class_dir = Path(class_dir)
+    loaded = {s.grid: load_runs(class_dir / s.grid) if (class_dir / s.grid).is_dir() else []
+              for s in [*STUDIES, CONTROLS, DOSE]}
+    summary, body = [], []
+    for study in [*STUDIES, CONTROLS, DOSE]:
+        runs = loaded[study.grid]
+        body += [("h", f"{study.id}: {study.title}", study.id.lower()), ("p", "Question: " + study.claim)]
+        if not runs:
+            line = (f"Not run on this machine class: no runs under {class_dir.name}/{study.grid}/ (run suite sweep "
+                    f"grid={study.grid} launcher=local jobs=2, then suite reference runs/{study.grid} --grid {study.grid}).")
+            body.append(("p", line))
+            summary.append([study.id, study.title, study.grid, "0", "not run on this class"])
+            continue
+        body.append(("p", _reproduce(study, class_dir)))
+        if study is CONTROLS:
+            section = controls_section(runs)
+        elif study is DOSE:
+            section = dose_section(runs, loaded[CONTROLS.grid], fig_dir)
+        else:
+            section = study_section(study, runs, fig_dir)
+        body += section
+        summary.append([study.id, study.title, study.grid, str(len(runs)), section[0][1].removeprefix("Outcome: ")])
+    return [("h", "Summary", "summary"),
+            ("p", f"Machine class {class_dir.name}; every number is computed from the run directories under "
+                  f"{display_path(class_dir)} (suite hypotheses). Verdict rule: {VERDICT_RULE}"),
+            ("table", ["study", "hypothesis", "grid", "runs", "outcome"], summary, "")] + body
+
+
+def write(class_dir: Path, out: Path) -> Path:
+    """Build in a temporary directory next to ``out``, then swap it in (readers see the old or the new report)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o755)
+        doc = build_document(class_dir, tmp / "figures")
+        title = f"Why does BF16 not fail at small scale? Hypotheses, {Path(class_dir).name}"
+        (tmp / "index.html").write_text(render.to_html(doc, title), encoding="utf-8")
+        (tmp / "report.md").write_text(render.to_markdown(doc, title), encoding="utf-8")
+        if out.exists():
+            if not (out / "index.html").is_file():
+                raise ValueError(f"--out {out} exists and is not a report folder (no index.html); refusing to replace it")
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def cli(args: list[str]) -> int:
+    from suite.numerics import machine
+
+    p = argparse.ArgumentParser(prog="suite hypotheses", description="The per-hypothesis science report (issue 16) "
+                                "of one machine class's committed grids, computed from the run files alone.")
+    p.add_argument("--class", dest="cls", help="machine class (default: this machine's)")
+    p.add_argument("--root", type=Path, default=REFERENCE_ROOT, help="reference root (default: results/reference)")
+    p.add_argument("--out", type=Path, help="output folder (default: results/hypotheses/<class>)")
+    ns = p.parse_args(args)
+    cls = ns.cls or machine.describe("auto", 1)["id"]
+    class_dir = ns.root / cls
+    if not class_dir.is_dir():
+        raise ValueError(f"no reference results for machine class {cls} under {ns.root}")
+    out = write(class_dir, ns.out or ns.root.parent / "hypotheses" / cls)
+    print(f"hypotheses report written to {out / 'index.html'} (also report.md and figures/)")
+    return 0

@@ -1,0 +1,90 @@
+"""The per-hypothesis science report (suite/analysis/hypotheses.py) on hand-made run bundles whose outcome is known."""
+
+import json
+
+import pytest
+
+from suite.analysis import hypotheses
+from suite.analysis.runs import load_runs
+from suite.results import config_hash, summarize
+
+STEPS = 40
+
+
+def _curve(kind: str) -> list[float]:
+    if kind == "pass":
+        return [min(0.99, 0.6 + 0.03 * t) for t in range(STEPS)]
+    return [min(0.8, 0.6 + 0.02 * t) if t < 20 else max(0.1, 0.8 - 0.07 * (t - 19)) for t in range(STEPS)]
+
+
+def _write(d, precision: str, seed: int, kind: str, k3: float, extra: dict | None = None, mech: float | None = None):
+    cfg = {"task": "arith3", "algorithm": "grpo", "precision": precision, "seed": seed, "regime": "base",
+           "steps": STEPS, "threshold": 0.95, "tier": "small", **(extra or {})}
+    d = d / f"arith3__grpo__{precision}__s{seed}"
+    d.mkdir(parents=True)
+    rows = [{"step": t + 1, "reward/mean": r, "entropy/mean": 0.05, "mismatch/kl_k3": k3}
+            for t, r in enumerate(_curve(kind))]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if mech is not None:
+        (d / "mechanism.jsonl").write_text(json.dumps({"step": 1, "mech/gap_clip_frac": mech, "mech/is_tok/ess": 0.99,
+                                                       "mech/is_seq/ess": 0.9}) + "\n")
+    s = summarize(rows, total_steps=STEPS)
+    s.update({k: cfg[k] for k in ("task", "algorithm", "precision", "seed")})
+    (d / "summary.json").write_text(json.dumps(s))
+    (d / "config.json").write_text(json.dumps({"config_hash": config_hash(cfg), "config": cfg}))
+    (d / "env.json").write_text(json.dumps({"schema_version": 1}))
+
+
+K3 = {"fp32": 1e-14, "fp16": 2e-6, "bf16": 2e-4, "bf16_unified": 2e-6, "exact": 0.0}
+
+
+@pytest.fixture
+def class_dir(tmp_path):
+    """H1: with the sampler reference bf16 fails every seed while fp16/fp32 pass; with the trainer's all pass.
+    Controls: every flow passes. Dose: noise passes at 0.1, one seed fails at 0.3, every seed at 1.0."""
+    root = tmp_path / "cpu-test"
+    for seed in range(3):
+        for ref in ("trainer", "sampler"):
+            for prec in ("fp32", "fp16", "bf16"):
+                kind = "collapse" if (ref, prec) == ("sampler", "bf16") else "pass"
+                _write(root / "h1-phantom-clip" / ref, prec, seed, kind, K3[prec], {"algo": {"ppo_ref": ref}},
+                       mech=0.01 if prec == "bf16" else 0.0)
+        for prec in K3:
+            _write(root / "trainer-controls", prec, seed, "pass", K3[prec])
+        for scale, k3 in ((0.1, 1.5e-4), (0.3, 1.4e-3), (1.0, 1.8e-2)):
+            kind = "pass" if scale == 0.1 or (scale == 0.3 and seed) else "collapse"
+            _write(root / "dose-response" / f"noise-{scale}", "fp32", seed, kind, k3,
+                   {"inject": {"kind": "noise", "scale": scale, "threshold": 0.1}})
+    return root
+
+
+def test_each_hypothesis_states_its_outcome_from_the_runs(class_dir, tmp_path):
+    doc = hypotheses.build_document(class_dir, tmp_path / "fig")
+    summary = {row[0]: row for row in doc[2][2]}
+    assert summary["H1"][4].startswith("H1 separates: bf16 in algo.ppo_ref=sampler fails the sanity test in every seed")
+    assert "algo.ppo_ref=trainer: fp32 3/3, bf16 3/3, fp16 3/3" in summary["H1"][4]
+    assert summary["H2"][3:] == ["0", "not run on this class"]
+    assert summary["D"][4].startswith("with noise, the smallest magnitude where a seed does not pass is scale 0.3 "
+                                      "(step-0 k3 1.40e-03), and no seed passes from scale 1.0 (k3 1.80e-02)")
+    assert "bf16 k3 2.00e-04 (3/3 pass)" in summary["D"][4]
+    assert "bf16 vs bf16_unified +0.000 [+0.000, +0.000] (CI includes 0)" in summary["C"][4]
+    assert (tmp_path / "fig" / "dose_response.png").is_file() and (tmp_path / "fig" / "h1-phantom-clip_reward.png").is_file()
+
+
+def test_the_mechanism_table_reads_mechanism_jsonl(class_dir):
+    runs = hypotheses.with_arms(load_runs(class_dir / "h1-phantom-clip"), "algo.ppo_ref")
+    head, rows = hypotheses.mechanism_table(runs)
+    row = {(r[0], r[1]): r for r in rows}[("algo.ppo_ref=sampler", "bf16")]
+    assert row[2] == "1.000 ± 0.000 %" and row[-1] == "3/3"
+
+
+def test_the_report_is_written_atomically_and_refuses_a_foreign_folder(class_dir, tmp_path):
+    out = hypotheses.write(class_dir, tmp_path / "report")
+    md = (out / "report.md").read_text()
+    assert "## H1: phantom clipping" in md and "## D: dose-response" in md and "figures/dose_response.png" in md
+    hypotheses.write(class_dir, out)  # a report folder is replaced
+    foreign = tmp_path / "runs"
+    (foreign / "x").mkdir(parents=True)
+    with pytest.raises(ValueError, match="not a report folder"):
+        hypotheses.write(class_dir, foreign)
+    assert (foreign / "x").is_dir()
