@@ -36,8 +36,9 @@ def overrides(flow: str, gemm: str, out: Path) -> list[str]:
 
 
 def compute(gemm: str = "auto", workdir: Path | None = None, console: Console | None = None) -> dict:
-    """Run every flow's smoke steps (in ``workdir``, default a temporary directory) and fingerprint them."""
-    from suite.numerics.precision import FLOWS
+    """Run every main flow's smoke steps (in ``workdir``, default a temporary directory) and fingerprint them (the
+    controls of the mechanism studies are left out, as from the main grids: the committed fingerprints stay valid)."""
+    from suite.numerics.precision import main_flows
     from suite.rl import config as cfgmod
     from suite.rl.train import run
 
@@ -45,7 +46,7 @@ def compute(gemm: str = "auto", workdir: Path | None = None, console: Console | 
     with tempfile.TemporaryDirectory(prefix="suite-fingerprint-") as tmp:
         out = Path(workdir or tmp)
         flows = {}
-        for flow in FLOWS:
+        for flow in main_flows():
             cfg = cfgmod.load(overrides(flow, gemm, out))
             console.print(f"fingerprint: {flow} ({cfg.steps} smoke steps)")
             run_dir = run(cfg, Console(quiet=True))
