@@ -74,6 +74,13 @@ GRIDS: dict[str, dict[str, Any]] = {
         "axes": {"algo.ppo_ref": ["trainer", "sampler"], "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "updates_per_step=4", "name=h1-phantom-clip/${algo.ppo_ref}"],
     },
+    "h2-length": {
+        "doc": "hypothesis H2 (length): untruncated sequence-level IS (pg_seq_is) on arith3 / arith8 / arith16 "
+               "(33-, 83- and 163-token responses; the same 4-layer policy for every length) x fp32/fp16/bf16/"
+               "bf16_fp8rollout, three seeds",
+        "axes": {"task": ["arith3", "arith8", "arith16"], "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
+        "overrides": ["algorithm=pg_seq_is", "policy.layers=4", "name=h2-length"],
+    },
     "h3-tail": {
         "doc": "hypothesis H3: the many-answer task category (2,048-word vocabulary, 16 valid words at each of 4 "
                "positions; regime tail: lr 3e-4, 400 steps) x fp32/fp16/bf16/bf16_fp8rollout, plain GRPO, three seeds",
