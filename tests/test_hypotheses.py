@@ -88,3 +88,29 @@ def test_the_report_is_written_atomically_and_refuses_a_foreign_folder(class_dir
     with pytest.raises(ValueError, match="not a report folder"):
         hypotheses.write(class_dir, foreign)
     assert (foreign / "x").is_dir()
+
+
+def test_the_length_table_compounds_the_token_chi2_over_the_response(tmp_path):
+    """H2: (1 + chi2_tok)^T - 1 against the measured sequence chi2, and the length where the ESS would halve."""
+    root = tmp_path / "h2-length"
+    for seed in range(2):
+        d = root / f"arith8__pg_seq_is__bf16__s{seed}"
+        d.mkdir(parents=True)
+        rows = [{"step": 1, "reward/mean": 0.7, "response/length/mean": 80.0 + 6 * seed, "mismatch/chi2_token": 1e-3,
+                 "mismatch/chi2_seq": 0.05 + 0.02 * seed},
+                {"step": 2, "reward/mean": 0.7, "response/length/mean": 83.0, "mismatch/chi2_token": 2e-3,
+                 "mismatch/chi2_seq": 0.3}]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "mechanism.jsonl").write_text(json.dumps({"step": 1, "mech/is_seq/ess": 0.95}) + "\n")
+        cfg = {"task": "arith8", "algorithm": "pg_seq_is", "precision": "bf16", "seed": seed, "steps": 2}
+        (d / "summary.json").write_text(json.dumps(cfg))
+        (d / "config.json").write_text(json.dumps({"config_hash": config_hash(cfg), "config": cfg}))
+    head, rows = hypotheses.length_table(hypotheses.with_arms(load_runs(root), "task"))
+    (row,) = rows
+    got = dict(zip(head, row))
+    assert got["arm"] == "task=arith8" and got["response tokens"] == "83.0 ± 4.2"
+    # (1.001^80 - 1 + 1.001^86 - 1) / 2 = (0.083263 + 0.089762) / 2
+    assert got["(1 + token chi2)^T - 1"].startswith("8.65e-02")
+    assert got["sequence chi2"].startswith("6.00e-02") and got["sequence chi2, max over steps"].startswith("3.00e-01")
+    assert got["sequence IS ESS"].startswith("0.9500")
+    assert got["tokens where ESS would be 1/2"].startswith("693")  # ln 2 / ln 1.001 = 693.5

@@ -159,6 +159,28 @@ def mechanism_table(runs) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def length_table(runs) -> tuple[list[str], list[list[str]]]:
+    """H2's test, per arm and flow at step 1: is the sequence weight's chi2 the token one's compounded over the
+    response, 1 + chi2_seq = (1 + chi2_tok)^T (independent tokens; Liu, Li et al. 2025), and at what length
+    would the sequence ESS, 1 / (1 + chi2_seq), fall to one half: T_1/2 = ln 2 / ln(1 + chi2_tok)?"""
+    head = ["arm", "precision", "response tokens", "token chi2", "(1 + token chi2)^T - 1", "sequence chi2",
+            "sequence chi2, max over steps", "sequence IS ESS", "tokens where ESS would be 1/2"]
+    rows = []
+    for (arm, _, prec), cell in collapse.cells(runs).items():
+        first = [r.metrics[0] for r in cell if r.metrics]
+        length = [m.get("response/length/mean") for m in first]
+        tok = [m.get("mismatch/chi2_token") for m in first]
+        predicted = [(1.0 + c) ** t - 1.0 for c, t in zip(tok, length) if c is not None and t is not None]
+        half = [float(np.log(2.0) / np.log1p(c)) for c in finite(tok) if c > 0]
+        rows.append([arm, prec, _fmt_ms(length, ".1f"), _fmt_ms(tok, ".2e"), _fmt_ms(predicted, ".2e"),
+                     _fmt_ms([m.get("mismatch/chi2_seq") for m in first], ".2e"),
+                     _fmt_ms([max(finite(x.get("mismatch/chi2_seq") for x in r.metrics), default=None)
+                              for r in cell if r.metrics], ".2e"),
+                     _fmt_ms([(_mech(r)[:1] or [{}])[0].get("mech/is_seq/ess") for r in cell], ".4f"),
+                     _fmt_ms(half, ".3g")])
+    return head, rows
+
+
 def study_section(study: Study, runs, fig_dir: Path) -> list[tuple]:
     from suite.analysis import figures
 
@@ -176,6 +198,11 @@ def study_section(study: Study, runs, fig_dir: Path) -> list[tuple]:
            ("table", *mechanism_table(runs), "Gap-clipped: share of response tokens PPO's clip would zero at the "
             "first update if the ratio's denominator were the sampler's log-prob (the precision gap alone). ESS: "
             "(sum w)^2 / (n sum w^2) of the raw weights pi/mu, tokens pooled, resp. one product per sequence.")]
+    if study.id == "H2":  # the length axis
+        doc.append(("table", *length_table(runs), "Step 1, mean ± std over seeds. chi2 = E_mu[w^2] - 1 of the raw "
+                    "weights w = pi/mu (token: pooled; sequence: w = prod_t w_t). With independent tokens the "
+                    "sequence chi2 is (1 + token chi2)^T - 1; the last column extrapolates the length at which the "
+                    "sequence weights' ESS would halve, ln 2 / ln(1 + token chi2)."))
     stem = f"{study.grid}_reward"
     figures.panels({a: [collapse._curve(r, "reward/mean") for r in runs if collapse.regime(r) == a] for a in arms},
                    flows, fig_dir / stem, PEAK_WINDOW, ylabel="training accuracy", hline=0.95)
