@@ -16,9 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -367,24 +364,9 @@ def build_document(class_dir: Path, fig_dir: Path) -> list[tuple]:
 
 
 def write(class_dir: Path, out: Path) -> Path:
-    """Build in a temporary directory next to ``out``, then swap it in (readers see the old or the new report)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        os.chmod(tmp, 0o755)
-        doc = build_document(class_dir, tmp / "figures")
-        title = f"Why does BF16 not fail at small scale? Hypotheses, {Path(class_dir).name}"
-        (tmp / "index.html").write_text(render.to_html(doc, title), encoding="utf-8")
-        (tmp / "report.md").write_text(render.to_markdown(doc, title), encoding="utf-8")
-        if out.exists():
-            if not (out / "index.html").is_file():
-                raise ValueError(f"--out {out} exists and is not a report folder (no index.html); refusing to replace it")
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    """Write the report folder ``out`` (replaced atomically; a folder that is not a report is refused)."""
+    title = f"Why does BF16 not fail at small scale? Hypotheses, {Path(class_dir).name}"
+    return render.write_folder(out, lambda fig_dir: (build_document(class_dir, fig_dir), title))
 
 
 def cli(args: list[str]) -> int:

@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import html
 import json
-from typing import TYPE_CHECKING
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 from suite.analysis import stats
 from suite.results import LOCATION_KEYS
@@ -420,3 +424,33 @@ def to_markdown(doc: list[tuple], title: str) -> str:
             fence = "~~~~" if "```" in b[1] else "```"
             out += [fence, b[1], fence, ""]
     return "\n".join(out)
+
+
+def write_folder(out: Path, build: Callable[[Path], tuple[list[tuple], str]]) -> Path:
+    """Write a report folder (index.html, report.md, figures/ from ``build(figure_dir) -> (doc, title)``).
+
+    Built in a temporary directory next to ``out``, then swapped in by rename, so readers see the old
+    report or the new one. An existing ``out`` is replaced only if it is a report (holds index.html) or
+    empty: ``--out`` pointed at a results directory must not erase runs.
+    """
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "index.html").is_file())):
+        raise ValueError(f"--out {out} exists and is not a report folder (no index.html); refusing to replace it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; reports are meant to be shared like results
+        doc, title = build(tmp / "figures")
+        (tmp / "index.html").write_text(to_html(doc, title), encoding="utf-8")
+        (tmp / "report.md").write_text(to_markdown(doc, title), encoding="utf-8")
+        old = None
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.rename(out, old)
+        os.rename(tmp, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -22,9 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from suite.analysis import bundle, render
@@ -205,42 +202,20 @@ def command_of(r: Run) -> str:
 
 # ---------------------------------------------------------------------------- writing, CLI
 def write_report(results_dir: Path, out: Path | None = None) -> Path:
-    """Write the report of `results_dir` to `out` (default `<results_dir>/report/`) and return it.
-
-    Built in a temporary directory next to `out`, then swapped in by rename, so readers see
-    the old report or the new one. An existing `out` is replaced only if it is a report
-    (holds index.html) or empty: `--out` pointed at a results directory must not erase runs.
-    """
+    """Write the report of `results_dir` to `out` (default `<results_dir>/report/`, replaced atomically) and
+    return it."""
     root = Path(results_dir)
     runs = load_runs(root)
-    out = Path(out) if out is not None else root / "report"
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "index.html").is_file())):
-        raise ValueError(f"--out {out} exists and is not a report folder (no index.html); refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; reports are meant to be shared like results
-        search = len({(r.config or {}).get("regime", "base") for r in runs}) > 1
-        if search:  # a collapse search (grid collapse-search): runs differ in their regime, not only the grid axes
+
+    def build(fig_dir: Path):
+        if len({(r.config or {}).get("regime", "base") for r in runs}) > 1:
+            # a collapse search (grid collapse-search): runs differ in their regime, not only the grid axes
             from suite.analysis import collapse
 
-            doc = collapse.build_document(runs, root, tmp / "figures")
-        else:
-            doc = build_document(runs, root, tmp / "figures")
-        title = f"{'Collapse search' if search else 'Reproducibility report'}: {root.resolve().name}"
-        (tmp / "index.html").write_text(render.to_html(doc, title), encoding="utf-8")
-        (tmp / "report.md").write_text(render.to_markdown(doc, title), encoding="utf-8")
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+            return collapse.build_document(runs, root, fig_dir), f"Collapse search: {root.resolve().name}"
+        return build_document(runs, root, fig_dir), f"Reproducibility report: {root.resolve().name}"
+
+    return render.write_folder(Path(out) if out is not None else root / "report", build)
 
 
 def cli(args: list[str]) -> int:
