@@ -17,12 +17,13 @@ def _curve(kind: str) -> list[float]:
     return [min(0.8, 0.6 + 0.02 * t) if t < 20 else max(0.1, 0.8 - 0.07 * (t - 19)) for t in range(STEPS)]
 
 
-def _write(d, precision: str, seed: int, kind: str, k3: float, extra: dict | None = None, mech: float | None = None):
-    cfg = {"task": "arith3", "algorithm": "grpo", "precision": precision, "seed": seed, "regime": "base",
+def _write(d, precision: str, seed: int, kind: str, k3: float, extra: dict | None = None, mech: float | None = None,
+           algorithm: str = "grpo", task: str = "arith3", row: dict | None = None):
+    cfg = {"task": task, "algorithm": algorithm, "precision": precision, "seed": seed, "regime": "base",
            "steps": STEPS, "threshold": 0.95, "tier": "small", **(extra or {})}
-    d = d / f"arith3__grpo__{precision}__s{seed}"
+    d = d / f"{task}__{algorithm}__{precision}__s{seed}"
     d.mkdir(parents=True)
-    rows = [{"step": t + 1, "reward/mean": r, "entropy/mean": 0.05, "mismatch/kl_k3": k3}
+    rows = [{"step": t + 1, "reward/mean": r, "entropy/mean": 0.05, "mismatch/kl_k3": k3, **(row or {})}
             for t, r in enumerate(_curve(kind))]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if mech is not None:
@@ -114,3 +115,21 @@ def test_the_length_table_compounds_the_token_chi2_over_the_response(tmp_path):
     assert got["sequence chi2"].startswith("6.00e-02") and got["sequence chi2, max over steps"].startswith("3.00e-01")
     assert got["sequence IS ESS"].startswith("0.9500")
     assert got["tokens where ESS would be 1/2"].startswith("693")  # ln 2 / ln 1.001 = 693.5
+
+
+def test_the_emulated_length_section_compares_the_estimators_on_one_sampler(tmp_path):
+    """H2e: pg_seq_is collapses where grpo passes on the same noisy sampler; the bf16 length with the same
+    sequence chi2 is T ln(1 + chi2_tok) / ln(1 + chi2_tok of bf16) = 100 ln 1.01 / ln 1.001 = 995.5."""
+    noisy = {"inject": {"kind": "noise", "scale": 1.0, "threshold": 0.1}}
+    row = {"response/length/mean": 100.0, "mismatch/chi2_token": 0.01, "mismatch/chi2_seq": 1.7}
+    for seed in range(3):
+        _write(tmp_path / "emu", "fp32", seed, "collapse", 4e-3, noisy, algorithm="pg_seq_is", task="arith16", row=row)
+        _write(tmp_path / "emu", "fp32", seed, "pass", 4e-3, noisy, algorithm="grpo", task="arith16", row=row)
+        _write(tmp_path / "len", "bf16", seed, "pass", 1e-4, task="arith16", row={"mismatch/chi2_token": 1e-3})
+    doc = hypotheses.emulated_section(load_runs(tmp_path / "emu"), load_runs(tmp_path / "len"))
+    assert doc[0][1].startswith("Outcome: on the same noisy fp32 sampler, grpo passes 3/3; pg_seq_is passes 0/3 "
+                                "(final accuracy minus grpo's -0.")
+    assert "reaches over ~996 tokens" in doc[0][1]
+    rows = {r[1]: dict(zip(doc[1][1], r)) for r in doc[1][2]}
+    assert rows["pg_seq_is"]["bf16 tokens with the same sequence chi2"].startswith("996 ± ")
+    assert rows["grpo"]["final acc - grpo's [95% CI]"] == "-" and rows["pg_seq_is"]["sequence chi2"].startswith("1.70e+00")

@@ -56,6 +56,10 @@ STUDIES = [
           "BF16 rounding flips top-k routing decisions, turning a small numeric gap into a discrete one; replaying "
           "the sampler's routing in the trainer should remove it."),
 ]
+EMULATED = Study("H2e", "length, emulated with logit noise", "h2-emulated-length", "inject.scale",
+                 "The lengths a CPU can train stop at 163 tokens. Noise on the sampler's logits raises the per-token "
+                 "chi2 so that 163 tokens carry the sequence-weight variance of a bf16 trace thousands of tokens long: "
+                 "does untruncated sequence IS then fail where token-level GRPO and the masked correction do not?")
 CONTROLS = Study("C", "trainer-numerics controls", "trainer-controls", None,
                  "bf16, fp16 and bf16_fp8rollout train the HF module under autocast (fp32 residual stream and norms), "
                  "exact and unified FP8 train with the sampler's pure low-precision code; bf16_unified and "
@@ -213,6 +217,49 @@ def study_section(study: Study, runs, fig_dir: Path) -> list[tuple]:
     return doc
 
 
+def emulated_section(runs, length_runs) -> list[tuple]:
+    """H2 at an emulated length: per algorithm on the same noisy fp32 sampler, the verdicts, the step-1 chi2 and
+    ESS, the final accuracy and its gap to GRPO's, and the bf16 length with the same (1 + chi2_tok)^T."""
+    task = _get(runs[0].config, "task") if runs else None
+    bf16 = finite(r.metrics[0].get("mismatch/chi2_token") for r in length_runs
+                  if r.precision == "bf16" and _get(r.config, "task") == task and r.metrics)
+    cells = collapse.cells(with_arms(runs, EMULATED.arm))
+    final = {key: finite(r.summary.get("accuracy/final") for r in c if r.verdict != "incomplete") for key, c in cells.items()}
+    head = ["arm", "algorithm", "seeds", "passing seeds", "response tokens", "token chi2", "sequence chi2",
+            "sequence IS ESS, step 1 / min", "bf16 tokens with the same sequence chi2", "final acc [95% CI]",
+            "final acc - grpo's [95% CI]"]
+    rows, said, equivalent = [], [], []
+    for key, cell in cells.items():
+        arm, algo, _ = key
+        first = [r.metrics[0] for r in cell if r.metrics]
+        same = [m["response/length/mean"] * np.log1p(m["mismatch/chi2_token"]) / np.log1p(float(np.mean(bf16)))
+                for m in first if bf16 and m.get("response/length/mean") and m.get("mismatch/chi2_token") is not None]
+        equivalent += same
+        mechs = [m for m in (_mech(r) for r in cell) if m]
+        ci = bootstrap_ci(final[key])
+        grpo = final.get((arm, "grpo", key[2]))
+        gap = collapse.gap_ci(final[key], grpo) if grpo and algo != "grpo" else None
+        passing = f"{sum(r.verdict == 'pass' for r in cell)}/{len(final[key])}"
+        rows.append([arm, algo, f"{len(final[key])}/{len(cell)}", passing,
+                     _fmt_ms([m.get("response/length/mean") for m in first], ".1f"),
+                     _fmt_ms([m.get("mismatch/chi2_token") for m in first], ".2e"),
+                     _fmt_ms([m.get("mismatch/chi2_seq") for m in first], ".2e"),
+                     _fmt_ms([m[0].get("mech/is_seq/ess") for m in mechs], ".3f") + " / "
+                     + _fmt_ms([min(finite(x.get("mech/is_seq/ess") for x in m), default=None) for m in mechs], ".3f"),
+                     _fmt_ms(same, ".3g"), _fmt_ms(final[key], ".3f") + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""),
+                     "-" if not gap else f"{gap[0]:+.3f} [{gap[1]:+.3f}, {gap[2]:+.3f}]"])
+        said.append(f"{algo} passes {passing}" + (f" (final accuracy minus grpo's {gap[0]:+.3f} "
+                                                  f"[{gap[1]:+.3f}, {gap[2]:+.3f}])" if gap else ""))
+    sentence = "Outcome: no run." if not said else (
+        "Outcome: on the same noisy fp32 sampler, " + "; ".join(said) + "."
+        + (f" At step 1 the noise gives the responses the sequence chi2 that bf16's per-token chi2 on {task} reaches "
+           f"over ~{np.mean(equivalent):.3g} tokens." if equivalent else ""))
+    return [("p", sentence),
+            ("table", head, rows, "Step 1, mean ± std over seeds; chi2 = E_mu[w^2] - 1 of the raw weights w = pi/mu. "
+             "bf16 tokens with the same sequence chi2: T ln(1 + chi2_tok) / ln(1 + chi2_tok of bf16), bf16's from the "
+             "h2-length grid on the same task. Gap: 95% percentile-bootstrap CI resampling seeds.")]
+
+
 # ---- the controls --------------------------------------------------------------------------------
 def controls_section(runs) -> list[tuple]:
     runs = with_arms(runs, None)
@@ -337,9 +384,9 @@ def build_document(class_dir: Path, fig_dir: Path) -> list[tuple]:
     those without, and the summary table first."""
     class_dir = Path(class_dir)
     loaded = {s.grid: load_runs(class_dir / s.grid) if (class_dir / s.grid).is_dir() else []
-              for s in [*STUDIES, CONTROLS, DOSE]}
+              for s in [*STUDIES, EMULATED, CONTROLS, DOSE]}
     summary, body = [], []
-    for study in [*STUDIES, CONTROLS, DOSE]:
+    for study in [*STUDIES[:2], EMULATED, *STUDIES[2:], CONTROLS, DOSE]:
         runs = loaded[study.grid]
         body += [("h", f"{study.id}: {study.title}", study.id.lower()), ("p", "Question: " + study.claim)]
         if not runs:
@@ -351,6 +398,8 @@ def build_document(class_dir: Path, fig_dir: Path) -> list[tuple]:
         body.append(("p", _reproduce(study, class_dir)))
         if study is CONTROLS:
             section = controls_section(runs)
+        elif study is EMULATED:
+            section = emulated_section(runs, loaded[STUDIES[1].grid])
         elif study is DOSE:
             section = dose_section(runs, loaded[CONTROLS.grid], fig_dir)
         else:

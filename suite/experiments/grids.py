@@ -81,6 +81,15 @@ GRIDS: dict[str, dict[str, Any]] = {
         "axes": {"task": ["arith3", "arith8", "arith16"], "precision": SEARCH_FLOWS, "seed": [0, 1, 2]},
         "overrides": ["algorithm=pg_seq_is", "policy.layers=4", "name=h2-length"],
     },
+    "h2-emulated-length": {
+        "doc": "hypothesis H2 beyond CPU lengths: fp32 on arith16 whose sampler adds Gaussian logit noise of std 1.0 "
+               "(step-0 k3 4.3e-3, 31x bf16's there; mean |sequence log-ratio| 1.07 against bf16's 0.11), so that 163 "
+               "tokens carry the sequence-weight variance of a much longer bf16 trace, x untruncated sequence IS "
+               "(pg_seq_is), its masked correction (pg_seq_mis) and token-level GRPO, three seeds",
+        "axes": {"algorithm": ["pg_seq_is", "pg_seq_mis", "grpo"], "seed": [0, 1, 2]},
+        "overrides": ["task=arith16", "policy.layers=4", "precision=fp32", "inject.kind=noise", "inject.scale=1.0",
+                      "name=h2-emulated-length"],
+    },
     "h3-tail": {
         "doc": "hypothesis H3: the many-answer task category (2,048-word vocabulary, 16 valid words at each of 4 "
                "positions; regime tail: lr 3e-4, 400 steps) x fp32/fp16/bf16/bf16_fp8rollout, plain GRPO, three seeds",
