@@ -126,10 +126,13 @@ def test_the_emulated_length_section_compares_the_estimators_on_one_sampler(tmp_
         _write(tmp_path / "emu", "fp32", seed, "collapse", 4e-3, noisy, algorithm="pg_seq_is", task="arith16", row=row)
         _write(tmp_path / "emu", "fp32", seed, "pass", 4e-3, noisy, algorithm="grpo", task="arith16", row=row)
         _write(tmp_path / "len", "bf16", seed, "pass", 1e-4, task="arith16", row={"mismatch/chi2_token": 1e-3})
+        _write(tmp_path / "len", "fp32", seed, "pass", 1e-14, algorithm="pg_seq_is", task="arith16")
     doc = hypotheses.emulated_section(load_runs(tmp_path / "emu"), load_runs(tmp_path / "len"))
-    assert doc[0][1].startswith("Outcome: on the same noisy fp32 sampler, grpo passes 3/3; pg_seq_is passes 0/3 "
-                                "(final accuracy minus grpo's -0.")
+    assert doc[0][1].startswith("Outcome: on the same noisy fp32 sampler, grpo passes 3/3, final accuracy 0.990 ± 0.000; "
+                                "pg_seq_is passes 0/3, final accuracy 0.100 ± 0.000 (-0.890 [-0.890, -0.890] against "
+                                "grpo); without the noise pg_seq_is passes 3/3, final accuracy 0.990 ± 0.000.")
     assert "reaches over ~996 tokens" in doc[0][1]
-    rows = {r[1]: dict(zip(doc[1][1], r)) for r in doc[1][2]}
+    rows = {r[1]: dict(zip(doc[1][1], r)) for r in doc[1][2] if r[0] == "inject.scale=1.0"}
+    assert [r[0] for r in doc[1][2]] == ["inject.scale=1.0"] * 2 + ["no noise (h2-length)"]
     assert rows["pg_seq_is"]["bf16 tokens with the same sequence chi2"].startswith("996 ± ")
     assert rows["grpo"]["final acc - grpo's [95% CI]"] == "-" and rows["pg_seq_is"]["sequence chi2"].startswith("1.70e+00")

@@ -223,33 +223,41 @@ def emulated_section(runs, length_runs) -> list[tuple]:
     task = _get(runs[0].config, "task") if runs else None
     bf16 = finite(r.metrics[0].get("mismatch/chi2_token") for r in length_runs
                   if r.precision == "bf16" and _get(r.config, "task") == task and r.metrics)
-    cells = collapse.cells(with_arms(runs, EMULATED.arm))
-    final = {key: finite(r.summary.get("accuracy/final") for r in c if r.verdict != "incomplete") for key, c in cells.items()}
+    groups = [(f"{arm}", algo, cell) for (arm, algo, _), cell in collapse.cells(with_arms(runs, EMULATED.arm)).items()]
+    # the same estimator on the clean fp32 sampler (h2-length), for scale: what the noise costs by itself
+    groups += [("no noise (h2-length)", algo, cell) for (_, algo, prec), cell in collapse.cells(
+        [r for r in length_runs if _get(r.config, "task") == task]).items() if prec == "fp32"]
+    final = {(arm, algo): finite(r.summary.get("accuracy/final") for r in c if r.verdict != "incomplete")
+             for arm, algo, c in groups}
     head = ["arm", "algorithm", "seeds", "passing seeds", "response tokens", "token chi2", "sequence chi2",
             "sequence IS ESS, step 1 / min", "bf16 tokens with the same sequence chi2", "final acc [95% CI]",
             "final acc - grpo's [95% CI]"]
     rows, said, equivalent = [], [], []
-    for key, cell in cells.items():
-        arm, algo, _ = key
+    for arm, algo, cell in groups:
+        noisy = not arm.startswith("no noise")
         first = [r.metrics[0] for r in cell if r.metrics]
         same = [m["response/length/mean"] * np.log1p(m["mismatch/chi2_token"]) / np.log1p(float(np.mean(bf16)))
                 for m in first if bf16 and m.get("response/length/mean") and m.get("mismatch/chi2_token") is not None]
-        equivalent += same
+        equivalent += same if noisy else []
         mechs = [m for m in (_mech(r) for r in cell) if m]
-        ci = bootstrap_ci(final[key])
-        grpo = final.get((arm, "grpo", key[2]))
-        gap = collapse.gap_ci(final[key], grpo) if grpo and algo != "grpo" else None
-        passing = f"{sum(r.verdict == 'pass' for r in cell)}/{len(final[key])}"
-        rows.append([arm, algo, f"{len(final[key])}/{len(cell)}", passing,
+        ci = bootstrap_ci(final[(arm, algo)])
+        grpo = final.get((arm, "grpo"))
+        gap = collapse.gap_ci(final[(arm, algo)], grpo) if grpo and algo != "grpo" else None
+        passing = f"{sum(r.verdict == 'pass' for r in cell)}/{len(final[(arm, algo)])}"
+        rows.append([arm, algo, f"{len(final[(arm, algo)])}/{len(cell)}", passing,
                      _fmt_ms([m.get("response/length/mean") for m in first], ".1f"),
                      _fmt_ms([m.get("mismatch/chi2_token") for m in first], ".2e"),
                      _fmt_ms([m.get("mismatch/chi2_seq") for m in first], ".2e"),
                      _fmt_ms([m[0].get("mech/is_seq/ess") for m in mechs], ".3f") + " / "
                      + _fmt_ms([min(finite(x.get("mech/is_seq/ess") for x in m), default=None) for m in mechs], ".3f"),
-                     _fmt_ms(same, ".3g"), _fmt_ms(final[key], ".3f") + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""),
+                     _fmt_ms(same, ".3g"),
+                     _fmt_ms(final[(arm, algo)], ".3f") + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""),
                      "-" if not gap else f"{gap[0]:+.3f} [{gap[1]:+.3f}, {gap[2]:+.3f}]"])
-        said.append(f"{algo} passes {passing}" + (f" (final accuracy minus grpo's {gap[0]:+.3f} "
-                                                  f"[{gap[1]:+.3f}, {gap[2]:+.3f}])" if gap else ""))
+        if noisy:
+            said.append(f"{algo} passes {passing}, final accuracy {_fmt_ms(final[(arm, algo)], '.3f')}"
+                        + (f" ({gap[0]:+.3f} [{gap[1]:+.3f}, {gap[2]:+.3f}] against grpo)" if gap else ""))
+        else:
+            said.append(f"without the noise {algo} passes {passing}, final accuracy {_fmt_ms(final[(arm, algo)], '.3f')}")
     sentence = "Outcome: no run." if not said else (
         "Outcome: on the same noisy fp32 sampler, " + "; ".join(said) + "."
         + (f" At step 1 the noise gives the responses the sequence chi2 that bf16's per-token chi2 on {task} reaches "
