@@ -18,7 +18,7 @@ def _curve(kind: str) -> list[float]:
 
 
 def _write(d, precision: str, seed: int, kind: str, k3: float, extra: dict | None = None, mech: float | None = None,
-           algorithm: str = "grpo", task: str = "arith3", row: dict | None = None):
+           algorithm: str = "grpo", task: str = "arith3", row: dict | None = None, mech_rows: list | None = None):
     cfg = {"task": task, "algorithm": algorithm, "precision": precision, "seed": seed, "regime": "base",
            "steps": STEPS, "threshold": 0.95, "tier": "small", **(extra or {})}
     d = d / f"{task}__{algorithm}__{precision}__s{seed}"
@@ -27,8 +27,9 @@ def _write(d, precision: str, seed: int, kind: str, k3: float, extra: dict | Non
             for t, r in enumerate(_curve(kind))]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if mech is not None:
-        (d / "mechanism.jsonl").write_text(json.dumps({"step": 1, "mech/gap_clip_frac": mech, "mech/is_tok/ess": 0.99,
-                                                       "mech/is_seq/ess": 0.9}) + "\n")
+        mech_rows = [{"step": 1, "mech/gap_clip_frac": mech, "mech/is_tok/ess": 0.99, "mech/is_seq/ess": 0.9}]
+    if mech_rows:
+        (d / "mechanism.jsonl").write_text("".join(json.dumps(m) + "\n" for m in mech_rows))
     s = summarize(rows, total_steps=STEPS)
     s.update({k: cfg[k] for k in ("task", "algorithm", "precision", "seed")})
     (d / "summary.json").write_text(json.dumps(s))
@@ -91,41 +92,37 @@ def test_the_report_is_written_atomically_and_refuses_a_foreign_folder(class_dir
     assert (foreign / "x").is_dir()
 
 
+def _ess(tok: float, seq: float, step: int = 1) -> dict:
+    """A mechanism.jsonl row whose weights have chi2 (= 1 / ESS - 1) tok per token and seq per sequence."""
+    return {"step": step, "mech/is_tok/ess": 1 / (1 + tok), "mech/is_seq/ess": 1 / (1 + seq)}
+
+
 def test_the_length_table_compounds_the_token_chi2_over_the_response(tmp_path):
     """H2: (1 + chi2_tok)^T - 1 against the measured sequence chi2, and the length where the ESS would halve."""
-    root = tmp_path / "h2-length"
     for seed in range(2):
-        d = root / f"arith8__pg_seq_is__bf16__s{seed}"
-        d.mkdir(parents=True)
-        rows = [{"step": 1, "reward/mean": 0.7, "response/length/mean": 80.0 + 6 * seed, "mismatch/chi2_token": 1e-3,
-                 "mismatch/chi2_seq": 0.05 + 0.02 * seed},
-                {"step": 2, "reward/mean": 0.7, "response/length/mean": 83.0, "mismatch/chi2_token": 2e-3,
-                 "mismatch/chi2_seq": 0.3}]
-        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        (d / "mechanism.jsonl").write_text(json.dumps({"step": 1, "mech/is_seq/ess": 0.95}) + "\n")
-        cfg = {"task": "arith8", "algorithm": "pg_seq_is", "precision": "bf16", "seed": seed, "steps": 2}
-        (d / "summary.json").write_text(json.dumps(cfg))
-        (d / "config.json").write_text(json.dumps({"config_hash": config_hash(cfg), "config": cfg}))
-    head, rows = hypotheses.length_table(hypotheses.with_arms(load_runs(root), "task"))
+        _write(tmp_path, "bf16", seed, "pass", 1e-4, algorithm="pg_seq_is", task="arith8",
+               row={"response/length/mean": 80.0 + 6 * seed},
+               mech_rows=[_ess(1e-3, 0.05 + 0.02 * seed), _ess(2e-3, 0.3, step=2)])
+    head, rows = hypotheses.length_table(hypotheses.with_arms(load_runs(tmp_path), "task"))
     (row,) = rows
     got = dict(zip(head, row))
     assert got["arm"] == "task=arith8" and got["response tokens"] == "83.0 ± 4.2"
     # (1.001^80 - 1 + 1.001^86 - 1) / 2 = (0.083263 + 0.089762) / 2
-    assert got["(1 + token chi2)^T - 1"].startswith("8.65e-02")
+    assert got["(1 + token chi2)^T - 1"].startswith("8.65e-02") and got["token chi2"].startswith("1.00e-03 ± ")
     assert got["sequence chi2"].startswith("6.00e-02") and got["sequence chi2, max over steps"].startswith("3.00e-01")
-    assert got["sequence IS ESS"].startswith("0.9500")
-    assert got["tokens where ESS would be 1/2"].startswith("693")  # ln 2 / ln 1.001 = 693.5
+    assert got["tokens where the sequence ESS would be 1/2"].startswith("693")  # ln 2 / ln 1.001 = 693.5
 
 
 def test_the_emulated_length_section_compares_the_estimators_on_one_sampler(tmp_path):
     """H2e: pg_seq_is collapses where grpo passes on the same noisy sampler; the bf16 length with the same
     sequence chi2 is T ln(1 + chi2_tok) / ln(1 + chi2_tok of bf16) = 100 ln 1.01 / ln 1.001 = 995.5."""
     noisy = {"inject": {"kind": "noise", "scale": 1.0, "threshold": 0.1}}
-    row = {"response/length/mean": 100.0, "mismatch/chi2_token": 0.01, "mismatch/chi2_seq": 1.7}
+    row, mech = {"response/length/mean": 100.0}, [_ess(0.01, 1.7)]
     for seed in range(3):
-        _write(tmp_path / "emu", "fp32", seed, "collapse", 4e-3, noisy, algorithm="pg_seq_is", task="arith16", row=row)
-        _write(tmp_path / "emu", "fp32", seed, "pass", 4e-3, noisy, algorithm="grpo", task="arith16", row=row)
-        _write(tmp_path / "len", "bf16", seed, "pass", 1e-4, task="arith16", row={"mismatch/chi2_token": 1e-3})
+        for algorithm, kind in (("pg_seq_is", "collapse"), ("grpo", "pass")):
+            _write(tmp_path / "emu", "fp32", seed, kind, 4e-3, noisy, algorithm=algorithm, task="arith16", row=row,
+                   mech_rows=mech)
+        _write(tmp_path / "len", "bf16", seed, "pass", 1e-4, task="arith16", mech_rows=[_ess(1e-3, 0.1)])
         _write(tmp_path / "len", "fp32", seed, "pass", 1e-14, algorithm="pg_seq_is", task="arith16")
     doc = hypotheses.emulated_section(load_runs(tmp_path / "emu"), load_runs(tmp_path / "len"))
     assert doc[0][1].startswith("Outcome: on the same noisy fp32 sampler, grpo passes 3/3, final accuracy 0.990 ± 0.000; "

@@ -160,25 +160,35 @@ def mechanism_table(runs) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _chi2(ess: float | None) -> float | None:
+    """chi2 of self-normalised weights, n sum w^2 / (sum w)^2 - 1 = 1 / ESS - 1: never negative, unlike the raw
+    E_mu[w^2] - 1 of metrics.jsonl, whose sample mean over a few thousand tokens can fall below 1."""
+    return 1.0 / ess - 1.0 if ess else None
+
+
+def step1(run) -> dict:
+    """Response length and the token / sequence chi2 at step 1, and the sequence chi2's maximum over the run."""
+    mech = _mech(run)
+    first = mech[0] if mech else {}
+    return {"T": (run.metrics[0] if run.metrics else {}).get("response/length/mean"),
+            "tok": _chi2(first.get("mech/is_tok/ess")), "seq": _chi2(first.get("mech/is_seq/ess")),
+            "seq_max": _chi2(min(finite(x.get("mech/is_seq/ess") for x in mech), default=None))}
+
+
 def length_table(runs) -> tuple[list[str], list[list[str]]]:
     """H2's test, per arm and flow at step 1: is the sequence weight's chi2 the token one's compounded over the
     response, 1 + chi2_seq = (1 + chi2_tok)^T (independent tokens; Liu, Li et al. 2025), and at what length
     would the sequence ESS, 1 / (1 + chi2_seq), fall to one half: T_1/2 = ln 2 / ln(1 + chi2_tok)?"""
     head = ["arm", "precision", "response tokens", "token chi2", "(1 + token chi2)^T - 1", "sequence chi2",
-            "sequence chi2, max over steps", "sequence IS ESS", "tokens where ESS would be 1/2"]
+            "sequence chi2, max over steps", "tokens where the sequence ESS would be 1/2"]
     rows = []
     for (arm, _, prec), cell in collapse.cells(runs).items():
-        first = [r.metrics[0] for r in cell if r.metrics]
-        length = [m.get("response/length/mean") for m in first]
-        tok = [m.get("mismatch/chi2_token") for m in first]
-        predicted = [(1.0 + c) ** t - 1.0 for c, t in zip(tok, length) if c is not None and t is not None]
-        half = [float(np.log(2.0) / np.log1p(c)) for c in finite(tok) if c > 0]
-        rows.append([arm, prec, _fmt_ms(length, ".1f"), _fmt_ms(tok, ".2e"), _fmt_ms(predicted, ".2e"),
-                     _fmt_ms([m.get("mismatch/chi2_seq") for m in first], ".2e"),
-                     _fmt_ms([max(finite(x.get("mismatch/chi2_seq") for x in r.metrics), default=None)
-                              for r in cell if r.metrics], ".2e"),
-                     _fmt_ms([(_mech(r)[:1] or [{}])[0].get("mech/is_seq/ess") for r in cell], ".4f"),
-                     _fmt_ms(half, ".3g")])
+        one = [step1(r) for r in cell]
+        predicted = [(1.0 + x["tok"]) ** x["T"] - 1.0 for x in one if x["tok"] is not None and x["T"] is not None]
+        half = [float(np.log(2.0) / np.log1p(x["tok"])) for x in one if x["tok"]]
+        rows.append([arm, prec, _fmt_ms([x["T"] for x in one], ".1f"), _fmt_ms([x["tok"] for x in one], ".2e"),
+                     _fmt_ms(predicted, ".2e"), _fmt_ms([x["seq"] for x in one], ".2e"),
+                     _fmt_ms([x["seq_max"] for x in one], ".2e"), _fmt_ms(half, ".3g")])
     return head, rows
 
 
@@ -200,8 +210,8 @@ def study_section(study: Study, runs, fig_dir: Path) -> list[tuple]:
             "first update if the ratio's denominator were the sampler's log-prob (the precision gap alone). ESS: "
             "(sum w)^2 / (n sum w^2) of the raw weights pi/mu, tokens pooled, resp. one product per sequence.")]
     if study.id == "H2":  # the length axis
-        doc.append(("table", *length_table(runs), "Step 1, mean ± std over seeds. chi2 = E_mu[w^2] - 1 of the raw "
-                    "weights w = pi/mu (token: pooled; sequence: w = prod_t w_t). With independent tokens the "
+        doc.append(("table", *length_table(runs), "Step 1, mean ± std over seeds. chi2 = 1 / ESS - 1 of the "
+                    "weights w = pi/mu, the self-normalised E[w^2] / E[w]^2 - 1 (token: pooled; sequence: w = prod_t w_t). With independent tokens the "
                     "sequence chi2 is (1 + token chi2)^T - 1; the last column extrapolates the length at which the "
                     "sequence weights' ESS would halve, ln 2 / ln(1 + token chi2)."))
     stem = f"{study.grid}_reward"
@@ -221,35 +231,30 @@ def emulated_section(runs, length_runs) -> list[tuple]:
     """H2 at an emulated length: per algorithm on the same noisy fp32 sampler, the verdicts, the step-1 chi2 and
     ESS, the final accuracy and its gap to GRPO's, and the bf16 length with the same (1 + chi2_tok)^T."""
     task = _get(runs[0].config, "task") if runs else None
-    bf16 = finite(r.metrics[0].get("mismatch/chi2_token") for r in length_runs
-                  if r.precision == "bf16" and _get(r.config, "task") == task and r.metrics)
-    groups = [(f"{arm}", algo, cell) for (arm, algo, _), cell in collapse.cells(with_arms(runs, EMULATED.arm)).items()]
+    bf16 = finite(step1(r)["tok"] for r in length_runs if r.precision == "bf16" and _get(r.config, "task") == task)
+    groups = [(arm, algo, cell) for (arm, algo, _), cell in collapse.cells(with_arms(runs, EMULATED.arm)).items()]
     # the same estimator on the clean fp32 sampler (h2-length), for scale: what the noise costs by itself
     groups += [("no noise (h2-length)", algo, cell) for (_, algo, prec), cell in collapse.cells(
         [r for r in length_runs if _get(r.config, "task") == task]).items() if prec == "fp32"]
     final = {(arm, algo): finite(r.summary.get("accuracy/final") for r in c if r.verdict != "incomplete")
              for arm, algo, c in groups}
     head = ["arm", "algorithm", "seeds", "passing seeds", "response tokens", "token chi2", "sequence chi2",
-            "sequence IS ESS, step 1 / min", "bf16 tokens with the same sequence chi2", "final acc [95% CI]",
+            "sequence chi2, max over steps", "bf16 tokens with the same sequence chi2", "final acc [95% CI]",
             "final acc - grpo's [95% CI]"]
     rows, said, equivalent = [], [], []
     for arm, algo, cell in groups:
         noisy = not arm.startswith("no noise")
-        first = [r.metrics[0] for r in cell if r.metrics]
-        same = [m["response/length/mean"] * np.log1p(m["mismatch/chi2_token"]) / np.log1p(float(np.mean(bf16)))
-                for m in first if bf16 and m.get("response/length/mean") and m.get("mismatch/chi2_token") is not None]
+        one = [step1(r) for r in cell]
+        same = [x["T"] * np.log1p(x["tok"]) / np.log1p(float(np.mean(bf16))) for x in one
+                if bf16 and x["T"] and x["tok"] is not None]
         equivalent += same if noisy else []
-        mechs = [m for m in (_mech(r) for r in cell) if m]
         ci = bootstrap_ci(final[(arm, algo)])
         grpo = final.get((arm, "grpo"))
         gap = collapse.gap_ci(final[(arm, algo)], grpo) if grpo and algo != "grpo" else None
         passing = f"{sum(r.verdict == 'pass' for r in cell)}/{len(final[(arm, algo)])}"
         rows.append([arm, algo, f"{len(final[(arm, algo)])}/{len(cell)}", passing,
-                     _fmt_ms([m.get("response/length/mean") for m in first], ".1f"),
-                     _fmt_ms([m.get("mismatch/chi2_token") for m in first], ".2e"),
-                     _fmt_ms([m.get("mismatch/chi2_seq") for m in first], ".2e"),
-                     _fmt_ms([m[0].get("mech/is_seq/ess") for m in mechs], ".3f") + " / "
-                     + _fmt_ms([min(finite(x.get("mech/is_seq/ess") for x in m), default=None) for m in mechs], ".3f"),
+                     _fmt_ms([x["T"] for x in one], ".1f"), _fmt_ms([x["tok"] for x in one], ".2e"),
+                     _fmt_ms([x["seq"] for x in one], ".2e"), _fmt_ms([x["seq_max"] for x in one], ".2e"),
                      _fmt_ms(same, ".3g"),
                      _fmt_ms(final[(arm, algo)], ".3f") + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""),
                      "-" if not gap else f"{gap[0]:+.3f} [{gap[1]:+.3f}, {gap[2]:+.3f}]"])
@@ -263,7 +268,7 @@ def emulated_section(runs, length_runs) -> list[tuple]:
         + (f" At step 1 the noise gives the responses the sequence chi2 that bf16's per-token chi2 on {task} reaches "
            f"over ~{np.mean(equivalent):.3g} tokens." if equivalent else ""))
     return [("p", sentence),
-            ("table", head, rows, "Step 1, mean ± std over seeds; chi2 = E_mu[w^2] - 1 of the raw weights w = pi/mu. "
+            ("table", head, rows, "Step 1, mean ± std over seeds; chi2 = 1 / ESS - 1 of the weights w = pi/mu. "
              "bf16 tokens with the same sequence chi2: T ln(1 + chi2_tok) / ln(1 + chi2_tok of bf16), bf16's from the "
              "h2-length grid on the same task. Gap: 95% percentile-bootstrap CI resampling seeds.")]
 
