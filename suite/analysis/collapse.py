@@ -21,6 +21,7 @@ Rules (stated in the report):
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -42,12 +43,17 @@ def regime(run) -> str:
     return (run.config or {}).get("regime", "base")
 
 
+def _natural(name: str) -> list:
+    """Sort key reading digit runs as numbers: task=arith3 < task=arith8 < task=arith16."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def regimes_of(runs) -> list[str]:
-    """Regimes in the order of suite.rl.schema.REGIMES (unknown names last, sorted)."""
+    """Regimes in the order of suite.rl.schema.REGIMES (unknown names last, in natural order)."""
     from suite.rl.schema import REGIMES
 
     found = {regime(r) for r in runs}
-    return [g for g in REGIMES if g in found] + sorted(found - set(REGIMES))
+    return [g for g in REGIMES if g in found] + sorted(found - set(REGIMES), key=_natural)
 
 
 def cells(runs) -> dict[tuple[str, str, str], list]:
