@@ -133,3 +133,12 @@ def test_the_emulated_length_section_compares_the_estimators_on_one_sampler(tmp_
     assert [r[0] for r in doc[1][2]] == ["inject.scale=1.0"] * 2 + ["no noise (h2-length)"]
     assert rows["pg_seq_is"]["bf16 tokens with the same sequence chi2"].startswith("996 ± ")
     assert rows["grpo"]["final acc - grpo's [95% CI]"] == "-" and rows["pg_seq_is"]["sequence chi2"].startswith("1.70e+00")
+
+
+def test_the_routing_table_reads_the_expert_flips(tmp_path):
+    """H4: step-1, mean and max share of flipped expert sets, in percent, per arm and flow."""
+    for seed, flips in enumerate(([0.004, 0.002], [0.006, 0.010])):
+        _write(tmp_path / "replay-False", "bf16", seed, "pass", 1e-4, {"routing_replay": False},
+               mech_rows=[{"step": t + 1, "mech/moe/route_flip_frac": f} for t, f in enumerate(flips)])
+    head, rows = hypotheses.routing_table(hypotheses.with_arms(load_runs(tmp_path), "routing_replay"))
+    assert rows == [["routing_replay=False", "bf16", "0.500 ± 0.141 %", "0.550 ± 0.354 %", "0.700 ± 0.424 %"]]

@@ -192,6 +192,20 @@ def length_table(runs) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def routing_table(runs) -> tuple[list[str], list[list[str]]]:
+    """H4: the share of (position, layer) pairs whose top-k expert set the trainer's router chose differently from
+    the sampler's (recorded with and without replay: under replay the trainer still runs its router)."""
+    head = ["arm", "precision", "expert sets flipped, step 1", "mean over steps", "max over steps"]
+    rows = []
+    for (arm, _, prec), cell in collapse.cells(runs).items():
+        flips = [finite(x.get("mech/moe/route_flip_frac") for x in _mech(r)) for r in cell]
+        flips = [f for f in flips if f]
+        rows.append([arm, prec, _fmt_ms([100 * f[0] for f in flips], ".3f", " %"),
+                     _fmt_ms([100 * float(np.mean(f)) for f in flips], ".3f", " %"),
+                     _fmt_ms([100 * max(f) for f in flips], ".3f", " %")])
+    return head, rows
+
+
 def study_section(study: Study, runs, fig_dir: Path) -> list[tuple]:
     from suite.analysis import figures
 
@@ -214,6 +228,9 @@ def study_section(study: Study, runs, fig_dir: Path) -> list[tuple]:
                     "weights w = pi/mu, the self-normalised E[w^2] / E[w]^2 - 1 (token: pooled; sequence: w = prod_t w_t). With independent tokens the "
                     "sequence chi2 is (1 + token chi2)^T - 1; the last column extrapolates the length at which the "
                     "sequence weights' ESS would halve, ln 2 / ln(1 + token chi2)."))
+    if study.arm == "routing_replay":
+        doc.append(("table", *routing_table(runs), "mech/moe/route_flip_frac of mechanism.jsonl, mean ± std over "
+                    "seeds: how often bf16 or fp16 rounding changes a routing decision."))
     stem = f"{study.grid}_reward"
     figures.panels({a: [collapse._curve(r, "reward/mean") for r in runs if collapse.regime(r) == a] for a in arms},
                    flows, fig_dir / stem, PEAK_WINDOW, ylabel="training accuracy", hline=0.95)
