@@ -15,14 +15,23 @@ ranks. The world comes from the launcher's environment:
 Backend NCCL on GPUs, gloo on CPU, chosen from the device; each rank computes on
 ``cuda:<local rank>`` on a GPU host, on the CPU otherwise. Without any of those variables a run is
 one process with no process group at all (today's single-process path, bit for bit).
+
+No rank outlives its launcher or a lost peer by more than a stated bound (section "Lifetime" below,
+docs/distributed.md): torchrun's agent gets a parent-death signal from ``suite run``, each rank one
+from the agent plus a thread that exits when its parent is gone (the portable fallback, and the one
+under srun), and every collective has a timeout.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as tdist
@@ -56,6 +65,86 @@ class World:
                    else "cpu")
         return {"world_size": self.size, "nodes": self.nodes, "ranks_per_node": self.local_size,
                 "launcher": self.launcher, "backend": self.backend, "device": self.device, "device_name": devices}
+
+
+# ---- lifetime: how long a rank may outlive its launcher or a lost peer -------------------------
+COLLECTIVE_TIMEOUT_S = 600.0
+"""A rank waits at most this long in one collective for its peers, then fails (init_process_group's
+timeout: gloo raises, NCCL's watchdog aborts the process). It is the bound on a hung or lost peer where
+no agent notices (srun), so it must exceed the longest gap between two collectives of a healthy run:
+a checkpoint or HF export written by rank 0 while the others wait. SUITE_COLLECTIVE_TIMEOUT_S overrides it."""
+BUILD_TIMEOUT_S = 6 * 3600.0
+"""The one longer wait: the other ranks wait while local rank 0 builds the base policy and filters the
+perfectible set with it (hours for a real model at 40 samples per prompt). SUITE_BUILD_TIMEOUT_S overrides it."""
+SHUTDOWN_GRACE_S = 10
+"""torchrun's agent, when it stops its ranks (its launcher died, a rank failed, Ctrl-C), sends SIGTERM and
+SIGKILL after this many seconds (``--shutdown-timeout``; torchrun's default is 30). A rank has nothing to save
+at that point: checkpoints are written atomically (docs/distributed.md)."""
+PARENT_POLL_S = 1.0
+"""How often a rank's watchdog thread checks that the process that started it is still there."""
+ORPHAN_TIMEOUT_S = SHUTDOWN_GRACE_S + 2 * PARENT_POLL_S
+"""The bound a user relies on: once ``suite run nproc=N``, torchrun's agent or (under srun) slurmstepd is
+killed, or one rank of a torchrun world dies, no process of the run is left after this many seconds."""
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+_watched: set[int] = set()  # parents this process already watches (init may run more than once per process)
+_patient = None  # a gloo group with BUILD_TIMEOUT_S, for the wait on local rank 0's build
+
+
+def _seconds(var: str, default: float) -> float:
+    return float(os.environ.get(var, default))
+
+
+def _prctl():
+    """libc's prctl, or None off Linux (macOS has no parent-death signal: the watchdog alone applies there)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl
+
+
+def _tied_to(parent: int, sig: int):
+    """A ``preexec_fn``: the child gets ``sig`` when ``parent`` (this process) dies, and never starts if it
+    already has. libc is looked up here, before the fork, so that the child runs no import."""
+    prctl = _prctl()
+
+    def tie() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, int(sig))
+        if os.getppid() != parent:
+            os._exit(1)
+    return tie
+
+
+def die_with_parent(pdeathsig: bool) -> None:
+    """End this process when the process that started it is gone: torchrun's agent, Slurm's slurmstepd,
+    or the rank that spawned a build child.
+
+    Two mechanisms. ``PR_SET_PDEATHSIG`` (Linux; ``pdeathsig=True``) makes the kernel send SIGKILL the
+    moment the parent dies, even while this process is blocked in C++ without the GIL; it fires when the
+    *thread* that forked us exits, so it is used only where that thread is known to live as long as its
+    parent (torchrun's agent starts its ranks from its main thread; multiprocessing spawns from ours).
+    The watchdog thread (every platform, and the only one under srun, whose slurmstepd is multi-threaded)
+    exits the process within ``PARENT_POLL_S`` once ``os.getppid()`` changes, i.e. once the parent is gone
+    and the process was re-parented.
+    """
+    parent = os.getppid()
+    if parent in _watched:
+        return
+    prctl = _prctl() if pdeathsig else None
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
+    _watched.add(parent)
+    threading.Thread(target=_watch, args=(parent, PARENT_POLL_S),
+                     name="suite-parent-watchdog", daemon=True).start()
+
+
+def _watch(parent: int, poll_s: float) -> None:
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    print(f"suite: pid {os.getpid()}: its parent {parent} (launcher) is gone; exiting", file=sys.stderr, flush=True)
+    os._exit(1)  # no cleanup: a half-finished collective or a GPU context is released by the exit itself
 
 
 def from_env(env=None) -> dict | None:
@@ -102,6 +191,7 @@ def init(nproc: int = 1, nnodes: int = 1) -> World:
     ``nproc``/``nnodes`` are the config's; when a launcher made the world they must agree with it
     (a default ``nproc=1`` under a user's torchrun takes the launcher's world).
     """
+    global _patient
     w = from_env()
     if w is None:
         if nproc * nnodes > 1:
@@ -111,6 +201,7 @@ def init(nproc: int = 1, nnodes: int = 1) -> World:
     if (nproc, nnodes) != (1, 1) and (w["local_size"], w["nodes"]) != (nproc, nnodes):
         raise ValueError(f"nproc={nproc} nnodes={nnodes}, but the launcher started {w['local_size']} ranks per node "
                          f"on {w['nodes']} node(s); drop nproc/nnodes or make them agree")
+    die_with_parent(pdeathsig="TORCHELASTIC_RUN_ID" in os.environ)  # torchrun's agent sets it for its ranks
     device = device_for(w["local_rank"])
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if w["launcher"] == "slurm":
@@ -119,14 +210,19 @@ def init(nproc: int = 1, nnodes: int = 1) -> World:
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     if not tdist.is_initialized():
-        tdist.init_process_group(backend, rank=w["rank"], world_size=w["size"],
+        timeout = _seconds("SUITE_COLLECTIVE_TIMEOUT_S", COLLECTIVE_TIMEOUT_S)
+        tdist.init_process_group(backend, rank=w["rank"], world_size=w["size"], timeout=timedelta(seconds=timeout),
                                  device_id=torch.device(device) if device.startswith("cuda") else None)
+        build_s = _seconds("SUITE_BUILD_TIMEOUT_S", BUILD_TIMEOUT_S)
+        _patient = tdist.new_group(backend="gloo", timeout=timedelta(seconds=build_s))
     return World(backend=backend, device=device, **w)
 
 
 def close(world: World) -> None:
+    global _patient
     if world.distributed and tdist.is_initialized():
         tdist.destroy_process_group()
+        _patient = None
 
 
 def check_ranks(nproc: int, nnodes: int) -> None:
@@ -160,9 +256,10 @@ def any_rank(flag: bool, world: World) -> bool:
     return bool(all_reduce(torch.tensor([float(flag)]), world, "max").item() > 0)
 
 
-def barrier(world: World) -> None:
+def barrier(world: World, patient: bool = False) -> None:
+    """Wait for every rank; ``patient``: up to BUILD_TIMEOUT_S instead of COLLECTIVE_TIMEOUT_S."""
     if world.distributed:
-        tdist.barrier()
+        tdist.barrier(group=_patient if patient else None)
 
 
 def broadcast_object(obj, world: World):
@@ -180,11 +277,22 @@ def launch(argv: list[str], nproc: int, nnodes: int) -> int:
 
     One node only: a launcher cannot start processes on other machines, so a multi-node run is
     started on every node by torchrun or srun (docs/distributed.md gives both commands).
+
+    The agent dies with this process: the kernel sends it SIGTERM when this process dies, however it
+    dies (SIGKILL included), and torchrun answers SIGTERM by stopping its ranks (SIGTERM, then SIGKILL
+    after SHUTDOWN_GRACE_S). When this process is unwound instead (Ctrl-C, an error), it stops the agent
+    the same way and waits for it.
     """
     if nnodes > 1:
         raise ValueError(f"nnodes={nnodes}: start the run on every node yourself, e.g. `torchrun --nnodes={nnodes} "
                          f"--nproc_per_node={nproc} --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 -m suite run ...` "
                          "or `srun --ntasks-per-node=... suite run ...` (docs/distributed.md)")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "suite.cli", *argv]
-    return subprocess.run(cmd).returncode
+           f"--shutdown-timeout={SHUTDOWN_GRACE_S}", "-m", "suite.cli", *argv]
+    agent = subprocess.Popen(cmd, preexec_fn=_tied_to(os.getpid(), signal.SIGTERM))
+    try:
+        return agent.wait()
+    finally:
+        if agent.poll() is None:
+            agent.terminate()
+            agent.wait()

@@ -10,6 +10,8 @@ import importlib.util
 import json
 import math
 import os
+import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -95,11 +97,12 @@ def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
         assert env["engine"] == "vllm" and env["world"]["world_size"] == 2
 
 
-def _rank_pid(launcher_pid: int, rank: int) -> int | None:
-    """The pid of the worker process with RANK=rank among the launcher's descendants."""
+def _rank_pid(launcher_pid: int, rank: int, var: str = "RANK") -> int | None:
+    """The pid of the worker process with ``var``=rank (RANK under torchrun, SLURM_PROCID under srun) among
+    the launcher's descendants."""
     for d in Path("/proc").iterdir():
         try:
-            if d.name.isdigit() and f"RANK={rank}".encode() in (d / "environ").read_bytes().split(b"\0") \
+            if d.name.isdigit() and f"{var}={rank}".encode() in (d / "environ").read_bytes().split(b"\0") \
                     and _descends(int(d.name), launcher_pid):
                 return int(d.name)
         except OSError:
@@ -139,6 +142,129 @@ def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
     ref = tmp_path / "ref" / "default" / "arith__grpo__fp16__s0" / "metrics.jsonl"
     assert metrics.read_bytes() == ref.read_bytes()
     assert json.loads((metrics.parent / "summary.json").read_text())["verdict"] != "incomplete"
+
+
+# ---- lifetime: no process of a run outlives its launcher or a lost peer (suite/dist.py) ---------------
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time) of a process, None once it is gone."""
+    try:
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def _alive(procs: dict[int, int]) -> list[int]:
+    """Those of {pid: start time} still running (a zombie is dead; a reused pid has another start time)."""
+    return [pid for pid, start in procs.items() if (s := _stat(pid)) is not None and s[0] != "Z" and s[2] == start]
+
+
+def _gone_after(procs: dict[int, int], bound_s: float) -> float:
+    """Seconds until none of ``procs`` runs; fails after ``bound_s`` (then kills what is left)."""
+    t0 = time.monotonic()
+    while _alive(procs) and time.monotonic() - t0 < bound_s + 30:
+        time.sleep(0.05)
+    took, left = time.monotonic() - t0, _alive(procs)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left and took <= bound_s, f"{left} still alive {took:.1f} s after the kill (bound {bound_s} s)"
+    print(f"all {len(procs)} processes gone {took:.2f} s after the kill (bound {bound_s} s)")
+    return took
+
+
+def _first_step(out: Path, starter: subprocess.Popen, log: Path) -> None:
+    """Wait until the run has logged a step: both ranks are past dist.init, inside their collectives."""
+    metrics = out / "default" / "arith__grpo__fp32__s0" / "metrics.jsonl"
+    deadline = time.time() + 300
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        assert starter.poll() is None, log.read_text()[-3000:]
+        time.sleep(0.05)
+    assert metrics.exists(), log.read_text()[-3000:]
+
+
+LONG = 1000  # steps: minutes of a smoke run (>= 0.1 s a step), so that no run ends by itself within the bounds below
+
+
+@pytest.mark.parametrize("victim", ["launcher", "agent", "rank 1"])
+def test_no_rank_outlives_a_killed_launcher_agent_or_peer(tmp_path, victim):
+    """`suite run nproc=2` SIGKILLed (the kernel sends torchrun's agent SIGTERM, which stops the ranks), torchrun's
+    agent SIGKILLed (each rank's parent-death signal), or one rank SIGKILLed (the agent stops the other): every
+    process of the run is gone within dist.ORPHAN_TIMEOUT_S, and a surviving launcher exits with an error."""
+    from suite import dist
+
+    out, log = tmp_path / "o", tmp_path / "log.txt"
+    with log.open("w") as f:
+        cmd = [sys.executable, "-m", "suite.cli", "run", *SMOKE, f"steps={LONG}", "nproc=2", f"out={out}"]
+        launcher = subprocess.Popen(cmd, env=ENV, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        _first_step(out, launcher, log)
+        ranks = [_rank_pid(launcher.pid, r) for r in (0, 1)]
+        assert None not in ranks, ranks
+        agent = _stat(ranks[0])[1]
+        assert _stat(ranks[1])[1] == agent and _stat(agent)[1] == launcher.pid
+        procs = {pid: _stat(pid)[2] for pid in (agent, *ranks)}
+        os.kill({"launcher": launcher.pid, "agent": agent, "rank 1": ranks[1]}[victim], signal.SIGKILL)
+        _gone_after(procs, dist.ORPHAN_TIMEOUT_S)
+        if victim != "launcher":
+            assert launcher.wait(timeout=dist.ORPHAN_TIMEOUT_S) != 0
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+COLLECTIVE_S = 10  # SUITE_COLLECTIVE_TIMEOUT_S of the srun test: short, and far above a smoke step (0.3 s)
+
+
+@pytest.mark.parametrize("fault", ["stepd killed", "rank 1 killed", "rank 1 hung"])
+def test_ranks_under_srun_end_without_an_agent(tmp_path, fault):
+    """Slurm tasks have no torchrun agent: ranks whose parent (slurmstepd, here a shell) dies are gone within
+    dist.ORPHAN_TIMEOUT_S (their watchdog threads); when a peer dies or hangs, the other rank fails with a nonzero
+    exit at its next collective, within the collective timeout (then srun --kill-on-bad-exit ends the step)."""
+    from suite import dist
+
+    out, log = tmp_path / "o", tmp_path / "log.txt"
+    env = {**ENV, "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
+           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()), "SUITE_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_S)}
+    run = shlex.join([sys.executable, "-m", "suite.cli", "run", *SMOKE, f"steps={LONG}", "nproc=2", f"out={out}"])
+    script = (f"SLURM_PROCID=0 SLURM_LOCALID=0 {run} & a=$!; SLURM_PROCID=1 SLURM_LOCALID=1 {run} & b=$!; "
+              "wait $a; echo rank 0 exited with $?; wait $b")
+    with log.open("w") as f:  # the shell stands in for slurmstepd: the ranks' parent
+        stepd = subprocess.Popen(["sh", "-c", script], env=env, stdout=f, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+    procs = {}
+    try:
+        _first_step(out, stepd, log)
+        ranks = [_rank_pid(stepd.pid, r, "SLURM_PROCID") for r in (0, 1)]
+        assert None not in ranks and all(_stat(r)[1] == stepd.pid for r in ranks), ranks
+        procs = {pid: _stat(pid)[2] for pid in ranks}
+        if fault == "stepd killed":
+            os.kill(stepd.pid, signal.SIGKILL)
+            _gone_after(procs, dist.ORPHAN_TIMEOUT_S)
+            return
+        os.kill(ranks[1], signal.SIGKILL if fault == "rank 1 killed" else signal.SIGSTOP)
+        # the bound: rank 0 reaches its next collective within a step, waits COLLECTIVE_S at most, then writes
+        # its incomplete summary and exits; the 10 s beyond the timeout are for that step and that exit
+        _gone_after({ranks[0]: procs[ranks[0]]}, COLLECTIVE_S + 10)
+        deadline = time.time() + 10  # the shell reaps rank 0 and prints its exit status
+        while time.time() < deadline and "rank 0 exited with" not in log.read_text():
+            time.sleep(0.05)
+        assert re.search(r"rank 0 exited with [1-9]", log.read_text()), log.read_text()[-3000:]
+    finally:
+        for pid in _alive(procs):
+            os.kill(pid, signal.SIGKILL)
+        if stepd.poll() is None:
+            os.killpg(stepd.pid, signal.SIGKILL)
+        stepd.wait()
 
 
 def test_resume_with_another_world_size_reshards(tmp_path):

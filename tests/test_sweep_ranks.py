@@ -121,6 +121,7 @@ def test_slurm_dry_run_asks_for_a_task_and_a_gpu_per_rank(tmp_path, capsys):
     for line in ("#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "#SBATCH --nodes=1",
                  "#SBATCH --array=0-5%6", "#SBATCH --partition=gpu", "#SBATCH --time=720"):
         assert line in text, line
+    assert "srun --unbuffered" in text and " --kill-on-bad-exit=1 " in text  # a dead rank ends the step
     assert sweep.main([*base, "nproc=8", "nnodes=2"]) == 0
     text = capsys.readouterr().out
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=8" in text
@@ -133,7 +134,7 @@ def test_slurm_dry_run_asks_for_a_task_and_a_gpu_per_rank(tmp_path, capsys):
     # One rank per cell: the job is what it was (one task, the user's GPUs or none).
     assert sweep.main([*base]) == 0
     text = capsys.readouterr().out
-    assert "#SBATCH --ntasks-per-node=1" in text and "--gpus-per-node" not in text
+    assert "#SBATCH --ntasks-per-node=1" in text and "--gpus-per-node" not in text and "--kill-on-bad-exit" not in text
     assert not out.exists()
 
 

@@ -3,9 +3,10 @@
 A submitit sweep submits every cell with one launcher config, so a cell of ``nproc`` ranks on
 ``nnodes`` nodes makes every job of the sweep that shape (the cells must agree):
 
-- **submitit_slurm**: ``tasks_per_node=nproc``, ``nodes=nnodes`` and ``gpus_per_node=nproc``,
-  each unless the user set it. Slurm starts the ranks as the job's tasks; ``suite.dist.from_env``
-  reads their world from SLURM_* variables and every task runs the cell (rank 0 writes).
+- **submitit_slurm**: ``tasks_per_node=nproc``, ``nodes=nnodes``, ``gpus_per_node=nproc`` and
+  ``srun_args=[--kill-on-bad-exit=1]`` (a rank that dies ends the step), each unless the user set
+  it. Slurm starts the ranks as the job's tasks; ``suite.dist.from_env`` reads their world from
+  SLURM_* variables and every task runs the cell (rank 0 writes).
   **GPU rule**: one GPU per rank unless the user asked for GPUs another way (``gpus_per_node``,
   ``gres``, ``gpus_per_task``). The job runs on a cluster node whose GPUs cannot be seen from
   where the sweep is planned (a dry run is usually prepared on a laptop or a login node), and a
@@ -56,6 +57,11 @@ def job_shape(launcher: str, ranks: tuple[int, int], user_overrides: list[str]) 
     ours = {"hydra.launcher.tasks_per_node": nproc, "hydra.launcher.nodes": nnodes}
     if not any(override_key(o) in GPU_FIELDS for o in user_overrides):
         ours["hydra.launcher.gpus_per_node"] = nproc
+    if not any(override_key(o) == "hydra.launcher.srun_args" for o in user_overrides):
+        # a rank that dies (OOM, a signal) ends the step: its peers would otherwise wait in a collective
+        # until dist.COLLECTIVE_TIMEOUT_S (a rank that raises still exits 0: run_cell records the failure).
+        # '++': hydra-submitit-launcher < 1.3 has no srun_args field (submitit itself takes it either way)
+        ours["++hydra.launcher.srun_args"] = "['--kill-on-bad-exit=1']"
     return ours
 
 

@@ -46,6 +46,9 @@ LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
 
 
 def _prepare_alone(cfg) -> None:
+    from suite import dist
+
+    dist.die_with_parent(pdeathsig=True)  # a killed rank must not leave its build (and a vLLM engine) running
     for k in LAUNCHER_ENV:
         os.environ.pop(k, None)
     prepare_data(cfg, Console())

@@ -229,7 +229,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                          else data.prepare_data(cfg, console))
             except Exception as e:
                 failed = e
-        dist.barrier(world)
+        dist.barrier(world, patient=True)  # a build may take hours: BUILD_TIMEOUT_S
         if dist.any_rank(failed is not None, world):  # a failed build stops every rank, not only the builder
             raise failed or RuntimeError("building the base policy or perfectible set failed on another node; see "
                                          "the log of its local rank 0")
