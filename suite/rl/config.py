@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -105,6 +106,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
     _apply_task_tier(cfg)
     if cfg.model is None:
         cfg.model = "embedded"
+    _apply_model_recipe(cfg)
+    lr_from_tier = cfg.optim.lr is None
     for key, value in tier.items():
         if key == "policy":
             for k, v in value.items():
@@ -123,7 +126,25 @@ def resolve(cfg: RunConfig) -> RunConfig:
             task = get_task(cfg.task)
             budget = len(task.trace(task.split("train", 1)[0])) + 8
         cfg.sampling.max_new_tokens = int(budget)
+    from suite.rl.models import check_recipe
+
+    for line in check_recipe(cfg.model, lr_from_tier, {k: getattr(cfg, k) for k in
+                                                       ("micro_batch", "gradient_checkpointing", "logprob_chunk")}):
+        warnings.warn(line, RecipeWarning, stacklevel=2)
     return cfg
+
+
+class RecipeWarning(UserWarning):
+    """A real model run with a setting of the embedded policy's recipe (suite/rl/models.py check_recipe)."""
+
+
+def _apply_model_recipe(cfg: RunConfig) -> None:
+    """A model preset brings its published recipe (suite/rl/models.py): after the task's tier, before the global
+    tier, so a task's published values and the command line win and the toy tiers fill only what is left."""
+    from suite.rl.models import PRESETS
+
+    if cfg.model in PRESETS:
+        _fill_defaults(cfg, PRESETS[cfg.model].recipe, f"model preset {cfg.model}")
 
 
 def _fill_defaults(cfg: RunConfig, values: dict[str, Any], source: str) -> None:
