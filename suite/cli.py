@@ -292,10 +292,19 @@ def cmd_import(args: list[str]) -> int:
     return verl_import.cli(args[1:])
 
 
+def cmd_doctor(args: list[str]) -> int:
+    """suite doctor [out=DIR]: the machine acceptance table (placement, dtypes, mismatch order, FP8 path, fp16
+    overflow, FSDP2 vs plain, kill and resume), every row measured on this machine; exit 1 if one fails."""
+    from suite.experiments import doctor
+
+    return doctor.main(args)
+
+
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
             "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids, "bench-memory": cmd_bench_memory,
             "report": cmd_report, "hypotheses": cmd_hypotheses, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer,
-            "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
+            "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import,
+            "doctor": cmd_doctor}
 
 
 # Subcommands whose key=value arguments are run-config fields (suite/rl/schema.py: RunConfig).
