@@ -418,6 +418,14 @@ def _config_help(command: str, args: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:  # `suite run --help | head`: the reader has gone; end as `yes | head` does, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        return 128 + 13  # killed by SIGPIPE, in the shell's terms
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0
