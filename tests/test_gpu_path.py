@@ -1,0 +1,87 @@
+"""Device bugs caught without a GPU. The ``meta`` device refuses to mix with CPU tensors exactly as CUDA does
+("Tensor on device cpu is not on the expected device meta!"), so a trainer put there fails where a GPU run would.
+"""
+
+import pytest
+import torch
+
+from suite import dist
+from suite.numerics import engine as engine_mod
+from suite.numerics.precision import FLOWS, resolve
+from suite.numerics.trainer import Trainer
+from suite.rl import config
+from suite.rl.policy import PolicySpec, build_model
+
+# The flows whose trainer runs the sampler's code (the replayed decode loop, the unified forward): autocast has no
+# meta backend, so the HF-module flows are covered on CUDA by `suite doctor`'s placement rows instead.
+ENGINE_CODE_FLOWS = [n for n, f in FLOWS.items() if f.exact or f.unified]
+
+
+@pytest.mark.parametrize("flow", ENGINE_CODE_FLOWS)
+def test_a_trainer_off_the_cpu_scores_a_cpu_batch_on_its_device(flow):
+    """The run hands the trainer CPU ids/attention/targets (the rollout's); every flow moves them to the rank's
+    device in one place, and the replay engine of the exact flow is built there (its inv_freq and eos too)."""
+    assert flow in ("exact", "fp8", "bf16_unified", "fp16_unified")
+    model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
+    trainer = Trainer(model, resolve(flow), "native", config.load(["tier=smoke"]).optim,
+                      world=dist.World(device="meta"))
+    ids = torch.randint(3, 20, (2, 8))
+    logp, ent = trainer.logprobs(ids, torch.ones_like(ids), 3, ids[:, -3:], 1.0)
+    assert logp.device.type == "meta" and logp.shape == (2, 3) and ent.shape == (2, 3)
+    assert trainer.observe()["param_device"] == "meta"
+    engine = trainer.replay or trainer.unified
+    assert engine.inv_freq.device.type == "meta" and engine.eos.device.type == "meta"
+
+
+def test_sampling_on_a_device_with_a_cpu_generator(monkeypatch):
+    """Evaluation and the benchmarks seed a CPU torch.Generator; CUDA's multinomial refuses a generator of another
+    device. The sampler then draws the uniforms on the generator's device and samples by inverse CDF on the
+    probabilities' device; on one device it keeps torch.multinomial (the CPU numbers of the references)."""
+    real = torch.multinomial
+
+    def strict(probs, n, generator=None):  # what CUDA does with a generator of another device
+        if generator is not None and generator.device != probs.device:
+            raise RuntimeError(f"Expected a '{probs.device.type}' device type for generator")
+        return real(probs, n, generator=generator)
+
+    monkeypatch.setattr(torch, "multinomial", strict)
+    logp = torch.log_softmax(torch.randn(4, 11, generator=torch.Generator().manual_seed(0)), -1)
+    tok = engine_mod._sample(logp.to("meta"), 1.0, torch.Generator().manual_seed(1))
+    assert tok.device.type == "meta" and tok.shape == (4,)
+    # same device: unchanged, the multinomial draw of the committed references
+    a = engine_mod._sample(logp, 1.0, torch.Generator().manual_seed(1))
+    assert torch.equal(a, real(logp.exp(), 1, generator=torch.Generator().manual_seed(1))[:, 0])
+    # the cross-device path is the inverse CDF of the generator's uniforms: the same tokens on the CPU
+    u = torch.rand(4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(engine_mod._sample(logp, 1.0, u), _inverse_cdf(logp, u))
+
+
+def _inverse_cdf(logp, u):
+    cdf = logp.exp().double().cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=logp.shape[-1] - 1)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_run_closes_its_sampler_and_builds_no_second_one_for_the_kl_reference(tmp_path, monkeypatch, fail):
+    """A sweep's cells run one after another in one process: each run shuts its sampler down (a vLLM engine holds
+    its GPU memory until then), whether it finishes or dies; the KL reference is a trainer, never a second engine."""
+    from suite.rl import train
+
+    built, closed, real = [], [], train.build_engines
+
+    def spy(cfg, model, world=None):
+        trainer, engine, backends = real(cfg, model, world)
+        built.append(engine)
+        engine.close = lambda: closed.append(engine)
+        if fail:
+            engine.sync = lambda weights: (_ for _ in ()).throw(RuntimeError("CUDA out of memory"))
+        return trainer, engine, backends
+
+    monkeypatch.setattr(train, "build_engines", spy)
+    cfg = config.load(["tier=smoke", "steps=1", "algo.kl_coef=0.01", f"out={tmp_path}"])
+    if fail:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            train.run(cfg)
+    else:
+        train.run(cfg)
+    assert len(built) == 1 and closed == built
