@@ -166,11 +166,15 @@ def is_weights(
     surrogates (rho, arXiv 2510.26788) and pi_theta for PG (w). Above C the weight is
     truncated to C (TIS), set to 0 (MIS) or kept (plain IS), per `_CORRECTIONS`.
 
-    Metrics: is/weight/{mean,min,max} of the raw weight before truncation or masking (the
-    mismatch signal; a practitioners' rule of thumb warns outside [0.5, 2]); is/truncated_frac
-    (TIS) and is/masked_frac (MIS), the fraction of units (tokens or sequences) whose raw
-    weight exceeded C and was truncated, resp. masked (0.0 for the other kind); is/ess, the normalised effective sample size (sum w)^2 / (n sum w^2) of the
-    weights actually applied (1 = uniform, 0 = everything masked).
+    Metrics, over units (response tokens, or sequences with at least one response token):
+    is/weight/{mean,min,max} of the raw weight before truncation or masking (the mismatch
+    signal; a practitioners' rule of thumb warns outside [0.5, 2]); is/applied/{mean,min,max}
+    of the weight after it (what verl and TRL report, suite/numerics/peers.py); is/truncated_frac
+    (TIS) and is/masked_frac (MIS), the fraction of units whose raw weight exceeded C and was
+    truncated, resp. masked (0.0 for the other kind): the weights the correction changed;
+    is/ess, the normalised effective sample size (sum w)^2 / (n sum w^2) of the applied
+    weights (1 = uniform, 0 = everything masked). Positions off the mask may hold anything
+    (-inf included): they are zeroed first.
     """
     spec = _CORRECTIONS[correction]
     if spec is None:
@@ -178,11 +182,12 @@ def is_weights(
     if sampler_logp is None:
         raise ValueError(f"correction {correction!r} needs sampler_logp (the sampler's log-probs), got None")
     level, above_c = spec
-    log_ratio = (numerator_logp - sampler_logp).detach()  # (B, T), off-mask already zero
+    m = mask.bool()
+    log_ratio = torch.where(m, numerator_logp.detach() - sampler_logp.detach(), 0.0)  # (B, T)
     if level == "token":
-        log_w, units = log_ratio, mask  # (B, T)
+        log_w, units = log_ratio, m  # (B, T)
     else:
-        log_w, units = log_ratio.sum(dim=-1, keepdim=True), mask.any(dim=-1, keepdim=True)  # (B, 1)
+        log_w, units = log_ratio.sum(dim=-1, keepdim=True), m.any(dim=-1, keepdim=True)  # (B, 1)
     raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     if above_c == "truncate":
         weight = raw.clamp(max=C)
@@ -194,14 +199,18 @@ def is_weights(
     raw_u, w_u = raw[units].double(), weight[units].double()  # (n,)
     if raw_u.numel() == 0:
         nan = math.nan
-        return weight, {k: nan for k in ("is/weight/mean", "is/weight/min", "is/weight/max",
-                                         "is/truncated_frac", "is/masked_frac", "is/ess")}
+        return weight, {k: nan for k in ("is/weight/mean", "is/weight/min", "is/weight/max", "is/applied/mean",
+                                         "is/applied/min", "is/applied/max", "is/truncated_frac",
+                                         "is/masked_frac", "is/ess")}
     above = float((raw_u > C).double().mean())
     sq = float(w_u.square().sum())
     metrics = {
         "is/weight/mean": float(raw_u.mean()),
         "is/weight/min": float(raw_u.min()),
         "is/weight/max": float(raw_u.max()),
+        "is/applied/mean": float(w_u.mean()),
+        "is/applied/min": float(w_u.min()),
+        "is/applied/max": float(w_u.max()),
         "is/truncated_frac": above if above_c == "truncate" else 0.0,
         "is/masked_frac": above if above_c == "mask" else 0.0,
         "is/ess": float(w_u.sum()) ** 2 / (w_u.numel() * sq) if sq > 0 else 0.0,

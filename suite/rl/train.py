@@ -387,8 +387,9 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     **({"ref/kl_k3": float(mismatch_metrics(ref_logp, old_logp, roll.mask)["mismatch/kl_k3"])}
                        if ref is not None else {}),
                 })
-                for key in updates[0]:
-                    row[key] = sum(u[key] for u in updates) / len(updates)  # NaN grad norm stays NaN
+                for key in updates[0]:  # NaN grad norm stays NaN; the IS weights after truncation (what verl and
+                    # TRL report) go to mechanism.jsonl, so that the committed references' metrics stay byte-comparable
+                    (mech if key.startswith("is/applied/") else row)[key] = sum(u[key] for u in updates) / len(updates)
                 if hasattr(task, "reward_stats"):  # symbolic-check counters of the math reward, this step's, all ranks
                     stats = task.reward_stats()
                     mine_stats = {k: v - reward_seen.get(k, 0) for k, v in stats.items()}
