@@ -85,3 +85,26 @@ def test_a_run_closes_its_sampler_and_builds_no_second_one_for_the_kl_reference(
     else:
         train.run(cfg)
     assert len(built) == 1 and closed == built
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_fp8_gemm_fallback_catches_either_error_and_says_so(monkeypatch, error):
+    """Builds whose row-wise _scaled_mm cannot emit fp32 raise a RuntimeError or a ValueError (sm89, CUDA < 12.9
+    wheels): either way the GEMM is computed emulated, a warning says why, and gemm_path (env.json) records it."""
+    from suite.numerics import fp8
+
+    def refuse(*a, **k):
+        raise error("Only bf16 high precision output types are supported for row-wise scaling.")
+
+    monkeypatch.setattr(fp8, "_has_fp8_tensor_cores", lambda t: True)
+    monkeypatch.setattr(fp8, "_fp8_gemm_cuda", refuse)
+    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
+    monkeypatch.setattr(fp8, "_FALLBACK_REASON", {})
+    g = torch.Generator().manual_seed(0)
+    (qa, sa), (qb, sb) = fp8.quantize_groupwise(torch.randn(16, 128, generator=g)), \
+        fp8.quantize_groupwise(torch.randn(32, 128, generator=g))
+    with pytest.warns(RuntimeWarning, match=f"raised {error.__name__}.*emulated"):
+        out = fp8._gemm(qa, sa, qb, sb)
+    assert torch.equal(out, fp8._fp8_gemm_emulated(qa, sa, qb, sb))
+    assert fp8.gemm_path("cpu") == {"path": "emulated", "reason": f"torch._scaled_mm raised {error.__name__}: "
+                                    "Only bf16 high precision output types are supported for row-wise scaling."}

@@ -129,8 +129,8 @@ def check_fp8_gemm() -> list[Row]:
     a, b = torch.randn(64, 256, generator=g).to(dev), torch.randn(32, 256, generator=g).to(dev)
     (qa, sa), (qb, sb) = fp8.quantize_groupwise(a), fp8.quantize_groupwise(b)
     got, want = fp8._gemm(qa, sa, qb, sb), fp8._fp8_gemm_emulated(qa, sa, qb, sb)
-    native = fp8._has_fp8_tensor_cores(qa) and dev not in fp8._NO_FP32_SCALED_MM
-    path = "torch._scaled_mm (FP8 tensor cores)" if native else f"emulated ({'no FP8 tensor cores' if not fp8._has_fp8_tensor_cores(qa) else 'scaled_mm cannot emit fp32 here'})"
+    p = fp8.gemm_path(dev)
+    path = f"{p['path']} ({p['reason']})"
     # Both sum the same exact products in fp32, in another order: |diff| <= K * eps32 * sum |a_k b_k|.
     bound = 256 * torch.finfo(torch.float32).eps * (fp8.dequantize_groupwise(qa, sa).abs()
                                                     @ fp8.dequantize_groupwise(qb, sb).abs().T)

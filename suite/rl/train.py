@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from suite import dist, results
-from suite.numerics import flops, machine, moe
+from suite.numerics import flops, fp8, machine, moe
 from suite.numerics.engine import Rollout, TorchEngine, left_pad, sequence_seeds
 from suite.numerics.mismatch import (
     mechanism_metrics,
@@ -262,6 +262,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 "precision": flow.describe(), "gemm_backend": backends, "lm_head_fp32": cfg.lm_head_fp32,
                 "engine": cfg.engine, "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
                 "trainer_observed": observed, "world": world.describe(),
+                **({"fp8_gemm": fp8.gemm_path(trainer.device)} if "fp8" in (flow.trainer_quant, flow.sampler_quant)
+                   else {}),
                 "task": {"name": task.name, "version": task.version},
                 "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
                             "build_threads": BUILD_THREADS, "provenance": prov},
