@@ -108,3 +108,46 @@ def test_fp8_gemm_fallback_catches_either_error_and_says_so(monkeypatch, error):
     assert torch.equal(out, fp8._fp8_gemm_emulated(qa, sa, qb, sb))
     assert fp8.gemm_path("cpu") == {"path": "emulated", "reason": f"torch._scaled_mm raised {error.__name__}: "
                                     "Only bf16 high precision output types are supported for row-wise scaling."}
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vllm(-cpu) not installed")
+def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_chunk_after_chunk(monkeypatch):
+    """Sleep mode (GPU only: vLLM's CPU worker ignores it, so this drives the engine's logic with a recording LLM):
+    a chunked evaluation samples its second chunk after the first put the engine to sleep, and a weight sync wakes
+    the weights, loads, then wakes the KV cache (vLLM's RL order, verl's rollout), freeing the trainer's cache first."""
+    from types import SimpleNamespace
+
+    from suite.numerics import vllm_engine
+
+    calls = []
+
+    class LLM:
+        def sleep(self, level):
+            calls.append(f"sleep{level}")
+
+        def wake_up(self, tags=None):
+            calls.append(f"wake {','.join(tags or ['all'])}")
+
+        def collective_rpc(self, name, kwargs):
+            calls.append(name)
+
+        def reset_prefix_cache(self):
+            calls.append("reset_prefix_cache")
+
+        def generate(self, prompts, params, use_tqdm):
+            calls.append("generate")
+            out = SimpleNamespace(token_ids=[5, 2], logprobs=[{5: SimpleNamespace(logprob=-0.1)},
+                                                               {2: SimpleNamespace(logprob=-0.2)}], finish_reason="stop")
+            return [SimpleNamespace(outputs=[out], request_id=str(i)) for i in range(len(prompts))]
+
+    monkeypatch.setattr(vllm_engine, "_free_cached_device_memory", lambda: calls.append("empty_cache"))
+    eng = object.__new__(vllm_engine.VllmEngine)
+    eng.llm, eng.sleep_mode, eng.asleep, eng.dtype, eng.eos, eng.n_syncs = LLM(), True, False, torch.float32, [2], 0
+    for _ in range(2):  # two evaluation chunks
+        eng.generate([[1, 3]], 4, 1.0, 1.0, torch.Generator().manual_seed(0))
+    assert calls == ["generate", "sleep1", "empty_cache", "wake weights", "empty_cache", "wake kv_cache",
+                     "generate", "sleep1"]
+    calls.clear()
+    eng.sync({"w": torch.zeros(2)})
+    assert calls == ["empty_cache", "wake weights", "reload_weights", "reset_prefix_cache", "empty_cache",
+                     "wake kv_cache"] and not eng.asleep

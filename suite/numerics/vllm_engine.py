@@ -36,9 +36,12 @@ How each requirement maps onto vLLM 0.32 (read from its source, paths relative t
   ``external_launcher`` (``_world_args``); every rank syncs the full weights it gathered from the
   FSDP2 shards, and vLLM loads its TP shard of them.
 - **sleep mode (GPU)**: with ``enable_sleep_mode`` the engine sleeps (level 1: weights to host RAM,
-  KV cache dropped) right after each rollout, and ``sync`` wakes it up *before* loading the new
-  weights (loading into offloaded memory would be lost). vLLM's CPU worker ignores sleep, so the
-  config refuses it there.
+  KV cache dropped) right after each rollout. It wakes in the order vLLM documents for RL and verl's
+  rollout follows: free the trainer's cached blocks, wake the *weights* only, load the new weights
+  (loading into offloaded memory would be lost), free again, then wake the *KV cache*, so weights and
+  cache never both compete with the trainer's cached memory. ``generate`` wakes a sleeping engine itself
+  (level 1 kept the weights on the host): a chunked evaluation samples chunk after chunk. vLLM's CPU
+  worker ignores sleep, so the config refuses it there.
 
 Nothing here imports vLLM at module level: the rest of the suite works without it.
 """
@@ -216,9 +219,10 @@ class VllmEngine:
     # ---- weights -------------------------------------------------------------------------
     def sync(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the trainer's current weights into the running engine (in memory, no checkpoint)."""
-        if self.asleep:  # wake first: weights loaded into offloaded memory would be lost
-            self.llm.wake_up()
-            self.asleep = False
+        woke = self.asleep
+        if woke:  # the weights first: weights loaded into offloaded memory would be lost
+            _free_cached_device_memory()
+            self.llm.wake_up(tags=["weights"])
         # Cast to the engine dtype here (vLLM's loader would cast too, warning once per tensor). FP8
         # layers receive sampler-dtype (bf16) weights, the checkpoint format they quantise online.
         weights = [(k, v.detach().to(self.dtype)) for k, v in state_dict.items()]
@@ -228,6 +232,18 @@ class VllmEngine:
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.n_syncs += 1
+        if woke:  # then the KV cache, into the memory the weight copy's temporaries left
+            _free_cached_device_memory()
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+
+    def _wake(self) -> None:
+        """Wake with the weights it slept with (level 1 kept them on the host), weights before KV cache."""
+        _free_cached_device_memory()
+        self.llm.wake_up(tags=["weights"])
+        _free_cached_device_memory()
+        self.llm.wake_up(tags=["kv_cache"])
+        self.asleep = False
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The engine's current parameters (vLLM names and layout), copied to CPU: for tests."""
@@ -240,8 +256,8 @@ class VllmEngine:
         or (B,) per-sequence seeds (engine.sequence_seeds), each request's own seeded stream."""
         from vllm import SamplingParams, TokensPrompt
 
-        if self.asleep:
-            raise RuntimeError("the vLLM engine is asleep: sync() the new weights before sampling")
+        if self.asleep:  # e.g. the second chunk of an evaluation: the same weights, slept after the first
+            self._wake()
         seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
                  else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
@@ -278,3 +294,10 @@ class VllmEngine:
             llm.llm_engine.engine_core.shutdown()
             del llm
         cleanup_dist_env_and_memory()
+
+
+def _free_cached_device_memory() -> None:
+    """Return the trainer's cached but unused CUDA blocks to the device before vLLM claims memory (verl does the
+    same around each wake-up); nothing to do without CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
