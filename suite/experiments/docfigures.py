@@ -442,7 +442,8 @@ def disagreements(path: Path, text: str | None = None) -> list[str]:
         want = _render(m["name"])
         if m["text"] != want:
             line = text.count("\n", 0, m.start()) + 1
-            out.append(f"{path.name}:{line}: generated:{m['name']} says {m['text'].strip()!r}, "
+            where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+            out.append(f"{where}:{line}: generated:{m['name']} says {m['text'].strip()!r}, "
                        f"the data give {want.strip()!r}")
     return out
 
