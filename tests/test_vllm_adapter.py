@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suite.numerics.vllm_engine import load_weights, reload_takes_iterator
+from suite.numerics.vllm_engine import FP8_METHOD, fp8_capable, load_weights, reload_takes_iterator
 
 
 class _RunnerNew:  # vLLM >= 0.16: v1/worker/gpu_model_runner.py
@@ -77,3 +77,11 @@ def test_installed_vllm_takes_the_iterator_path():
 
     pytest.importorskip("vllm")
     assert reload_takes_iterator()
+
+
+def test_fp8_is_refused_by_a_vllm_without_the_block_method(monkeypatch):
+    """vLLM < 0.21 has no fp8_per_block: the FP8 flows are refused with the reason, whatever the device."""
+    q = pytest.importorskip("vllm.model_executor.layers.quantization")
+    monkeypatch.setattr(q, "QUANTIZATION_METHODS", [m for m in q.QUANTIZATION_METHODS if m != FP8_METHOD])
+    ok, why = fp8_capable()
+    assert not ok and FP8_METHOD in why and "0.21" in why
