@@ -268,6 +268,17 @@ def cmd_hypotheses(args: list[str]) -> int:
     return hypotheses.cli(args)
 
 
+def cmd_submit(args: list[str]) -> int:
+    """suite submit RUN_DIR... --out DIR [--name NAME]: check runs with the leaderboard's validators, write a submission.
+
+      RUN_DIR...      run directories (or folders holding them)
+      --out DIR       the submission folder to write (nothing is written if any run would be rejected)
+      --check DIR...  check submission folders again instead (what CI runs on a pull request)"""
+    from suite.analysis import submit
+
+    return submit.cli(args)
+
+
 def cmd_leaderboard(args: list[str]) -> int:
     """suite leaderboard RESULTS_DIR... [--out DIR]: build the static leaderboard site.
 
@@ -358,7 +369,7 @@ def cmd_ls(args: list[str]) -> int:
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
             "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids, "ls": cmd_ls,
             "bench-memory": cmd_bench_memory, "report": cmd_report, "hypotheses": cmd_hypotheses,
-            "leaderboard": cmd_leaderboard, "transfer": cmd_transfer, "reference": cmd_reference,
+            "leaderboard": cmd_leaderboard, "submit": cmd_submit, "transfer": cmd_transfer, "reference": cmd_reference,
             "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import,
             "doctor": cmd_doctor}
 
