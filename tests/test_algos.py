@@ -218,7 +218,8 @@ def test_token_tis_truncates_at_C():
     assert grad[0, 1].item() == pytest.approx(-math.exp(-0.4) * 3.0 / (2 * NORM_LEN), rel=1e-12)
     assert metrics["is/truncated_frac"] == pytest.approx(1 / 5)
     assert metrics["is/masked_frac"] == 0.0
-    assert metrics["is/weight/max"] == pytest.approx(math.exp(1.4), rel=1e-12)
+    assert metrics["is/weight/max"] == pytest.approx(math.exp(1.4), rel=1e-12)  # before truncation
+    assert metrics["is/applied/max"] == 3.0  # after: what verl and TRL report
 
 
 def test_grpo_seq_mis_masks_whole_sequence():
@@ -251,6 +252,8 @@ def test_pg_seq_mis_zero_gradient_above_C():
     assert metrics["is/masked_frac"] == pytest.approx(0.5)
     # ESS of the applied weights [0, w1]: (0 + w1)^2 / (2 * (0 + w1^2)) = 1/2
     assert metrics["is/ess"] == pytest.approx(0.5, rel=1e-12)
+    assert metrics["is/applied/min"] == 0.0 and metrics["is/applied/max"] == pytest.approx(w1, rel=1e-12)
+    assert metrics["is/weight/max"] == pytest.approx(math.exp(1.7), rel=1e-12)
 
 
 def test_pg_seq_tis_weight_equals_C():
@@ -261,6 +264,8 @@ def test_pg_seq_tis_weight_equals_C():
     assert metrics["is/weight/max"] == pytest.approx(math.exp(1.7), rel=1e-12)  # raw, before truncation
     w1 = math.exp(-0.2)
     assert metrics["is/ess"] == pytest.approx((3.0 + w1) ** 2 / (2 * (9.0 + w1**2)), rel=1e-12)
+    assert metrics["is/applied/mean"] == pytest.approx((3.0 + w1) / 2, rel=1e-12)
+    assert metrics["is/applied/max"] == 3.0 and metrics["is/applied/min"] == pytest.approx(w1, rel=1e-12)
 
 
 def test_pg_seq_is_weights_and_ess():

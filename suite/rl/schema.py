@@ -153,11 +153,12 @@ class RunConfig:
     """Local copy of a dataset task's rows (sanity_r1d, math, gsm8k): a directory mirroring the hub repo, a
     parquet/jsonl file (the train split), or "train=A,test=B". None: the hub (suite/tasks/hub_tasks.py)."""
     precision: str = "fp32"
-    """Precision flow: one row of the table in suite/numerics/precision.py (fp32, bf16, fp16, bf16_fp32rollout, ...)."""
+    """Precision flow: one row of the table in suite/numerics/flows.py (``suite ls flows``: each engine's dtype)."""
     lm_head_fp32: bool = False
     """Compute the output head in fp32 in the sampler and the trainer together (ScaleRL, MiniMax-M1)."""
     algorithm: str = "grpo"
-    """Algorithm: one entry of the table in suite/rl/algos.py."""
+    """Algorithm: one row of the table in suite/rl/algo_table.py. What each name computes is listed under
+    Algorithms below and by ``suite ls algorithms``: a name another framework uses may mean other settings here."""
     seed: int = 0
     """Seed of the RL run (data order, sampling). The policy and the task have their own seeds."""
     tier: str = "small"
@@ -248,6 +249,7 @@ TIERS: dict[str, dict[str, Any]] = {
              "policy": dict(hidden=192, layers=4, heads=6, kv_heads=2, mlp=512, target_acc=0.75)},
 }
 ENGINES = ("torch", "vllm")
+GEMMS = ("auto", "native", "emulated")
 
 
 # The collapse search: regimes chosen for *sensitivity*, the way the published test
