@@ -10,5 +10,5 @@ The package follows the pipeline, one subpackage per stage, each importing only 
     experiments  many runs: named grids, sweeps and launchers, benchmarks, the TRL and verl bridges
 
 Shared by every stage: names.py (choices and suggestions), console.py, results.py (the result files, written
-atomically) and dist.py (the torch.distributed world). cli.py is the ``suite`` command over all of them.
+atomically), dist.py (the torch.distributed world) and lifetime.py (no process outlives its parent). cli.py is the ``suite`` command over all of them.
 """

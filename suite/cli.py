@@ -436,6 +436,9 @@ def _config_help(command: str, args: list[str]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from suite import lifetime
+
+    lifetime.honour_tie()  # a sweep's cell: it ends with the sweep (docs/distributed.md, "Lifetime")
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     try:

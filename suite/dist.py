@@ -28,13 +28,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as tdist
+
+from suite import lifetime
 
 
 @dataclass(frozen=True)
@@ -80,71 +80,18 @@ SHUTDOWN_GRACE_S = 10
 """torchrun's agent, when it stops its ranks (its launcher died, a rank failed, Ctrl-C), sends SIGTERM and
 SIGKILL after this many seconds (``--shutdown-timeout``; torchrun's default is 30). A rank has nothing to save
 at that point: checkpoints are written atomically (docs/distributed.md)."""
-PARENT_POLL_S = 1.0
-"""How often a rank's watchdog thread checks that the process that started it is still there."""
-ORPHAN_TIMEOUT_S = SHUTDOWN_GRACE_S + 2 * PARENT_POLL_S
-"""The bound a user relies on: once ``suite run nproc=N``, torchrun's agent or (under srun) slurmstepd is
-killed, or one rank of a torchrun world dies, no process of the run is left after this many seconds."""
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+ORPHAN_TIMEOUT_S = SHUTDOWN_GRACE_S + 3 * lifetime.PARENT_POLL_S
+"""The bound a user relies on: once a sweep, its cell's ``suite run nproc=N``, torchrun's agent or (under srun)
+slurmstepd is killed, or one rank of a torchrun world dies, no process of the run is left after this many
+seconds. Off Linux (watchdogs only) each of the three ties of the longest chain (sweep -> cell -> agent ->
+rank) is seen within one ``PARENT_POLL_S``, and the agent's stop of its ranks takes ``SHUTDOWN_GRACE_S`` at most;
+on Linux the parent-death signals make it about a second."""
 
-_watched: set[int] = set()  # parents this process already watches (init may run more than once per process)
 _patient = None  # a gloo group with BUILD_TIMEOUT_S, for the wait on local rank 0's build
 
 
 def _seconds(var: str, default: float) -> float:
     return float(os.environ.get(var, default))
-
-
-def _prctl():
-    """libc's prctl, or None off Linux (macOS has no parent-death signal: the watchdog alone applies there)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True).prctl
-
-
-def _tied_to(parent: int, sig: int):
-    """A ``preexec_fn``: the child gets ``sig`` when ``parent`` (this process) dies, and never starts if it
-    already has. libc is looked up here, before the fork, so that the child runs no import."""
-    prctl = _prctl()
-
-    def tie() -> None:
-        if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, int(sig))
-        if os.getppid() != parent:
-            os._exit(1)
-    return tie
-
-
-def die_with_parent(pdeathsig: bool) -> None:
-    """End this process when the process that started it is gone: torchrun's agent, Slurm's slurmstepd,
-    or the rank that spawned a build child.
-
-    Two mechanisms. ``PR_SET_PDEATHSIG`` (Linux; ``pdeathsig=True``) makes the kernel send SIGKILL the
-    moment the parent dies, even while this process is blocked in C++ without the GIL; it fires when the
-    *thread* that forked us exits, so it is used only where that thread is known to live as long as its
-    parent (torchrun's agent starts its ranks from its main thread; multiprocessing spawns from ours).
-    The watchdog thread (every platform, and the only one under srun, whose slurmstepd is multi-threaded)
-    exits the process within ``PARENT_POLL_S`` once ``os.getppid()`` changes, i.e. once the parent is gone
-    and the process was re-parented.
-    """
-    parent = os.getppid()
-    if parent in _watched:
-        return
-    prctl = _prctl() if pdeathsig else None
-    if prctl is not None:
-        prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL))
-    _watched.add(parent)
-    threading.Thread(target=_watch, args=(parent, PARENT_POLL_S),
-                     name="suite-parent-watchdog", daemon=True).start()
-
-
-def _watch(parent: int, poll_s: float) -> None:
-    while os.getppid() == parent:
-        time.sleep(poll_s)
-    print(f"suite: pid {os.getpid()}: its parent {parent} (launcher) is gone; exiting", file=sys.stderr, flush=True)
-    os._exit(1)  # no cleanup: a half-finished collective or a GPU context is released by the exit itself
 
 
 def from_env(env=None) -> dict | None:
@@ -201,7 +148,9 @@ def init(nproc: int = 1, nnodes: int = 1) -> World:
     if (nproc, nnodes) != (1, 1) and (w["local_size"], w["nodes"]) != (nproc, nnodes):
         raise ValueError(f"nproc={nproc} nnodes={nnodes}, but the launcher started {w['local_size']} ranks per node "
                          f"on {w['nodes']} node(s); drop nproc/nnodes or make them agree")
-    die_with_parent(pdeathsig="TORCHELASTIC_RUN_ID" in os.environ)  # torchrun's agent sets it for its ranks
+    # torchrun's agent (it sets TORCHELASTIC_RUN_ID) starts its ranks from its main thread: a parent-death
+    # signal is safe there; slurmstepd is multi-threaded: the watchdog alone (lifetime's docstring)
+    lifetime.die_with_parent(signal.SIGKILL, pdeathsig="TORCHELASTIC_RUN_ID" in os.environ)
     device = device_for(w["local_rank"])
     backend = "nccl" if device.startswith("cuda") else "gloo"
     if w["launcher"] == "slurm":
@@ -284,13 +233,18 @@ def broadcast_object(obj, world: World):
 
 
 # ---- launch ----------------------------------------------------------------------------------
+AGENT = "from suite import lifetime; lifetime.honour_tie(); from torch.distributed.run import main; main()"
+"""``python -c AGENT <torchrun arguments>``: torchrun (``python -m torch.distributed.run``), tied to its parent
+before torch is imported."""
+
+
 def launch(argv: list[str], nproc: int, nnodes: int) -> int:
     """Re-run ``suite <argv>`` as ``nproc`` ranks through torchrun on this node; return its exit code.
 
     One node only: a launcher cannot start processes on other machines, so a multi-node run is
     started on every node by torchrun or srun (docs/distributed.md gives both commands).
 
-    The agent dies with this process: the kernel sends it SIGTERM when this process dies, however it
+    The agent dies with this process (``lifetime``): it gets SIGTERM when this process dies, however it
     dies (SIGKILL included), and torchrun answers SIGTERM by stopping its ranks (SIGTERM, then SIGKILL
     after SHUTDOWN_GRACE_S). When this process is unwound instead (Ctrl-C, an error), it stops the agent
     the same way and waits for it.
@@ -299,9 +253,9 @@ def launch(argv: list[str], nproc: int, nnodes: int) -> int:
         raise ValueError(f"nnodes={nnodes}: start the run on every node yourself, e.g. `torchrun --nnodes={nnodes} "
                          f"--nproc_per_node={nproc} --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 -m suite run ...` "
                          "or `srun --ntasks-per-node=... suite run ...` (docs/distributed.md)")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+    cmd = [sys.executable, "-c", AGENT, "--standalone", f"--nproc_per_node={nproc}",
            f"--shutdown-timeout={SHUTDOWN_GRACE_S}", "-m", "suite.cli", *argv]
-    agent = subprocess.Popen(cmd, preexec_fn=_tied_to(os.getpid(), signal.SIGTERM))
+    agent = subprocess.Popen(cmd, env=lifetime.tied_env(os.environ, signal.SIGTERM))
     try:
         return agent.wait()
     finally:

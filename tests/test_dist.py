@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import process_tree
 import pytest
 import torch
 
@@ -116,30 +117,6 @@ def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
         assert env["engine"] == "vllm" and env["world"]["world_size"] == 2
 
 
-def _rank_pid(launcher_pid: int, rank: int, var: str = "RANK") -> int | None:
-    """The pid of the worker process with ``var``=rank (RANK under torchrun, SLURM_PROCID under srun) among
-    the launcher's descendants."""
-    for d in Path("/proc").iterdir():
-        try:
-            if d.name.isdigit() and f"{var}={rank}".encode() in (d / "environ").read_bytes().split(b"\0") \
-                    and _descends(int(d.name), launcher_pid):
-                return int(d.name)
-        except OSError:
-            continue
-    return None
-
-
-def _descends(pid: int, ancestor: int) -> bool:
-    while pid > 1:
-        if pid == ancestor:
-            return True
-        try:
-            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-    return False
-
-
 def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
     args = ["precision=fp16", "steps=8", "ckpt_every=3", "nproc=2"]
     _suite_run(f"out={tmp_path / 'ref'}", *args)
@@ -148,7 +125,7 @@ def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
     deadline = time.time() + 300
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 4):
         time.sleep(0.05)
-    victim = _rank_pid(proc.pid, 1)
+    victim = process_tree.with_env(proc.pid, "RANK", 1)
     assert victim is not None, "rank 1 not found"
     os.kill(victim, signal.SIGKILL)  # rank 1 dies between (or inside) steps 4-5; torchrun takes the rest down
     proc.wait(timeout=120)
@@ -163,70 +140,36 @@ def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
     assert json.loads((metrics.parent / "summary.json").read_text())["verdict"] != "incomplete"
 
 
-# ---- lifetime: no process of a run outlives its launcher or a lost peer (suite/dist.py) ---------------
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time) of a process, None once it is gone."""
-    try:
-        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return fields[0], int(fields[1]), int(fields[19])
-
-
-def _alive(procs: dict[int, int]) -> list[int]:
-    """Those of {pid: start time} still running (a zombie is dead; a reused pid has another start time)."""
-    return [pid for pid, start in procs.items() if (s := _stat(pid)) is not None and s[0] != "Z" and s[2] == start]
-
-
-def _gone_after(procs: dict[int, int], bound_s: float) -> float:
-    """Seconds until none of ``procs`` runs; fails after ``bound_s`` (then kills what is left)."""
-    t0 = time.monotonic()
-    while _alive(procs) and time.monotonic() - t0 < bound_s + 30:
-        time.sleep(0.05)
-    took, left = time.monotonic() - t0, _alive(procs)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left and took <= bound_s, f"{left} still alive {took:.1f} s after the kill (bound {bound_s} s)"
-    print(f"all {len(procs)} processes gone {took:.2f} s after the kill (bound {bound_s} s)")
-    return took
-
-
-def _first_step(out: Path, starter: subprocess.Popen, log: Path) -> None:
-    """Wait until the run has logged a step: both ranks are past dist.init, inside their collectives."""
-    metrics = out / "default" / "arith__grpo__fp32__s0" / "metrics.jsonl"
-    deadline = time.time() + 300
-    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
-        assert starter.poll() is None, log.read_text()[-3000:]
-        time.sleep(0.05)
-    assert metrics.exists(), log.read_text()[-3000:]
-
-
+# ---- lifetime: no process of a run outlives its launcher or a lost peer (suite/lifetime.py) ------------
 LONG = 1000  # steps: minutes of a smoke run (>= 0.1 s a step), so that no run ends by itself within the bounds below
 
 
 @pytest.mark.parametrize("victim", ["launcher", "agent", "rank 1"])
 def test_no_rank_outlives_a_killed_launcher_agent_or_peer(tmp_path, victim):
-    """`suite run nproc=2` SIGKILLed (the kernel sends torchrun's agent SIGTERM, which stops the ranks), torchrun's
-    agent SIGKILLed (each rank's parent-death signal), or one rank SIGKILLed (the agent stops the other): every
-    process of the run is gone within dist.ORPHAN_TIMEOUT_S, and a surviving launcher exits with an error."""
+    """`suite run nproc=2` SIGKILLed (its agent gets SIGTERM from the kernel and stops the ranks), torchrun's agent
+    SIGKILLed (each rank's parent-death signal), or one rank SIGKILLed (the agent stops the other): every process
+    below the launcher is gone within dist.ORPHAN_TIMEOUT_S (from the watchdog period and the agent's shutdown
+    grace, not from this machine's speed), and a surviving launcher exits with an error."""
     from suite import dist
 
     out, log = tmp_path / "o", tmp_path / "log.txt"
     with log.open("w") as f:
         cmd = [sys.executable, "-m", "suite.cli", "run", *SMOKE, f"steps={LONG}", "nproc=2", f"out={out}"]
         launcher = subprocess.Popen(cmd, env=ENV, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    procs = {}
     try:
-        _first_step(out, launcher, log)
-        ranks = [_rank_pid(launcher.pid, r) for r in (0, 1)]
+        process_tree.first_step(out / "default" / "arith__grpo__fp32__s0" / "metrics.jsonl", launcher, log)
+        ranks = [process_tree.with_env(launcher.pid, "RANK", r) for r in (0, 1)]
         assert None not in ranks, ranks
-        agent = _stat(ranks[0])[1]
-        assert _stat(ranks[1])[1] == agent and _stat(agent)[1] == launcher.pid
-        procs = {pid: _stat(pid)[2] for pid in (agent, *ranks)}
+        agent = process_tree.stat(ranks[0])[1]
+        assert process_tree.stat(ranks[1])[1] == agent and process_tree.stat(agent)[1] == launcher.pid
+        procs = process_tree.tree(launcher.pid)  # the agent, the ranks and anything they started
         os.kill({"launcher": launcher.pid, "agent": agent, "rank 1": ranks[1]}[victim], signal.SIGKILL)
-        _gone_after(procs, dist.ORPHAN_TIMEOUT_S)
+        process_tree.gone_after(procs, dist.ORPHAN_TIMEOUT_S)
         if victim != "launcher":
             assert launcher.wait(timeout=dist.ORPHAN_TIMEOUT_S) != 0
     finally:
+        process_tree.kill_all(procs)
         if launcher.poll() is None:
             launcher.kill()
         launcher.wait()
@@ -262,25 +205,25 @@ def test_ranks_under_srun_end_without_an_agent(tmp_path, fault):
                                  start_new_session=True)
     procs = {}
     try:
-        _first_step(out, stepd, log)
-        ranks = [_rank_pid(stepd.pid, r, "SLURM_PROCID") for r in (0, 1)]
-        assert None not in ranks and all(_stat(r)[1] == stepd.pid for r in ranks), ranks
-        procs = {pid: _stat(pid)[2] for pid in ranks}
+        process_tree.first_step(out / "default" / "arith__grpo__fp32__s0" / "metrics.jsonl", stepd, log)
+        ranks = [process_tree.with_env(stepd.pid, "SLURM_PROCID", r) for r in (0, 1)]
+        assert None not in ranks and all(process_tree.stat(r)[1] == stepd.pid for r in ranks), ranks
+        procs = process_tree.tree(stepd.pid)
         if fault == "stepd killed":
             os.kill(stepd.pid, signal.SIGKILL)
-            _gone_after(procs, dist.ORPHAN_TIMEOUT_S)
+            process_tree.gone_after(procs, dist.ORPHAN_TIMEOUT_S)
             return
         os.kill(ranks[1], signal.SIGKILL if fault == "rank 1 killed" else signal.SIGSTOP)
-        # the bound: rank 0 reaches its next collective within a step, waits COLLECTIVE_S at most, then writes
-        # its incomplete summary and exits; the 10 s beyond the timeout are for that step and that exit
-        _gone_after({ranks[0]: procs[ranks[0]]}, COLLECTIVE_S + 10)
+        # The bound is the timeout's own scale: rank 0 is at most one step (0.3 s) from its next collective, waits
+        # COLLECTIVE_S at most, then writes its incomplete summary and exits. Without a finite timeout it would
+        # wait for gloo's default, 30 minutes.
+        process_tree.gone_after({ranks[0]: procs[ranks[0]]}, 2 * COLLECTIVE_S)
         deadline = time.time() + 10  # the shell reaps rank 0 and prints its exit status
         while time.time() < deadline and "rank 0 exited with" not in log.read_text():
             time.sleep(0.05)
         assert re.search(r"rank 0 exited with [1-9]", log.read_text()), log.read_text()[-3000:]
     finally:
-        for pid in _alive(procs):
-            os.kill(pid, signal.SIGKILL)
+        process_tree.kill_all(procs)
         if stepd.poll() is None:
             os.killpg(stepd.pid, signal.SIGKILL)
         stepd.wait()

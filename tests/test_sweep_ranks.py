@@ -8,8 +8,12 @@ task and a GPU per rank. Everything here runs on this CPU (gloo); no GPU and no 
 import json
 import os
 import re
+import signal
+import subprocess
+import sys
 from types import SimpleNamespace
 
+import process_tree
 import pytest
 
 from suite import dist
@@ -87,6 +91,36 @@ def test_basic_launcher_starts_a_cells_ranks_with_torchrun_and_records_a_failed_
     printed = capfd.readouterr().out
     assert "step    2" not in printed  # ... not on the sweep's terminal
     assert f"FAILED {bad}: process exited with code 9" in printed
+
+
+@pytest.mark.parametrize("launcher", ["launcher=local", "hydra/launcher=basic"])
+def test_a_killed_sweep_leaves_no_rank_of_its_cells(tmp_path, launcher):
+    """`suite sweep` SIGKILLed while a 2-rank cell trains: local (the sweep -> the cell's `suite run` -> torchrun's
+    agent -> the ranks) and Hydra's basic launcher (the sweep runs the cell and starts the agent itself). Every
+    process below the sweep is gone within dist.ORPHAN_TIMEOUT_S (from the watchdog period and the agent's
+    shutdown grace, not from this machine's speed)."""
+    out, log = tmp_path / "out", tmp_path / "log.txt"
+    args = ["grid=sanity", "tier=smoke", "steps=1000", f"out={out}", "name=k", "precision=fp32", "algorithm=grpo",
+            "seed=0", "nproc=2", launcher]  # 1000 steps: minutes, so nothing ends by itself
+    metrics = out / "k" / "arith__grpo__fp32__s0" / "metrics.jsonl"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with log.open("w") as f:
+        swept = subprocess.Popen([sys.executable, "-m", "suite.cli", "sweep", *args], env=env, stdout=f,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+    procs = {}
+    try:
+        process_tree.first_step(metrics, swept, log)
+        ranks = [process_tree.with_env(swept.pid, "RANK", r) for r in (0, 1)]
+        assert None not in ranks, (ranks, log.read_text()[-3000:])
+        procs = process_tree.tree(swept.pid)  # the cell's process (local), the agent, the ranks
+        assert len(procs) >= (4 if launcher == "launcher=local" else 3), procs
+        os.kill(swept.pid, signal.SIGKILL)
+        process_tree.gone_after(procs, dist.ORPHAN_TIMEOUT_S)
+    finally:
+        process_tree.kill_all(procs)
+        if swept.poll() is None:
+            swept.kill()
+        swept.wait()
 
 
 @pytest.mark.parametrize("extra, words", [

@@ -20,7 +20,7 @@ start on an empty machine; when the head of the queue does not fit, the first sm
 fits starts (first fit). Multi-node cells cannot run here and are refused before any compute.
 
 A cell killed outright (OOM killer, segfault) still gets an ``incomplete`` summary and the others
-go on. Each cell's ``log.txt`` records when the sweep started and reaped it (``sweep: cell started
+go on. A sweep killed outright (SIGKILL included) ends its cells and their ranks (``suite.lifetime``). Each cell's ``log.txt`` records when the sweep started and reaped it (``sweep: cell started
 at <unix time>`` / ``finished at``), the same lines ``sweep.run_cell`` writes.
 
 Cells are duck-typed (``.cfg``, ``.overrides``, ``.run_dir``): ``suite.experiments.sweep`` imports this
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +44,8 @@ from rich.progress import (
     TextColumn,
     TimeElapsedColumn,
 )
+
+from suite import lifetime
 
 
 # ---- the cell's files ----------------------------------------------------------------------------
@@ -200,8 +203,9 @@ def _start(cell, env: dict) -> subprocess.Popen:
         logf.write(f"sweep: cell started at {time.time():.3f} ({cell.cfg.nproc} rank(s) x {cell.cfg.threads} "
                    f"thread(s), launcher local{gpus})\n")
         logf.flush()
+        # tied: a killed sweep ends its cells, and they their ranks (suite/lifetime.py)
         return subprocess.Popen([sys.executable, "-m", "suite.cli", "run", *cell.overrides],
-                                stdout=logf, stderr=subprocess.STDOUT, env=env)
+                                stdout=logf, stderr=subprocess.STDOUT, env=lifetime.tied_env(env, signal.SIGTERM))
 
 
 def _finish(cell, proc: subprocess.Popen, console: Console) -> None:

@@ -46,9 +46,14 @@ LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_R
 
 
 def _prepare_alone(cfg) -> None:
-    from suite import dist
+    import multiprocessing
+    import signal
 
-    dist.die_with_parent(pdeathsig=True)  # a killed rank must not leave its build (and a vLLM engine) running
+    from suite import lifetime
+
+    # a killed rank must not leave its build (and a vLLM engine) running; the rank spawned this process
+    # from its main thread, so the parent-death signal is safe
+    lifetime.die_with_parent(signal.SIGKILL, multiprocessing.parent_process().pid)
     for k in LAUNCHER_ENV:
         os.environ.pop(k, None)
     prepare_data(cfg, Console())
