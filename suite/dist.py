@@ -16,10 +16,10 @@ Backend NCCL on GPUs, gloo on CPU, chosen from the device; each rank computes on
 ``cuda:<local rank>`` on a GPU host, on the CPU otherwise. Without any of those variables a run is
 one process with no process group at all (today's single-process path, bit for bit).
 
-No rank outlives its launcher or a lost peer by more than a stated bound (section "Lifetime" below,
-docs/distributed.md): torchrun's agent gets a parent-death signal from ``suite run``, each rank one
-from the agent plus a thread that exits when its parent is gone (the portable fallback, and the one
-under srun), and every collective has a timeout.
+No rank outlives its launcher or a lost peer by more than a stated bound (section "lifetime" below,
+docs/distributed.md): torchrun's agent dies with ``suite run`` and each rank with the agent (or with
+slurmstepd), by ``suite.lifetime``'s parent-death signal and watchdog thread, and every collective
+has a timeout.
 """
 
 from __future__ import annotations
