@@ -438,3 +438,19 @@ def test_good_override_returns_new_entry_and_leaves_table_alone():
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.C = 5.0  # type: ignore[misc]
     assert isinstance(a, Algorithm)
+
+
+def test_every_algorithm_says_what_it_is_and_grpo_says_it_is_not_verl_or_trl_grpo():
+    """`algorithm=grpo` is the sanity test's Dr.GRPO with clip-higher; a verl or TRL user reading "grpo" means
+    std-normalised advantages and a symmetric clip 0.2 (verl's clip_ratio, TRL's epsilon), which is grpo_vanilla
+    here (the GRPO paper's aggregation). The one-line summaries every listing prints must say so."""
+    from suite.rl.algos import SUMMARIES, list_algorithms
+
+    assert set(SUMMARIES) == set(ALGORITHMS)
+    rows = {r["name"]: r for r in list_algorithms()}
+    assert rows["grpo"]["clip"] == "0.2/0.28" and rows["grpo"]["advantage"] == "mean"
+    for name in ("grpo", "grpo_token_tis", "grpo_seq_tis", "grpo_seq_mis"):
+        assert "NOT what verl or TRL run as GRPO" in rows[name]["summary"] and "grpo_vanilla" in rows[name]["summary"]
+    vanilla = get_algorithm("grpo_vanilla")
+    assert (vanilla.advantage, vanilla.agg, vanilla.clip_low, vanilla.clip_high) == ("std", "seq-mean-token-mean", 0.2, 0.2)
+    assert "dynamic sampling" in rows["dapo"]["summary"]

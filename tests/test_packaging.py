@@ -46,6 +46,10 @@ def test_the_wheel_builds_without_warnings_and_carries_every_file_the_checkout_t
                              check=True).stdout.split()
     missing = [f for f in tracked if f not in names and not f.endswith(".pyc")]
     assert not missing, f"files under suite/ the wheel lacks: {missing}"
+    # The top-level tasks/ and recipes/ travel inside the package (setup.py), found there by suite/locations.py.
+    shipped = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "tasks", "recipes"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert shipped and not [f for f in shipped if f"suite/_shipped/{f}" not in names]
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     meta = zipfile.ZipFile(whl).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in meta
@@ -79,6 +83,14 @@ def test_a_wheel_installed_outside_the_checkout_runs_a_smoke_run(wheel, tmp_path
     check = ("import importlib.metadata as m; from packaging.requirements import Requirement as R; "
              "bad = [str(r) for r in map(R, m.requires('lowprec-rl-suite')) if r.marker is None "
              "and not r.specifier.contains(m.version(r.name), prereleases=True)]; print(bad); assert not bad")
+    subprocess.run([py, "-c", check], check=True, cwd=tmp_path, env=env)
+
+    # The suite's own tasks and recipes come from the wheel; references are looked for under the current directory.
+    check = ("from suite.tasks.registry import task_names, TASK_DIR; from suite.rl import recipe, config; "
+             "from suite.results import REFERENCE_ROOT; import pathlib; "
+             "assert TASK_DIR.parts[-2:] == ('_shipped', 'tasks') and 'arith3' in task_names(), TASK_DIR; "
+             "assert config.load(['tier=smoke', 'recipe=dapo_loss']).algorithm == 'dapo'; "
+             "assert REFERENCE_ROOT == pathlib.Path.cwd() / 'results' / 'reference', REFERENCE_ROOT")
     subprocess.run([py, "-c", check], check=True, cwd=tmp_path, env=env)
 
     proc = subprocess.run([venv / "bin" / "suite", "run", "tier=smoke", "steps=2", "out=runs"], cwd=tmp_path,

@@ -23,7 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from suite.analysis.reproduce import REFERENCE_ROOT, invariants
+from suite.analysis.reproduce import REFERENCE_ROOT, invariants, known_classes
+from suite.locations import refuse_installed, where_to_get_references
 from suite.numerics import machine
 from suite.results import atomic_write_json, read_jsonl
 
@@ -115,13 +116,15 @@ def cli(args: list[str], console: Console) -> int:
         console.print(f"invariant: {i['name']}: {'n/a' if i['ok'] is None else 'holds' if i['ok'] else 'BROKEN'} "
                       f"({i['detail']})", highlight=False)
     if write:
+        refuse_installed(path_for(cls["id"]), "suite fingerprint --write")
         atomic_write_json(path_for(cls["id"]), got)
         console.print(f"written to {path_for(cls['id'])}: commit it", highlight=False)
         return 0
     want = load(cls["id"])
     if want is None:
-        console.print(f"no committed fingerprint for machine class {cls['id']}: invariants only "
-                      f"(`suite fingerprint --write` on this class makes one)", highlight=False)
+        hint = "" if known_classes() else f"; {where_to_get_references()}"
+        console.print(f"no committed fingerprint for machine class {cls['id']} under {REFERENCE_ROOT}: invariants only "
+                      f"(`suite fingerprint --write` on this class makes one){hint}", highlight=False)
         return 0 if all(i["ok"] is not False for i in got["invariants"]) else 1
     problems = compare(got, want)
     for p in problems:

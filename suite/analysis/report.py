@@ -46,6 +46,16 @@ def _series(runs: list[Run], key: str) -> list[dict]:
     return out
 
 
+def algorithm_names(algos: list[str]) -> str:
+    """What the report's algorithm names mean (suite/rl/algos.py SUMMARIES), so that ``grpo`` is never read as
+    verl's or TRL's GRPO; "" when none of them is the suite's (runs imported from another framework)."""
+    from suite.rl.algos import SUMMARIES
+
+    known = [a for a in algos if a in SUMMARIES]
+    return ("Algorithm names are the suite's (docs/algorithms.md): " + "; ".join(f"{a} = {SUMMARIES[a]}" for a in known)
+            + ".") if known else ""
+
+
 def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     """Every section of the report, drawing the figures into `fig_dir` on the way."""
     from suite.analysis import figures
@@ -71,6 +81,7 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
               f"{', '.join(map(str, sorted({r.seed for r in runs})))}. {len(bad)} run(s) incomplete or failed. "
               "Every number below is computed from the run directories alone (suite report)."),
         ("p", machine_sentence(runs)),
+        *([("p", names)] if (names := algorithm_names(algos)) else []),
         ("h", "Warnings", "warnings"),
         ("warn", warnings) if warnings else ("p", "None: the runs differ only in the grid axes (precision, "
                                                   "algorithm, seed), and every file was readable."),

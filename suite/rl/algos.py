@@ -1,21 +1,11 @@
 """The algorithm table: one name -> (advantage, surrogate, IS correction, aggregation).
 
-Notation (after arXiv 2510.26788 "Defeating the Training-Inference
-Mismatch via FP16", code github.com/sail-sg/Precision-RL):
-  mu           the sampler (rollout engine) that drew y, at the old parameters theta'
-  pi_theta'    the trainer at those same old parameters (`old_logp`, no grad)
-  pi_theta     the trainer now (`trainer_logp`, carries the gradient)
-  r_t   = pi_theta(y_t) / pi_theta'(y_t)          PPO ratio (on-policy part)
-  rho_t = pi_theta'(y_t) / mu(y_t), rho = prod_t rho_t   mismatch ratio at theta'
-  w     = pi_theta(y) / mu(y), detached             PG sequence weight
-  l_t   = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high))   PPO-clip, arXiv 1707.06347 Eq. (7)
-
-A loss is: per-token surrogate (B, T)  x  detached IS weight (B, T) or (B, 1)  ->  aggregate.
-`policy_loss` is the one place that dispatches on the surrogate; `is_weights` is the one
-place that interprets the correction, through the `_CORRECTIONS` table. Every variant in
-`ALGORITHMS` is a parameter setting of that shared kernel.
-
-Shapes: B sequences, T response positions (right-padded), P prompts x G samples = B.
+Names follow the sanity test (arXiv 2510.26788), not verl or TRL: ``grpo`` here is that paper's "PPO", i.e.
+Dr.GRPO's advantage (no division by the group std), the token sum over a constant (the max response length)
+and clip-higher 0.2/0.28. What verl and TRL run as GRPO divides the advantage by the group std and clips
+0.2/0.2: ``grpo_vanilla`` (the GRPO paper's seq-mean-token-mean; ``algo.agg=token-mean`` gives verl's and TRL's
+default aggregation). ``SUMMARIES`` says it for every name, and ``suite ls algorithms``, ``suite run --help``,
+the report and docs/algorithms.md print it.
 """
 
 from __future__ import annotations
@@ -149,6 +139,37 @@ ALGORITHMS: dict[str, Algorithm] = {
         ),
     )
 }
+
+
+# One line per algorithm, for every place that lists them: what the name means here and, where verl or TRL use
+# the same name for something else, the difference (docs/algorithms.md has the flag-by-flag mapping).
+_NOT_GRPO = ("; NOT what verl or TRL run as GRPO: their defaults divide the advantage by the group std and clip "
+             "0.2/0.2 (grpo_vanilla is the GRPO paper's loss; add algo.agg=token-mean for verl's and TRL's default "
+             "aggregation)")
+SUMMARIES: dict[str, str] = {
+    "grpo": "the sanity test's PPO: Dr.GRPO advantage (r - group mean, no std), token sum / max length, clip "
+            "0.2/0.28, no IS correction" + _NOT_GRPO,
+    "grpo_token_tis": "grpo + per-token truncated IS on the sampler mismatch, min(rho_t, C)" + _NOT_GRPO,
+    "grpo_seq_tis": "grpo + sequence-level truncated IS, min(rho, C)" + _NOT_GRPO,
+    "grpo_seq_mis": "grpo + sequence-level masked IS, rho * 1{rho <= C}" + _NOT_GRPO,
+    "pg_seq_is": "policy gradient -A log pi weighted by the sequence ratio pi/mu, no clip",
+    "pg_seq_tis": "pg_seq_is with the sequence weight truncated at C",
+    "pg_seq_mis": "pg_seq_is with sequences whose weight exceeds C masked out",
+    "gspo": "GSPO: clipped length-normalised sequence ratio (clip 3e-4/4e-4), std-normalised advantage, "
+            "seq-mean-token-mean",
+    "grpo_vanilla": "GRPO as published (arXiv 2402.03300): (r - mean) / std advantage, seq-mean-token-mean, clip "
+                    "0.2/0.2 (TRL loss_type=grpo); verl's and TRL's defaults aggregate token-mean instead",
+    "dr_grpo": "Dr.GRPO: r - mean advantage, token sum / max length, clip 0.2/0.2 (grpo with a symmetric clip)",
+    "dapo": "DAPO's loss: (r - mean) / std advantage, token-mean over the batch, clip-higher 0.2/0.28; without "
+            "DAPO's dynamic sampling and overlong shaping (the suite has neither)",
+}
+
+
+def list_algorithms() -> list[dict]:
+    """One row per algorithm, for ``suite ls algorithms``: its table entry and its one-line meaning."""
+    return [{"name": a.name, "advantage": a.advantage, "surrogate": a.surrogate, "correction": a.correction,
+             "C": a.C, "clip": f"{a.clip_low:g}/{a.clip_high:g}", "agg": a.agg, "summary": SUMMARIES[a.name]}
+            for a in ALGORITHMS.values()]
 
 
 def get_algorithm(name: str, **overrides) -> Algorithm:
