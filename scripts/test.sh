@@ -10,5 +10,10 @@ if [ -n "${CI:-}" ] && ! command -v chromium >/dev/null 2>&1; then
   ($SUDO apt-get install -y -q chromium >/dev/null 2>&1 || { $SUDO apt-get update -q >/dev/null 2>&1 && $SUDO apt-get install -y -q chromium >/dev/null 2>&1; }) \
     || echo "test set-up: could not install chromium (apt); the browser tests will fail in CI" >&2
 fi
+# The conformance tests run the released verl and TRL (pinned, hash-checked, in .peers/): CI installs them
+# here; elsewhere `bash scripts/conformance.sh` does, and without them those tests skip, saying why.
+if [ -n "${CI:-}" ]; then
+  bash scripts/conformance.sh --install-only || echo "test set-up: could not install the peers; the conformance tests will fail in CI" >&2
+fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 exec .venv/bin/python -m pytest -q "$@"

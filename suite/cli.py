@@ -1,22 +1,17 @@
-"""The ``suite`` command: ``suite <subcommand> [key=value ...]``.
+"""The ``suite`` command: ``suite <command> [key=value ...]`` (or ``python -m suite``).
 
-Subcommands: run (one RL run), perfectible (build a perfectible set), main (the main job: the
-``sanity`` grid into runs/sanity, then its table, the reproduction check against the committed
-reference of this machine class, report and leaderboard), table (print a results table), bench (step
-time split; engine vs HF generate), mismatch (step-0 mismatch of every precision flow),
-sweep (a named grid as a Hydra multirun: ``suite sweep grid=sanity launcher=local jobs=2``),
-report (the reproducibility report of a results directory), leaderboard (the static site),
-transfer (lm-eval transfer index of runs' base vs final checkpoints: docs/transfer.md),
-reference (copy a finished grid into results/reference/<machine class>/), fingerprint (the
-numerics fingerprint of this machine class: smoke steps of every flow vs the committed one),
-trl-run (the sanity test trained by TRL's GRPOTrainer, written as a bundle: docs/bundle.md),
-import (a run of another framework, e.g. ``suite import verl METRICS.jsonl ...``, as a bundle).
-Every subcommand validates its config before any compute; a bad value is one line naming
-the field, exit code 2.
+Each command is one ``cmd_*`` function below, listed in ``COMMANDS``; its docstring is its ``--help``, and
+the docstring's first sentence its line in ``suite --help``. The commands that take run-config fields
+(``CONFIG_COMMANDS``) answer ``--help`` with every field, its default, docstring and allowed values (read
+from the registries), and ``--cfg job`` with the resolved config. No ``--help`` imports torch. Other tools'
+habits (``--precision bf16``, ``logger=wandb``, ``precision=BF16``, ``optimizer.lr=``) are translated or
+refused with the spelling to use (suite/rl/cmdline.py). Every command validates its input before any
+compute; a bad value is one line naming the field, exit code 2.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 import time
@@ -25,9 +20,6 @@ from pathlib import Path
 from rich.console import Console
 
 from suite.console import make_console
-
-USAGE = __doc__
-
 
 def _console() -> Console:
     """Rich console; nothing cut when writing to a file or a pipe (CI logs, sweep cell logs)."""
@@ -45,7 +37,8 @@ def _configs(args: list[str]):
 
 
 def cmd_run(args: list[str]) -> int:
-    """One RL run (or its resumption) into <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/;
+    """One RL run (or its resumption) into <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/.
+
     nproc=N starts N ranks through torchrun (docs/distributed.md)."""
     from suite import dist
     from suite.rl.train import run
@@ -83,11 +76,13 @@ def cmd_perfectible(args: list[str]) -> int:
 
 
 def cmd_main(args: list[str]) -> int:
-    """The main job: the ``sanity`` grid (every precision flow x grpo, grpo_token_tis, pg_seq_is,
-    one seed) on the embedded default, side by side on the local cores, into ``runs/sanity`` (ignored
-    by git); then the grid table, the reproduction check against the committed reference of this
-    machine class, the report and the leaderboard, all next to the runs. Nothing tracked by git is
-    written. Extra ``key=value`` arguments go to every cell."""
+    """The main job: the sanity grid into runs/sanity, then its table, reproduction check, report and leaderboard.
+
+    The ``sanity`` grid (every precision flow x grpo, grpo_token_tis, pg_seq_is, one seed) on the embedded
+    default, side by side on the local cores, into ``runs/sanity`` (ignored by git); then the grid table, the
+    reproduction check against the committed reference of this machine class, the report and the
+    leaderboard, all next to the runs. Nothing tracked by git is written. Extra ``key=value`` arguments go
+    to every cell."""
     from rich.table import Table
 
     from suite.analysis import leaderboard, outcomes, report, reproduce
@@ -137,12 +132,9 @@ def cmd_main(args: list[str]) -> int:
 
 
 def cmd_table(args: list[str]) -> int:
-    """suite table [RESULTS_DIR]: the outcome table of a results directory (default runs/sanity)."""
+    """suite table [RESULTS_DIR]: print the outcome table of a results directory (default runs/sanity)."""
     from suite.analysis import outcomes
 
-    if args and args[0] in ("-h", "--help"):
-        print(cmd_table.__doc__)
-        return 0
     root = Path(args[0] if args else "runs/sanity")
     if not root.is_dir():
         raise ValueError(f"{root}: no such results directory")
@@ -153,9 +145,11 @@ def cmd_table(args: list[str]) -> int:
 
 
 def cmd_grids(args: list[str]) -> int:
-    """suite grids: every grid (``suite sweep grid=NAME``) and regime (``regime=NAME``) with its axes, number of
-    cells, steps per cell and wall time per machine class: measured where a committed reference ran the grid,
-    else estimated from the reference runs of the same kind of cell (sequential), else not given."""
+    """suite grids: every grid and regime with its axes, cells, steps and wall time per machine class.
+
+    Grids run with ``suite sweep grid=NAME``, regimes with ``regime=NAME``. The wall time is measured where a
+    committed reference ran the grid, else estimated from the reference runs of the same kind of cell
+    (sequential), else not given."""
     from rich.table import Table
 
     from suite.experiments import grids
@@ -163,9 +157,6 @@ def cmd_grids(args: list[str]) -> int:
     from suite.rl.schema import REGIMES
 
     if args:
-        if args[0] in ("-h", "--help"):
-            print(cmd_grids.__doc__)
-            return 0
         raise ValueError(f"suite grids takes no arguments (got {' '.join(args)!r})")
     console = _console()
     rows = grids.catalogue(REFERENCE_ROOT)
@@ -187,17 +178,19 @@ def cmd_grids(args: list[str]) -> int:
 
 
 def cmd_reference(args: list[str]) -> int:
-    """suite reference RESULTS_DIR [--grid NAME] [--allow-dirty]: commit-ready copy of a finished grid into
-    results/reference/<machine class>/<grid>/ (the reference later runs of this class are compared with)."""
-    import argparse
+    """suite reference RESULTS_DIR [--grid NAME] [--allow-dirty]: copy a finished grid into the committed references.
 
-    from suite.analysis import reference
+    The copy goes to results/reference/<machine class>/<grid>/ (the reference later runs of this class are
+    compared with), ready to commit."""
+    import argparse
 
     p = argparse.ArgumentParser(prog="suite reference", description=cmd_reference.__doc__)
     p.add_argument("results_dir", type=Path)
     p.add_argument("--grid", default="sanity")
     p.add_argument("--allow-dirty", action="store_true")
-    ns = p.parse_args(args)
+    ns = p.parse_args(args)  # before the import below, so --help answers at once
+    from suite.analysis import reference
+
     dest = reference.promote(ns.results_dir, ns.grid, allow_dirty=ns.allow_dirty)
     _console().print(f"reference written to {dest} (with {dest.parent / 'reference.json'}); commit it to make it the "
                      "reference of this machine class", highlight=False)
@@ -205,30 +198,41 @@ def cmd_reference(args: list[str]) -> int:
 
 
 def cmd_fingerprint(args: list[str]) -> int:
-    """suite fingerprint [--write] [gemm=auto|native|emulated]: smoke-tier steps of every precision flow,
-    compared with the committed numerics fingerprint of this machine class (--write regenerates it)."""
+    """suite fingerprint [--write] [gemm=auto|native|emulated]: check this machine's numerics fingerprint.
+
+    Runs smoke-tier steps of every precision flow and compares them with the committed numerics fingerprint
+    of this machine class; exit 1 when the numbers moved.
+
+      --write       regenerate the committed fingerprint of this machine class instead
+      gemm=BACKEND  auto (default), native or emulated low-precision GEMMs"""
     from suite.analysis import fingerprint
 
     return fingerprint.cli(args, _console())
 
 
 def cmd_bench(args: list[str]) -> int:
-    """Step-time split of a few steps (engine vs HF generate); nproc=1,2 measures data-parallel scaling;
-    --vs trl runs TRL's GRPOTrainer on the same config and prints both step times and their ratio."""
+    """Step-time split of a few steps (engine vs HF generate).
+
+    nproc=1,2 measures data-parallel scaling; --vs trl runs TRL's GRPOTrainer on the same config and prints
+    both step times and their ratio."""
     from suite.experiments import bench
 
     return bench.main(args)
 
 
 def cmd_bench_memory(args: list[str]) -> int:
-    """suite bench-memory [--vocab N] [--batch B] [--response R] [--precision P] [--reward-workers K]: peak memory and
-    time of an update with gradient_checkpointing and logprob_chunk on and off, and the reward pool's speed-up."""
+    """suite bench-memory [options]: peak memory and time of an update, with and without the memory savers.
+
+    An update with gradient_checkpointing and logprob_chunk on and off, and the reward pool's speed-up. Options:
+    --vocab N, --batch B, --prompt P, --response R, --steps S, --precision fp32|bf16|fp16, --reward-workers K
+    (suite bench-memory --help gives their defaults)."""
     from suite.experiments import bench_memory
 
     return bench_memory.main(args)
 
 
 def cmd_sweep(args: list[str]) -> int:
+    """suite sweep grid=NAME [key=value ...] [launcher=local jobs=N] [dry_run=true]: run a named grid as a Hydra multirun."""
     from suite.experiments import sweep
 
     return sweep.main(args)
@@ -242,40 +246,73 @@ def cmd_mismatch(args: list[str]) -> int:
 
 
 def cmd_report(args: list[str]) -> int:
-    """suite report RESULTS_DIR [--out DIR]: the reproducibility report of a results directory."""
+    """suite report RESULTS_DIR [--out DIR]: write the reproducibility report of a results directory.
+
+      RESULTS_DIR  directory holding run directories (or one level of experiment folders)
+      --out DIR    output folder (default: RESULTS_DIR/report)"""
     from suite.analysis import report
 
     return report.cli(args)
 
 
 def cmd_hypotheses(args: list[str]) -> int:
-    """suite hypotheses [--class CLASS] [--out DIR]: the per-hypothesis science report of a machine class's
-    committed grids (results/hypotheses/<class>/ by default)."""
+    """suite hypotheses [--class CLASS] [--root DIR] [--out DIR]: the per-hypothesis science report.
+
+    Reads a machine class's committed grids.
+
+      --class CLASS  machine class (default: this machine's)
+      --root DIR     reference root (default: results/reference)
+      --out DIR      output folder (default: results/hypotheses/<class>)"""
     from suite.analysis import hypotheses
 
     return hypotheses.cli(args)
 
 
+def cmd_submit(args: list[str]) -> int:
+    """suite submit RUN_DIR... --out DIR [--name NAME]: check runs with the leaderboard's validators, write a submission.
+
+      RUN_DIR...      run directories (or folders holding them)
+      --out DIR       the submission folder to write (nothing is written if any run would be rejected)
+      --check DIR...  check submission folders again instead (what CI runs on a pull request)"""
+    from suite.analysis import submit
+
+    return submit.cli(args)
+
+
 def cmd_leaderboard(args: list[str]) -> int:
-    """suite leaderboard RESULTS_DIR... [--out DIR]: the static leaderboard site."""
+    """suite leaderboard RESULTS_DIR... [--out DIR]: build the static leaderboard site.
+
+      RESULTS_DIR...  results directories (run bundles, or one level of experiment folders)
+      --out DIR       site folder (default: RESULTS_DIR/leaderboard of the first one)"""
     from suite.analysis import leaderboard
 
     return leaderboard.cli(args)
 
 
 def cmd_transfer(args: list[str]) -> int:
-    """suite transfer RUN_DIR... [--groups embedded|paper] [--sigma ...]: Transferability Index into each bundle."""
+    """suite transfer RUN_DIR... [options]: write the Transferability Index into each run's bundle (docs/transfer.md).
+
+      RUN_DIR...           run directories, or results directories holding them
+      --groups NAME        embedded (the tiny policy's tasks, default) or paper (arXiv 2507.00432)
+      --sigma SPEC         fixed sigma per group for TI v2, e.g. math=5,other=3,non=4
+      --backend NAME       hf (lm-eval HFLM, CPU or GPU; default) or vllm (GPU)
+      --device DEV         torch device for hf (default: cuda if available, else cpu)
+      --batch-size N       evaluation batch size (default 64)
+      --limit N            documents per task (quick checks only)
+      --include DIR        an extra lm-eval task directory (repeatable)"""
     from suite.rl import evaluate
 
     return evaluate.cli(args)
 
 
 def cmd_trl_run(args: list[str]) -> int:
-    """suite trl-run [key=value ...]: the sanity test of a suite config trained by TRL (the trl extra)."""
+    """suite trl-run [key=value ...]: the sanity test of a suite config trained by TRL's GRPOTrainer (the trl extra).
+
+    Written as a bundle to <out>/<name>/ (name default trl; docs/bundle.md). TRL runs fp32, bf16 or fp16 and
+    grpo, dr_grpo, dapo or grpo_vanilla; anything else is refused before any compute."""
     from suite.rl import config
 
-    if not (args and args[0] in ("-h", "--help")):
-        config.load(args)  # bad input is refused before TRL (and its import-time notices) loads
+    config.load(args)  # bad input is refused before TRL (and its import-time notices) loads
     try:
         from suite.experiments import trl_bridge
     except ImportError as e:
@@ -284,7 +321,19 @@ def cmd_trl_run(args: list[str]) -> int:
 
 
 def cmd_import(args: list[str]) -> int:
-    """suite import verl METRICS.jsonl --out DIR ...: another framework's logged run as a bundle."""
+    """suite import verl METRICS.jsonl --out DIR [options]: another framework's logged run as a bundle.
+
+      METRICS.jsonl          verl's file-logger JSONL ($VERL_FILE_LOGGER_PATH) or a flat export
+      --out DIR              results directory; the bundle goes to OUT/<task>__...__s<seed>
+      --task, --algorithm, --precision, --seed, --verl-version, --git-sha, --torch   (required) what ran
+      --gpu NAME --gpus N    GPU model and count (e.g. 'NVIDIA H100 80GB HBM3'), or --cpu NAME without GPUs
+      --package NAME=VERSION more package versions (repeatable)
+      --steps N              planned steps (default: the last logged)
+      --threshold X          pass threshold on training accuracy (default 0.95)
+      --model NAME           the model trained (name or path)
+      --command CMD          the command line that started the run
+      --config FILE          verl's resolved config (JSON or YAML), kept as the recipe
+      --git-dirty            the code that ran had uncommitted changes"""
     from suite.experiments import verl_import
 
     if not args or args[0] != "verl":
@@ -292,58 +341,91 @@ def cmd_import(args: list[str]) -> int:
     return verl_import.cli(args[1:])
 
 
+def cmd_doctor(args: list[str]) -> int:
+    """suite doctor [out=DIR]: the machine acceptance table (placement, dtypes, mismatch order, FP8 path, fp16
+    overflow, FSDP2 vs plain, kill and resume), every row measured on this machine; exit 1 if one fails."""
+    from suite.experiments import doctor
+
+    return doctor.main(args)
+
+
+def cmd_ls(args: list[str]) -> int:
+    """suite ls tasks|flows|algorithms|grids|regimes|tiers|models|recipes: list the names a field takes, with what each means.
+
+    One line per entry, read from the registry itself (the task files, the precision table, the algorithm
+    table, ...); ``suite ls`` alone lists every list."""
+    from suite.experiments import listing
+
+    if args and args[0] in ("-h", "--help"):
+        print(command_help(cmd_ls))
+        return 0
+    if len(args) > 1:
+        raise ValueError(f"suite ls takes one list name (got {' '.join(args)!r}); lists: {', '.join(listing.LISTS)}")
+    for i, what in enumerate(args or listing.LISTS):
+        print(("\n" if i else "") + "\n".join(listing.lines(what)))
+    return 0
+
+
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
-            "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids, "bench-memory": cmd_bench_memory,
-            "report": cmd_report, "hypotheses": cmd_hypotheses, "leaderboard": cmd_leaderboard, "transfer": cmd_transfer,
-            "reference": cmd_reference, "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import}
+            "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids, "ls": cmd_ls,
+            "bench-memory": cmd_bench_memory, "report": cmd_report, "hypotheses": cmd_hypotheses,
+            "leaderboard": cmd_leaderboard, "submit": cmd_submit, "transfer": cmd_transfer, "reference": cmd_reference,
+            "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import,
+            "doctor": cmd_doctor}
 
 
-# Subcommands whose key=value arguments are run-config fields (suite/rl/schema.py: RunConfig).
-CONFIG_COMMANDS = ("run", "perfectible", "bench", "mismatch", "main")
+# Commands whose key=value arguments are run-config fields (suite/rl/schema.py: RunConfig): their --help lists
+# the fields, --cfg job prints the resolved config, and other tools' habits are translated (suite/rl/cmdline.py).
+CONFIG_COMMANDS = ("run", "perfectible", "bench", "mismatch", "main", "trl-run")
+# Commands whose own --help is fast and says more than their docstring; every other --help is the docstring.
+OWN_HELP = ("sweep", "bench-memory", "ls")
+# Commands whose key=value arguments are sweeps (a comma separates values) and whose habits are translated too.
+SWEEP_COMMANDS = ("sweep", "main")
 
 
-def _field_docs(cls) -> dict[str, str]:
-    """The docstring under each field of a config dataclass (the string literal that follows it)."""
-    import ast
-    import inspect
-    import textwrap
+def _summary(fn) -> str:
+    """A command's line in ``suite --help``: the first sentence of its docstring, less its synopsis."""
+    from suite.experiments.listing import _first_sentence
 
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {a.target.id: " ".join(b.value.value.split()) for a, b in zip(body, body[1:])
-            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
-            and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
+    first = inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0]
+    line = _first_sentence(first.split(": ", 1)[1] if first.startswith("suite ") and ": " in first else first)
+    return line[:1].upper() + line[1:]
 
 
-def field_help(cls, prefix: str = "") -> list[str]:
-    """Every field as ``name=default`` and its docstring, nested configs as ``section.name``."""
-    import dataclasses
-    import textwrap
+def command_help(fn) -> str:
+    """A command's ``--help``: its docstring, the synopsis before the first ``: `` as the usage line."""
+    doc = inspect.cleandoc(fn.__doc__ or "")
+    synopsis, _, rest = doc.partition(": ")
+    if not doc.startswith("suite ") or "\n\n" in synopsis:
+        return doc
+    return f"usage: {synopsis}\n\n{rest[:1].upper()}{rest[1:]}"
 
-    lines, docs = [], _field_docs(cls)
-    for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if dataclasses.is_dataclass(default):
-            lines += field_help(type(default), f"{prefix}{f.name}.")
-            continue
-        lines.append(f"  {prefix}{f.name}={default}")
-        lines += textwrap.wrap(docs.get(f.name, ""), 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
-    return lines
+
+def usage() -> str:
+    """``suite --help``: every command of COMMANDS with its one line."""
+    width = max(map(len, COMMANDS))
+    return "\n".join([
+        "usage: suite <command> [key=value ...]      (python -m suite <command> ... is the same)", "", "commands:",
+        *(f"  {name:<{width}}  {_summary(fn)}" for name, fn in COMMANDS.items()), "",
+        "suite <command> --help describes a command and its fields; suite ls says what each task, flow,",
+        "algorithm, grid, regime, tier, model and recipe name means. Config fields are key=value (Hydra's",
+        "syntax: seed=0,1,2 sweeps in suite sweep), never --key value."])
 
 
 def _config_help(command: str, args: list[str]) -> int | None:
-    """``--help`` (every field, default and docstring) and ``--cfg job`` (the resolved, validated config)
-    for the subcommands that take config fields; None when neither was asked."""
+    """``--help`` and ``--cfg job`` (the resolved, validated config) for the commands that take config
+    fields; None when neither was asked."""
     import dataclasses
     import json
 
-    from suite.rl import config
-
     if "-h" in args or "--help" in args:
-        print(f"usage: suite {command} [key=value ...] [--cfg job]\n\n{COMMANDS[command].__doc__ or ''}\n\n"
-              "Config fields (key=default; the tier fills what is not given; --cfg job prints the result):")
-        print("\n".join(field_help(config.RunConfig)))
+        from suite.experiments import listing
+
+        print(listing.config_help(command, COMMANDS[command].__doc__ or ""))
         return 0
     if "--cfg" in args:
+        from suite.rl import config
+
         i = args.index("--cfg")
         if args[i + 1:i + 2] != ["job"]:
             raise ValueError("--cfg: only `--cfg job` (the resolved config of this command line) is supported")
@@ -356,21 +438,44 @@ def _config_help(command: str, args: list[str]) -> int | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    try:
+        return _dispatch(argv)
+    except BrokenPipeError:  # `suite run --help | head`: the reader has gone; end as `yes | head` does, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would fail again
+        return 128 + 13  # killed by SIGPIPE, in the shell's terms
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
-        print(USAGE)
+        print(usage())
         return 0
-    if argv[0] not in COMMANDS:
+    command, args = argv[0], argv[1:]
+    if command not in COMMANDS:
         from suite.names import unknown
 
-        print(f"suite: {unknown('command', argv[0], COMMANDS)}", file=sys.stderr)
+        print(f"suite: {unknown('command', command, COMMANDS)}", file=sys.stderr)
         return 2
     try:
-        if argv[0] in CONFIG_COMMANDS and (done := _config_help(argv[0], argv[1:])) is not None:
+        if command in CONFIG_COMMANDS or command in SWEEP_COMMANDS:
+            from suite.rl import cmdline
+
+            args = cmdline.translate(args, sweep=command in SWEEP_COMMANDS)
+        if command == "trl-run" and not any(a.startswith("name=") for a in args):
+            args = ["name=trl", *args]  # TRL's runs go to <out>/trl/ (what --cfg job shows, too)
+        if command in CONFIG_COMMANDS and (done := _config_help(command, args)) is not None:
             return done
-        return COMMANDS[argv[0]](argv[1:])
+        if command not in OWN_HELP and ("-h" in args or "--help" in args):
+            print(command_help(COMMANDS[command]))
+            return 0
+        return COMMANDS[command](args)
     except ValueError as e:
-        print(f"suite {argv[0]}: error: {e}", file=sys.stderr)
+        print(f"suite {command}: error: {e}", file=sys.stderr)
         return 2
+    except SystemExit as e:  # argparse's --help (0) and usage errors (2, message printed), or a sys.exit
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

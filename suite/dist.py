@@ -133,6 +133,18 @@ def check_ranks(nproc: int, nnodes: int) -> None:
     """Refuse a world this machine cannot host, before any compute (GPU count on a GPU host)."""
     if torch.cuda.is_available() and nproc > torch.cuda.device_count():
         raise ValueError(f"nproc: {nproc} ranks per node, but this machine has {torch.cuda.device_count()} GPU(s)")
+    if nproc * nnodes > 1 and not fsdp_sums():
+        raise ValueError(f"nproc={nproc} nnodes={nnodes}: sharded training needs torch >= 2.8 (FSDP2's "
+                         f"set_force_sum_reduction_for_comms, pytorch/pytorch#155915); this torch is {torch.__version__}")
+
+
+def fsdp_sums() -> bool:
+    """Whether FSDP2 can reduce gradients with a plain SUM. The trainer sums over ranks (its loss is already
+    normalised by the global token count) and gloo has no PREMUL_SUM, so FSDP2 without the switch (torch < 2.8)
+    cannot shard this trainer: found by the test suite under torch 2.6."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return hasattr(FSDPModule, "set_force_sum_reduction_for_comms")
 
 
 # ---- collectives (no-ops in a plain process) -------------------------------------------------

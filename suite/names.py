@@ -9,9 +9,12 @@ from typing import Any
 
 
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:
-    """``" Did you mean 'x'?"`` for the closest choice, or ``""``."""
-    close = difflib.get_close_matches(str(value), list(choices), n=1)
-    return f" Did you mean '{close[0]}'?" if close else ""
+    """``" Did you mean 'x'?"`` for the closest choice, case aside (``BF16`` finds ``bf16``), or ``""``."""
+    folded = {}
+    for c in choices:
+        folded.setdefault(str(c).lower(), c)
+    close = difflib.get_close_matches(str(value).lower(), list(folded), n=1)
+    return f" Did you mean '{folded[close[0]]}'?" if close else ""
 
 
 def unknown(field: str, value: Any, choices: Iterable[str]) -> ValueError:

@@ -251,6 +251,10 @@ def _cpu_model() -> str | None:
 
 
 def _package_version(name: str) -> str | None:
+    if name == "torch":  # the build (+cpu, +cu124) is part of the answer; PyPI's CUDA wheels omit it from their metadata
+        import torch
+
+        return torch.__version__
     try:
         return metadata.version(name)
     except metadata.PackageNotFoundError:

@@ -218,7 +218,8 @@ def test_token_tis_truncates_at_C():
     assert grad[0, 1].item() == pytest.approx(-math.exp(-0.4) * 3.0 / (2 * NORM_LEN), rel=1e-12)
     assert metrics["is/truncated_frac"] == pytest.approx(1 / 5)
     assert metrics["is/masked_frac"] == 0.0
-    assert metrics["is/weight/max"] == pytest.approx(math.exp(1.4), rel=1e-12)
+    assert metrics["is/weight/max"] == pytest.approx(math.exp(1.4), rel=1e-12)  # before truncation
+    assert metrics["is/applied/max"] == 3.0  # after: what verl and TRL report
 
 
 def test_grpo_seq_mis_masks_whole_sequence():
@@ -251,6 +252,8 @@ def test_pg_seq_mis_zero_gradient_above_C():
     assert metrics["is/masked_frac"] == pytest.approx(0.5)
     # ESS of the applied weights [0, w1]: (0 + w1)^2 / (2 * (0 + w1^2)) = 1/2
     assert metrics["is/ess"] == pytest.approx(0.5, rel=1e-12)
+    assert metrics["is/applied/min"] == 0.0 and metrics["is/applied/max"] == pytest.approx(w1, rel=1e-12)
+    assert metrics["is/weight/max"] == pytest.approx(math.exp(1.7), rel=1e-12)
 
 
 def test_pg_seq_tis_weight_equals_C():
@@ -261,6 +264,8 @@ def test_pg_seq_tis_weight_equals_C():
     assert metrics["is/weight/max"] == pytest.approx(math.exp(1.7), rel=1e-12)  # raw, before truncation
     w1 = math.exp(-0.2)
     assert metrics["is/ess"] == pytest.approx((3.0 + w1) ** 2 / (2 * (9.0 + w1**2)), rel=1e-12)
+    assert metrics["is/applied/mean"] == pytest.approx((3.0 + w1) / 2, rel=1e-12)
+    assert metrics["is/applied/max"] == 3.0 and metrics["is/applied/min"] == pytest.approx(w1, rel=1e-12)
 
 
 def test_pg_seq_is_weights_and_ess():
@@ -440,17 +445,22 @@ def test_good_override_returns_new_entry_and_leaves_table_alone():
     assert isinstance(a, Algorithm)
 
 
-def test_every_algorithm_says_what_it_is_and_grpo_says_it_is_not_verl_or_trl_grpo():
-    """`algorithm=grpo` is the sanity test's Dr.GRPO with clip-higher; a verl or TRL user reading "grpo" means
-    std-normalised advantages and a symmetric clip 0.2 (verl's clip_ratio, TRL's epsilon), which is grpo_vanilla
-    here (the GRPO paper's aggregation). The one-line summaries every listing prints must say so."""
-    from suite.rl.algos import SUMMARIES, list_algorithms
+def test_a_name_verl_and_trl_use_for_other_settings_says_so_and_the_knobs_that_make_it_theirs():
+    """`algorithm=grpo` is the sanity test's Dr.GRPO with clip-higher; a verl or TRL user reading "grpo" means their
+    defaults: std-normalised advantage, a symmetric clip 0.2 (verl's clip_ratio, TRL's epsilon) and token-mean
+    aggregation. Every listing (suite ls, --help, the report) prints ``in_words``: it must say so, name the knobs,
+    and those knobs must give exactly their settings, after which the warning goes away."""
+    from suite.rl.algo_table import elsewhere, in_words
 
-    assert set(SUMMARIES) == set(ALGORITHMS)
-    rows = {r["name"]: r for r in list_algorithms()}
-    assert rows["grpo"]["clip"] == "0.2/0.28" and rows["grpo"]["advantage"] == "mean"
     for name in ("grpo", "grpo_token_tis", "grpo_seq_tis", "grpo_seq_mis"):
-        assert "NOT what verl or TRL run as GRPO" in rows[name]["summary"] and "grpo_vanilla" in rows[name]["summary"]
-    vanilla = get_algorithm("grpo_vanilla")
-    assert (vanilla.advantage, vanilla.agg, vanilla.clip_low, vanilla.clip_high) == ("std", "seq-mean-token-mean", 0.2, 0.2)
-    assert "dynamic sampling" in rows["dapo"]["summary"]
+        words = in_words(ALGORITHMS[name])
+        assert "NOT verl's and TRL's GRPO" in words, words
+        knobs = dict(kv.split("=", 1) for kv in words.split("(theirs: ")[1].rstrip(")").split()[1:])
+        theirs = get_algorithm(name, **{k.removeprefix("algo."): float(v) if k.startswith("algo.clip") else v
+                                         for k, v in knobs.items()})
+        assert (theirs.advantage, theirs.clip_low, theirs.clip_high, theirs.agg) == ("std", 0.2, 0.2, "token-mean")
+        assert theirs.correction == ALGORITHMS[name].correction and elsewhere(theirs) == ""
+    # Names no other framework uses for other settings carry no warning; dapo says what it leaves out.
+    for name in ("grpo_vanilla", "dr_grpo", "gspo", "pg_seq_is"):
+        assert "NOT" not in in_words(ALGORITHMS[name]), name
+    assert "without DAPO's dynamic sampling and overlong reward shaping" in in_words(ALGORITHMS["dapo"])

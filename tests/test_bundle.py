@@ -196,5 +196,6 @@ def test_report_and_leaderboard_show_the_framework(tmp_path, tiny_model):
     leaderboard.build([tmp_path / "mine", tmp_path / "suite"], tmp_path / "site")
     data = leaderboard.read_site_data(tmp_path / "site")
     assert data["accepted"] == 2 and not data["rejected"]
-    frameworks = {e["framework"] for t in data["tasks"] for e in t["entries"]}
+    frameworks = {e["framework"] for c in data["classes"] for b in c["boards"]
+                  for s in ("ranked", "unranked", "controls", "stale") for e in b[s]}
     assert frameworks == {"mylib 0.1", "suite " + json.loads((FIXTURE / "env.json").read_text())["git_sha"][:12]}

@@ -45,7 +45,14 @@ def _rel(a, b):
 
 def test_two_ranks_sample_the_tokens_of_one_and_agree_on_the_update(tmp_path):
     """fp16 (loss scaling on): the 2-rank run's step-1 tokens, rewards and mismatch are bitwise the 1-rank run's;
-    the updates differ only by the order of the gradient reductions (tolerances measured: docs/distributed.md)."""
+    its step-1 update differs only by rounding, bounded from fp16's epsilon and the run's own measured log-prob
+    rounding (no machine-tuned number: docs/distributed.md); step 2 then samples the same tokens again.
+
+    Only step 1 is compared numerically. Adam's first step is lr * g / |g| per element (Kingma & Ba 2015,
+    Alg. 1), so elements whose gradient is at the rounding level move by +-lr in either run: after step 1 the
+    two runs are two nearby trajectories, not one computed twice, and their later gradients differ by more than
+    rounding (measured 1e-4 to 1.4e-2 relative on AVX2, AVX-512 and AMX machines; not a bound anyone can derive).
+    """
     one, two = tmp_path / "one", tmp_path / "two"
     _suite_run(f"out={one}", "precision=fp16", "steps=4")
     p = _suite_run(f"out={two}", "precision=fp16", "steps=4", "nproc=2")
@@ -54,13 +61,20 @@ def test_two_ranks_sample_the_tokens_of_one_and_agree_on_the_update(tmp_path):
     for key in ("rollout/tokens_sha256", "reward/pass_rates", "mismatch/kl_k3", "mismatch/prob_diff/max", "entropy/mean"):
         assert a[0][key] == b[0][key], key
     assert a[1]["rollout/tokens_sha256"] == b[1]["rollout/tokens_sha256"]
+    x, y = a[0], b[0]
+    # The ranks split each minibatch, so the trainer's fp16 GEMMs see other row counts than in one process and
+    # round differently: each gradient entry moves by fp16 roundings of its terms, eps/2 relative each, so the
+    # norm by at most eps (float16's machine epsilon, 2^-10).
+    assert _rel(x["train/grad_norm"], y["train/grad_norm"]) < torch.finfo(torch.float16).eps, (x, y)
+    # The loss is a mean of A_t * r_t with |A_t| <= 1 (0/1 rewards, group-mean centring: Dr.GRPO) and
+    # r_t = exp(logp_t - old_t): the grouping moves each of the two log-probs by fp16 rounding, whose size on these
+    # very tokens the run measures as its mean |log-prob diff| between two fp16 computations (sampler, trainer).
+    # The GRPO loss sums to ~0 over a group, so only this absolute bound is meaningful, not a relative one.
+    rounding = max(x["mismatch/logprob_diff/mean"], y["mismatch/logprob_diff/mean"])
+    assert abs(x["loss/policy"] - y["loss/policy"]) < 2 * rounding, (x["loss/policy"], y["loss/policy"], rounding)
     for x, y in zip(a, b):
-        if x["rollout/tokens_sha256"] != y["rollout/tokens_sha256"]:
-            continue  # a flipped token changes the batch; the bound below is for the same tokens
-        assert _rel(x["train/grad_norm"], y["train/grad_norm"]) < 3e-2, (x["step"], x["train/grad_norm"], y["train/grad_norm"])
-        assert abs(x["loss/policy"] - y["loss/policy"]) < 3e-2 * abs(x["loss/policy"]) + 1e-6
-        assert _rel(x["mismatch/kl_k3"], y["mismatch/kl_k3"]) < 0.6  # rounding noise re-drawn by last-bit weight changes
-        assert x["train/loss_scale"] == y["train/loss_scale"]
+        if x["rollout/tokens_sha256"] == y["rollout/tokens_sha256"]:  # the same batch: the same dynamic loss scale
+            assert x["train/loss_scale"] == y["train/loss_scale"] and x["train/skipped"] == y["train/skipped"]
     env = json.loads((two / "default" / "arith__grpo__fp16__s0" / "env.json").read_text())
     assert env["world"]["world_size"] == 2 and env["world"]["backend"] == "gloo" and env["world"]["launcher"] == "torchrun"
     assert env["trainer_observed"]["gemm_output"] == "torch.float16"
@@ -78,6 +92,7 @@ def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
     so the updates agree to reduction order and step 2 samples the same tokens too."""
     _suite_run(f"out={tmp_path / 'one'}", *VLLM)
     a = _rows(tmp_path / "one", "fp32")
+    cfg = config.load(SMOKE + VLLM[:-3])
     for tp in (1, 2):
         out = tmp_path / f"tp{tp}"
         _suite_run(f"out={out}", *VLLM, "nproc=2", f"vllm.tensor_parallel_size={tp}")
@@ -85,7 +100,11 @@ def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
         assert len(b) == 2
         for x, y in zip(a, b):
             assert x["rollout/tokens_sha256"] == y["rollout/tokens_sha256"] and x["reward/mean"] == y["reward/mean"]
-            assert _rel(x["train/grad_norm"], y["train/grad_norm"]) < 1e-6
+        # Step 1, the same weights and tokens: each gradient entry is a sum over the batch's response tokens, summed
+        # in another order (two half-batches, then the all-reduce); fp32 summation error grows like sqrt(n) * eps
+        # with n terms (Higham & Mary 2019, probabilistic bound). Later steps: see the fp16 test's docstring.
+        n_tokens = a[0]["response/length/mean"] * len(a[0]["reward/pass_rates"]) * cfg.samples_per_prompt
+        assert _rel(a[0]["train/grad_norm"], b[0]["train/grad_norm"]) < math.sqrt(n_tokens) * torch.finfo(torch.float32).eps
         assert a[1]["eval/test/mean@1"] == b[1]["eval/test/mean@1"]
         if tp == 1:  # one engine per rank, each on the full weights: the arithmetic of one engine
             assert a[0]["mismatch/kl_k3"] == b[0]["mismatch/kl_k3"]

@@ -149,23 +149,42 @@ def test_non_default_fields_enter_the_command(tmp_path):
 # ---- building the site ----------------------------------------------------------------------
 
 
-def test_build_groups_seeds_and_ranks(tmp_path):
+def entries(data: dict) -> list[dict]:
+    """Every entry of a built site, over classes, boards and sections."""
+    return [e for c in data["classes"] for b in c["boards"] for s in ("ranked", "unranked", "controls", "stale")
+            for e in b[s]]
+
+
+def test_build_groups_seeds_and_lists_two_seed_recipes_unranked(tmp_path):
     index = leaderboard.build([DEFAULT], tmp_path / "site")
     assert index == tmp_path / "site" / "index.html"
     data = leaderboard.read_site_data(tmp_path / "site")
     assert data["accepted"] == 6 and data["rejected"] == []
-    (task,) = data["tasks"]
-    by_prec = {e["precision"]: e for e in task["entries"]}
+    assert data["version"] == leaderboard.changes()[0]["version"] and data["changelog"][0]["date"]
+    (cls,) = data["classes"]
+    (b,) = cls["boards"]
+    by_prec = {e["precision"]: e for e in entries(data)}
     assert sorted(by_prec) == ["bf16", "fp16", "fp32"]
     assert [by_prec[p]["seeds"] for p in ("bf16", "fp16", "fp32")] == [2, 2, 2]
     # results/default/outcomes.md: bf16 seed 0 is unstable, the other five pass.
     assert [by_prec[p]["passes"] for p in ("bf16", "fp16", "fp32")] == [1, 2, 2]
-    assert task["entries"][-1]["precision"] == "bf16"  # fewest passes ranks last
+    # Two seeds rank nothing: every recipe is listed, unranked, saying why, with the command that fills it.
+    assert b["ranked"] == [] and len(b["unranked"]) == 3
+    for e in b["unranked"]:
+        assert e["rank"] is None and e["why"].startswith("2 seeds: a rank needs 3")
+        assert e["fill_command"].startswith("for s in 2; do suite run ") and "seed=$s" in e["fill_command"]
+        assert e["improvement"]["p"] is None
     finals = [json.loads((DEFAULT / f"arith__grpo__fp16__s{s}" / "summary.json").read_text())["accuracy/final"]
               for s in (0, 1)]
     fin = by_prec["fp16"]["metrics"]["accuracy/final"]
-    assert fin["iqm"] == pytest.approx(sum(finals) / 2)  # IQM of two seeds is their mean
+    # IQM of two seeds is their mean; the 95% bootstrap interval of two values is [min, max]: each resample
+    # of both at the minimum has probability 1/4 > 2.5%.
+    assert fin["iqm"] == pytest.approx(sum(finals) / 2) and fin["n"] == 2
     assert fin["lo"] == pytest.approx(min(finals)) and fin["hi"] == pytest.approx(max(finals))
+    # What the board measures: read from the runs, and how it differs from the published test.
+    st = b["setting"]
+    assert st["task"] == "arith" and st["steps"] == 200 and isinstance(st["params"], int)
+    assert {"field": "task", "here": "arith", "published": "sanity_r1d"} in st["differs"]
     for name in leaderboard.SITE_ASSETS:
         assert (tmp_path / "site" / name).is_file()
 
@@ -196,9 +215,12 @@ def test_invalid_bundle_is_listed_and_the_site_is_complete(tmp_path, capsys):
     assert data["accepted"] == 7
     assert [r["source"] for r in data["rejected"]] == [str(bad)]
     assert "accuracy/peak" in data["rejected"][0]["reason"]
-    fp16 = next(e for e in data["tasks"][0]["entries"] if e["precision"] == "fp16")
+    (b,) = data["classes"][0]["boards"]
+    (fp16,) = b["ranked"]  # three seeds: the one recipe ranked; the others are listed, unranked
+    assert fp16["precision"] == "fp16" and fp16["rank"] == 1
     assert sorted(r["seed"] for r in fp16["runs"]) == [0, 1, 7]
-    all_runs = [r["run"] for e in data["tasks"][0]["entries"] for r in e["runs"]]
+    assert sorted(e["precision"] for e in b["unranked"]) == ["bf16", "fp32"]
+    all_runs = [r["run"] for e in entries(data) for r in e["runs"]]
     assert "arith__grpo__bf16__s9" not in all_runs
     for name in (*leaderboard.SITE_ASSETS, leaderboard.DATA_FILE):
         assert (out / name).is_file()

@@ -146,6 +146,18 @@ def test_chi2_seq_clamps_huge_log_ratio():
     assert all(math.isfinite(v) for v in out.values())
 
 
+def test_kl_k3_and_ppl_ratio_are_not_clamped_as_in_verl():
+    """verl's rollout_corr/k3_kl and ppl_ratio exponentiate the log-ratio as it is; so do ours (chi2 clamps)."""
+    pi = torch.tensor([[-0.5, -1.0]], dtype=torch.float64)
+    mu = torch.tensor([[-50.5, -1.0]], dtype=torch.float64)  # token log-ratio +50, then 0: means beyond 20
+    out = mismatch_metrics(pi, mu, torch.ones(1, 2))
+    assert out["mismatch/kl_k3"] == pytest.approx((math.expm1(50.0) - 50.0) / 2, rel=1e-12)
+    assert out["mismatch/ppl_ratio"] == pytest.approx(math.exp(-25.0), rel=1e-12)
+    out = mismatch_metrics(mu, pi, torch.ones(1, 2))  # trainer 50 nats below the sampler on one token
+    assert out["mismatch/ppl_ratio"] == pytest.approx(math.exp(25.0), rel=1e-12)
+    assert out["mismatch/chi2_token"] == pytest.approx((math.exp(-40.0) + 1.0) / 2 - 1.0, rel=1e-12)
+
+
 def test_low_precision_inputs_are_upcast():
     """bf16 inputs are converted to float64 before subtraction (no bf16 arithmetic)."""
     mu = torch.tensor([[-1.0, -2.0]], dtype=torch.bfloat16)

@@ -292,3 +292,29 @@ def test_empty_and_foreign_directories_give_one_line_errors(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no run directories found" in err
     assert not (tmp_path / "report").exists()
+
+
+COMMITTED_AMX = Path(__file__).parents[1] / "results" / "reference" / "cpu-amx-native" / "sanity"
+
+
+def test_report_leads_with_its_outcome_and_shows_one_measurement_as_one(tmp_path):
+    md = (report.write_report(COMMITTED_AMX, tmp_path / "r") / "report.md").read_text()
+    body = md.split("\n\n")
+    # The first paragraph after the title and the contents is the generated outcome (outcomes.md's sentence).
+    first = next(p for p in body if not p.startswith(("#", "[", "- [")))
+    assert first.startswith("Outcome: 21 of 24 runs pass the sanity threshold.")
+    assert "with one seed per cell this does not show precision deciding the reward" in first
+    # The warnings that do not change the reading come last, compact; here there are no others.
+    assert "## Warnings" not in md and md.index("## Notes") > md.index("## Runs")
+    # One seed per cell: no interval, IQM or std columns, no column of zeros; values shown as values.
+    head = next(line for line in md.splitlines() if line.startswith("| task | algorithm | precision |"))
+    assert head == "| task | algorithm | precision | pass | unstable | peak acc | final acc | first pass step |"
+    # Three algorithms per flow share one step 0 (seed 0): one measurement, no "± 0".
+    row = next(line for line in md.splitlines() if line.startswith("| bf16 | 3 | 1 | "))
+    assert "±" not in row
+
+
+def test_informative_columns_keep_what_varies():
+    head, rows = render.informative_columns(["a", "b", "c", "d"], [["x", "-", "0", "1"], ["y", "-", "0 (0)", "0"]],
+                                            keep=("b",))
+    assert head == ["a", "b", "d"] and rows == [["x", "-", "1"], ["y", "-", "0"]]

@@ -56,6 +56,16 @@ def test_run_writes_a_complete_bundle(tmp_path):
     assert all(torch.equal(state[k], v) for k, v in final.state_dict().items())
 
 
+def test_is_weights_before_truncation_in_metrics_after_it_in_mechanism(tmp_path):
+    """metrics.jsonl keeps the committed references' keys (is/weight/*, before truncation); the weights
+    after truncation, what verl and TRL report (docs/metrics.md), go to mechanism.jsonl."""
+    d = run(_cfg(tmp_path, "algorithm=grpo_token_tis", "steps=1"))
+    row, mech = read_jsonl(d / "metrics.jsonl")[0], read_jsonl(d / "mechanism.jsonl")[0]
+    assert {"is/weight/max", "is/ess", "is/truncated_frac"} <= set(row)
+    assert not any(k.startswith("is/applied/") for k in row) and not any(k.startswith("is/weight/") for k in mech)
+    assert mech["is/applied/min"] <= mech["is/applied/mean"] <= mech["is/applied/max"] <= min(3.0, row["is/weight/max"])
+
+
 def test_same_seed_gives_identical_metrics(tmp_path):
     a = run(_cfg(tmp_path, "name=a"))
     b = run(_cfg(tmp_path, "name=b"))

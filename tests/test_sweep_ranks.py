@@ -160,3 +160,44 @@ def test_local_launcher_passes_the_users_hub_settings_to_every_cell(tmp_path, mo
     cell = sweep.Cell(["tier=smoke"], config.load(["tier=smoke", f"out={tmp_path}"]))
     local_launcher.launch_local([cell], jobs=1, console=local_launcher.Console(quiet=True))
     assert seen and seen[0]["HF_HUB_OFFLINE"] == "0" and "HF_DATASETS_OFFLINE" not in seen[0]
+
+
+def test_local_launcher_on_gpus_gives_each_cell_gpus_of_its_own(tmp_path, monkeypatch):
+    """With CUDA GPUs a cell takes nproc GPUs as CUDA_VISIBLE_DEVICES: cells never share a GPU, a 2-rank cell
+    waits for two free ones, and a cell wider than the machine is refused before any cell starts."""
+    live, log = [], []  # the GPUs of the processes alive now; (cell, its GPUs, the GPUs held by the others)
+
+    class Proc:
+        def __init__(self, cmd, env, **kw):
+            self.gpus, self.polls, self.returncode = env["CUDA_VISIBLE_DEVICES"].split(","), 0, None
+            log.append((cmd[cmd.index("run") + 1:], self.gpus, [g for p in live for g in p.gpus]))
+            live.append(self)
+
+        def poll(self):  # each process lives for three polls of the launcher
+            self.polls += 1
+            if self.polls == 3:
+                self.returncode = 0
+                live.remove(self)
+            return self.returncode
+
+    monkeypatch.setattr(local_launcher.subprocess, "Popen", Proc)
+    monkeypatch.setattr(local_launcher.time, "sleep", lambda s: None)
+    from suite.rl import config
+
+    def cell(seed, nproc):
+        ov = ["tier=smoke", f"seed={seed}", f"nproc={nproc}", f"out={tmp_path}"]
+        return sweep.Cell(ov, config.load(ov))
+
+    cells = [cell(0, 1), cell(1, 2), cell(2, 1), cell(3, 1)]
+    quiet = local_launcher.Console(quiet=True)
+    codes = local_launcher.launch_local(cells, jobs=None, console=quiet, gpus=["0", "1"])
+    assert sorted(codes.values()) == [0, 0, 0, 0] and len(log) == 4
+    for overrides, mine, others in log:
+        assert len(mine) == int(overrides[2].split("=")[1]) and not set(mine) & set(others), (overrides, mine, others)
+    assert max(len(others) for _, _, others in log) == 1  # two 1-rank cells did run side by side
+    with pytest.raises(ValueError, match=r"nproc=2, but this machine has 1 GPU\(s\)"):
+        local_launcher.launch_local(cells, jobs=None, console=quiet, gpus=["0"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert local_launcher.visible_gpus() == ["2", "3"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert local_launcher.visible_gpus() == []

@@ -40,9 +40,20 @@ RC = {"svg.hashsalt": "suite-report", "svg.fonttype": "none", "axes.titlesize": 
 
 
 def flow_colors(flows: list[str]) -> dict[str, tuple]:
-    """A fixed colour per precision flow, by position in `flows` (colour-blind palette)."""
+    """A fixed colour per precision flow, by position in `flows` (seaborn's colour-blind palette)."""
     palette = sns.color_palette("colorblind", max(10, len(flows)))
     return {f: palette[i] for i, f in enumerate(flows)}
+
+
+# A line style per flow as well: the colour-blind palette still puts orange, vermillion and two pinks
+# among the bf16 family, so each flow's mean curve also differs in its dashes (and in print).
+LINE_STYLES = ("-", (0, (6, 2)), (0, (1, 1.2)), (0, (6, 2, 1, 2)), (0, (3, 1.5)), (0, (8, 2, 1, 2, 1, 2)),
+               (0, (2, 2.5)), (0, (10, 3)), (0, (4, 1, 1, 1)), (0, (1, 3)))
+
+
+def flow_style(flow: str, colors: dict) -> object:
+    """The line style of `flow`: by its position among the flows that `colors` holds (flow_colors)."""
+    return LINE_STYLES[list(colors).index(flow) % len(LINE_STYLES)]
 
 
 def save(fig, stem: Path) -> list[str]:
@@ -110,7 +121,7 @@ def _panel(ax, series: list[dict], colors: dict, window: int, log: bool) -> bool
         with np.errstate(invalid="ignore"):
             mean = curves.mean(axis=0)
             lo, hi = bootstrap_band(curves)
-        ax.plot(steps, mean, color=colors[flow], lw=1.8, label=f"{flow} (n={len(smooth)})")
+        ax.plot(steps, mean, color=colors[flow], lw=1.9, ls=flow_style(flow, colors), label=f"{flow} (n={len(smooth)})")
         if len(smooth) > 1:
             ax.fill_between(steps, lo, hi, color=colors[flow], alpha=0.18, lw=0)
     return hidden

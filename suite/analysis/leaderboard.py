@@ -17,10 +17,14 @@ the site must work opened from disk with no server and no network.
    log-prob evidence or match the framework log it was copied from (``bundle.check``,
    docs/bundle.md). A bundle that fails is rejected with the reason, printed and listed on the
    site; it never enters half-way.
-2. **Aggregate seeds.** Runs whose configs differ only in ``seed`` (and where they were written)
-   form one entry: verdict as passes / seeds, IQM and a percentile bootstrap CI of the IQM over
-   seeds (suite/analysis/stats.py: rliable's conventions, arXiv 2108.13264), step-0 and final
-   mismatch, cost.
+2. **Aggregate seeds, then boards** (suite/analysis/board.py). Runs whose configs differ only in
+   ``seed`` form one entry; entries of one setting on one machine class form a board; a board ranks
+   only recipes with at least 3 seeds (IQM with stratified-bootstrap intervals, probability of
+   improvement over the fp16 baseline: rliable, arXiv 2108.13264), lists the others unranked with
+   why, shows controls as controls and entries that no longer reproduce apart. A run repeated from
+   another commit with byte-identical metrics is kept as evidence that it reproduces, not as a seed.
+   The site also carries the board's version, date and changelog (board_changes.yaml) and the
+   published results beside it, reported and unverified (suite/analysis/reported.py).
 3. **Write the site into a temporary directory, then swap it in** (``_swap_in``): readers see
    the old site or the new one, and a build that fails leaves the old one untouched.
 
@@ -41,7 +45,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from suite.analysis import bundle, stats
+from suite.analysis import board, bundle, reported, stats
 from suite.numerics import machine
 from suite.results import (
     SCHEMA_VERSION,
@@ -65,11 +69,9 @@ BUNDLE_FILES = ("config.json", "metrics.jsonl", "timing.jsonl", "summary.json", 
 CHECKED_PREFIXES = ("accuracy/", "mismatch/")
 CHECKED_KEYS = ("verdict", "steps_done", "total_steps", "threshold", "time/total_s")
 EXTRA_PREFIXES = ("eval/", "transfer/")
-MISMATCH_SHOWN = ("kl_k3", "prob_diff/mean")  # the two mismatch metrics of the table
 CURVES = {"reward": "reward/mean", "kl_k3": "mismatch/kl_k3", "prob_diff": "mismatch/prob_diff/mean"}
 
-RANKING = ("passes / seeds, descending; then final training accuracy (IQM over seeds), descending; "
-           "then step-0 k3 KL mismatch (IQM over seeds), ascending. Missing values rank last.")
+CHANGES = Path(__file__).with_name("board_changes.yaml")  # the board's version, date and changelog
 
 
 class Rejected(ValueError):
@@ -81,15 +83,16 @@ class Rejected(ValueError):
 
 
 def find_bundles(results_dir: Path) -> list[Path]:
-    """Run directories under ``results_dir``: the directory itself if it holds a run file,
-    else its subdirectories holding at least one (``.hydra`` scratch and the like have none)."""
+    """Run directories under ``results_dir``: the directory itself if it holds a run file, else every
+    directory below it holding one (a grid's ``<regime>/<run>``, a submission's ``<name>/<run>``); the
+    site's own folders and ``.hydra`` scratch hold none."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise ValueError(f"leaderboard: {results_dir} is not a directory")
     if any((results_dir / f).exists() for f in BUNDLE_FILES):
         return [results_dir]
-    return sorted(d for d in results_dir.iterdir()
-                  if d.is_dir() and any((d / f).exists() for f in BUNDLE_FILES))
+    return [b for d in sorted(results_dir.iterdir()) if d.is_dir() and not d.name.startswith(".")
+            for b in find_bundles(d)]
 
 
 def _read_json(path: Path):
@@ -129,14 +132,19 @@ def validate_run(run_dir: Path) -> dict:
             extras[key] = value
     tdoc = transfer.load(run_dir)  # suite transfer's lm-eval results, when the run has them
     extras.update(transfer.summary_keys(tdoc))
+    cls = machine.of_run(run_dir, env)
+    today = board.normalised(cfg, outside["fields_added_since"])  # as today's code composes it
     return {
         "run": run_dir.name,
         "source": str(run_dir),
         "task": cfg["task"], "algorithm": cfg["algorithm"], "seed": cfg["seed"],
         "precision": _precision_label(cfg), "model": _model_label(cfg), "tier": cfg.get("tier"),
         "framework": bundle.framework_label(env),
-        "hardware": _hardware_label(env, machine.of_run(run_dir, env)),
-        "group": _group_hash(cfg, machine.of_run(run_dir, env)),
+        "hardware": _hardware_label(env, cls),
+        "class": cls, "class_id": (cls or {}).get("id"),
+        "group": board.group_key(today, (cls or {}).get("id")),
+        "setting": board.setting_key(today, (cls or {}).get("id")),
+        "env_facts": _env_facts(env),
         "transfer_flags": transfer.flags_of(tdoc),
         "summary": {**{k: v for k, v in recomputed.items() if k.startswith(CHECKED_PREFIXES) or k in CHECKED_KEYS},
                     "error": summary.get("error"), "train/skipped_steps": recomputed.get("train/skipped_steps"),
@@ -184,6 +192,18 @@ def _check_provenance(env: dict) -> dict:
     out["task_version"] = (env.get("task") or {}).get("version") if isinstance(env.get("task"), dict) else None
     out["dataset_sha256"] = (env.get("dataset") or {}).get("sha256") if isinstance(env.get("dataset"), dict) else None
     return out
+
+
+def _env_facts(env: dict) -> dict:
+    """What a board's header reads from env.json: task version, policy size, perfectible prompts."""
+    def get(*path):
+        node = env
+        for p in path:
+            node = node.get(p) if isinstance(node, dict) else None
+        return node
+
+    return {"task_version": get("task", "version"), "params": get("policy", "params"),
+            "prompts": get("dataset", "prompts")}
 
 
 def _check_config(cfg_file: dict, summary: dict) -> tuple[dict, str]:
@@ -269,82 +289,6 @@ def _hardware_label(env: dict, cls: dict | None = None) -> str:
     return f"{cls['id'] if cls else 'class not recorded'}: {hw}"
 
 
-def _group_hash(cfg: dict, cls: dict | None = None) -> str:
-    """Seeds of one entry: configs equal except for the seed (and where they were written), on one
-    machine class (the same config gives other numbers on another class)."""
-    return config_hash({**{k: v for k, v in cfg.items() if k != "seed"}, "machine_class": (cls or {}).get("id")})
-
-
-def _variants(groups: dict[str, list[dict]]) -> dict[str, str]:
-    """For entries whose labels collide (same task, algorithm, precision, model but another
-    config), the fields that tell them apart, e.g. ``optim.lr=0.0003``."""
-    by_label: dict[tuple, list[str]] = {}
-    for g, runs in groups.items():
-        r = runs[0]
-        by_label.setdefault((r["task"], r["algorithm"], r["precision"], r["model"], r["framework"], r["hardware"]),
-                            []).append(g)
-    out = {g: "" for g in groups}
-    for members in by_label.values():
-        if len(members) < 2:
-            continue
-        flats = {g: provenance.flatten({k: v for k, v in groups[g][0]["config"].items()
-                                        if k not in ("seed", "out", "name")}) for g in members}
-        keys = sorted({k for f in flats.values() for k in f})
-        differ = [k for k in keys if len({json.dumps(f.get(k), sort_keys=True) for f in flats.values()}) > 1]
-        for g in members:
-            out[g] = ", ".join(f"{k}={flats[g].get(k)}" for k in differ) or g[:8]
-    return out
-
-
-# ----------------------------------------------------------------------------
-# Entries: seeds aggregated
-
-
-def _aggregate(values) -> dict:
-    """IQM over seeds and a percentile bootstrap CI of the IQM (rliable's conventions; suite/analysis/stats.py)."""
-    x = stats.finite(values)
-    lo, hi = stats.bootstrap_ci(x, stat="iqm") or (None, None)
-    return {"iqm": stats.iqm(x), "lo": lo, "hi": hi, "n": len(x)}
-
-
-def _entries(records: list[dict]) -> list[dict]:
-    groups: dict[str, list[dict]] = {}
-    for r in records:
-        groups.setdefault(r["group"], []).append(r)
-    variants = _variants(groups)
-    entries = []
-    for g, runs in groups.items():
-        runs = sorted(runs, key=lambda r: r["seed"])
-        first = runs[0]
-        metric_keys = ["accuracy/peak", "accuracy/final", "time/total_s"]
-        metric_keys += [f"mismatch/{when}/{m}" for when in ("step0", "final") for m in MISMATCH_SHOWN]
-        metric_keys += sorted({k for r in runs for k in r["summary"] if k.startswith(EXTRA_PREFIXES)})
-        first_pass = [r["summary"].get("accuracy/first_pass_step") for r in runs]
-        reached = stats.finite(first_pass)
-        entries.append({
-            "id": g, "task": first["task"], "algorithm": first["algorithm"], "precision": first["precision"],
-            "model": first["model"], "tier": first["tier"], "variant": variants[g], "framework": first["framework"],
-            "hardware": sorted({r["hardware"] for r in runs}),
-            "seeds": len(runs), "passes": sum(r["summary"].get("verdict") == "pass" for r in runs),
-            "verdicts": [r["summary"].get("verdict") for r in runs],
-            "metrics": {k: _aggregate(r["summary"].get(k) for r in runs) for k in metric_keys},
-            # Median over the seeds that got there, with how many did: a mean would hide the others.
-            "first_pass": {"median": stats.median(reached), "reached": len(reached)},
-            "runs": runs,
-        })
-    return sorted(entries, key=_rank_key)
-
-
-def _rank_key(e: dict) -> tuple:
-    def low_first(v):  # None (missing) after every number
-        return (v is None, v if v is not None else 0.0)
-
-    final = e["metrics"]["accuracy/final"]["iqm"]
-    k3 = e["metrics"]["mismatch/step0/kl_k3"]["iqm"]
-    return (-e["passes"] / e["seeds"], low_first(None if final is None else -final), low_first(k3),
-            e["algorithm"], e["precision"], e["model"], e["id"])
-
-
 # ----------------------------------------------------------------------------
 # Writing the site
 
@@ -369,17 +313,30 @@ def _json_safe(obj):
     return obj
 
 
+def changes(path: Path = CHANGES) -> list[dict]:
+    """The board's changelog, newest first: [{version, date, changes: [...]}]; its first entry is the version
+    and date the site carries (a build is a pure function of its inputs, so the date is not the clock's)."""
+    import yaml
+
+    doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(doc, list) or not doc or not all({"version", "date", "changes"} <= set(d) for d in doc):
+        raise ValueError(f"{path}: must be a list of {{version, date, changes}}, newest first")
+    return [{"version": str(d["version"]), "date": str(d["date"]), "changes": [str(c) for c in d["changes"]]}
+            for d in doc]
+
+
 def site_data(records: list[dict], rejected: list[dict], sources: list[str]) -> dict:
-    entries = _entries(records)
-    tasks = sorted({e["task"] for e in entries})
+    log = changes()
     return {
         "schema_version": SCHEMA_VERSION,
+        "version": log[0]["version"], "date": log[0]["date"], "changelog": log,
         "sources": sources,
-        "ranking": RANKING,
-        "ci": f"{int(stats.LEVEL * 100)}% percentile bootstrap over seeds, {stats.BOOT_SAMPLES:,} resamples",
+        "ranking": board.RANKING, "min_seeds": board.MIN_SEEDS, "baseline": board.BASELINE,
+        "ci": f"{int(stats.LEVEL * 100)}% stratified bootstrap over seeds, {stats.BOOT_SAMPLES:,} resamples",
         "verdict_rule": next((r["summary"].get("verdict_rule") for r in records if r["summary"].get("verdict_rule")),
                              None) or VERDICT_RULE,
-        "tasks": [{"task": t, "entries": [e for e in entries if e["task"] == t]} for t in tasks],
+        "classes": board.classes(records),
+        "reported": reported.load(),
         "accepted": len(records),
         "rejected": rejected,
     }
@@ -438,6 +395,26 @@ def _swap_in(new: Path, out: Path) -> None:
     shutil.rmtree(old)
 
 
+def _admit(rec: dict, records: list[dict]) -> None:
+    """Add ``rec`` unless it repeats a seed already there. The same bundle twice (a directory given twice, a
+    copy) is refused; the same experiment and seed from another commit is not a new seed either: if its
+    metrics.jsonl is byte-identical it is kept as evidence that the run reproduces (``twins``), else refused
+    with the step where the two part."""
+    from suite.analysis.reproduce import first_difference
+
+    for other in records:
+        if other["provenance"]["config_hash"] == rec["provenance"]["config_hash"]:
+            raise Rejected(f"same config hash {rec['provenance']['config_hash']} as {other['source']}, already accepted")
+        if (other["group"], other["seed"]) == (rec["group"], rec["seed"]):
+            diff = first_difference(Path(rec["source"]) / "metrics.jsonl", Path(other["source"]) / "metrics.jsonl")
+            if diff != "identical":
+                raise Rejected(f"the experiment and seed of {other['source']}, but metrics.jsonl {diff}: "
+                               "one of the two does not reproduce (not counted as a seed)")
+            other.setdefault("twins", []).append({"source": rec["source"], "git_sha": rec["provenance"]["git_sha"]})
+            return
+    records.append(rec)
+
+
 def build(results_dirs: list[Path], out: Path) -> Path:
     """Validate every bundle under ``results_dirs``, then write the site to ``out`` atomically.
     Returns the path of ``index.html``. Rejected bundles are listed in the site's data."""
@@ -449,17 +426,11 @@ def build(results_dirs: list[Path], out: Path) -> Path:
     bundles = [b for d in results_dirs for b in find_bundles(Path(d))]
 
     # ---- validate everything before writing anything
-    records, rejected, seen = [], [], {}
+    records, rejected = [], []
     for b in bundles:
         try:
             rec = validate_run(b)
-            digest = rec["provenance"]["config_hash"]
-            if digest in seen:
-                # The same experiment twice (a results dir given twice, a copied run) would
-                # count one seed as two.
-                raise Rejected(f"same config hash {digest} as {seen[digest]}, already accepted")
-            seen[digest] = str(b)
-            records.append(rec)
+            _admit(rec, records)
         except Rejected as e:
             rejected.append({"source": str(b), "reason": str(e)})
     data = site_data(records, rejected, [str(d) for d in results_dirs])

@@ -144,21 +144,37 @@ def _ci(ci) -> str:
 
 
 def verdict_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """One row per cell; only the columns that carry information at the number of seeds there is
+    (informative_columns)."""
     extras = extra_keys(runs)
+    cells = group_cells(runs)
+    one = max((len(c) for c in cells.values()), default=0) <= 1  # one run per cell: a value, not a mean ± std
+    pm = (lambda m, sd: fmt(m)) if one else _pm
     head = ["task", "algorithm", "precision", "seed ids", "pass", "collapse", "unstable", "incomplete (failed)",
-            "peak acc mean ± std", "peak 95% CI", "final acc mean ± std", "final 95% CI", "final IQM",
-            "first pass step: mean (reached)"] + [f"{k} mean ± std" for k in extras]
+            "peak acc" if one else "peak acc mean ± std", "peak 95% CI", "final acc" if one else "final acc mean ± std",
+            "final 95% CI", "final IQM", "first pass step" if one else "first pass step: mean (reached)"]
+    head += [k if one else f"{k} mean ± std" for k in extras]
     rows = []
-    for (task, algo, prec), cell in group_cells(runs).items():
+    for (task, algo, prec), cell in cells.items():
         s = cell_stats(cell, extras)
         c, fp = s["counts"], s["first_pass"]
         rows.append([task, algo, prec, ",".join(map(str, s["seeds"])), str(c["pass"]), str(c["collapse"]),
                      str(c["unstable"]), f"{c['incomplete']} ({s['failed']})",
-                     _pm(s["peak"]["mean"], s["peak"]["std"]), _ci(s["peak"]["ci"]),
-                     _pm(s["final"]["mean"], s["final"]["std"]), _ci(s["final"]["ci"]), fmt(s["final"]["iqm"]),
-                     f"{fmt(fp['mean'], '.1f')} ({fp['reached']}/{s['complete']})"]
-                    + [_pm(*s["extra"][k]) for k in extras])
-    return head, rows
+                     pm(s["peak"]["mean"], s["peak"]["std"]), _ci(s["peak"]["ci"]),
+                     pm(s["final"]["mean"], s["final"]["std"]), _ci(s["final"]["ci"]),
+                     "-" if one else fmt(s["final"]["iqm"]),
+                     fmt(fp["mean"], ".0f") if one else f"{fmt(fp['mean'], '.1f')} ({fp['reached']}/{s['complete']})"]
+                    + [pm(*s["extra"][k]) for k in extras])
+    return informative_columns(head, rows, keep=("task", "algorithm", "precision", "pass"))
+
+
+EMPTY = ("-", "", "0", "0 (0)")
+
+
+def informative_columns(head: list[str], rows: list[list[str]], keep=()) -> tuple[list[str], list[list[str]]]:
+    """Drop the columns whose every cell says nothing ('-', empty, a count of 0), except those in ``keep``."""
+    cols = [i for i, h in enumerate(head) if h in keep or any(r[i] not in EMPTY for r in rows)]
+    return [head[i] for i in cols], [[r[i] for i in cols] for r in rows]
 
 
 def run_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
@@ -220,16 +236,20 @@ def flow_label(r: Run) -> str:
 
 
 def step0_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
-    head = ["precision", "runs"] + [f"step-0 {lab} mean ± std" for lab in MISMATCH_PLOT.values()]
+    """Step-0 mismatch per flow. Runs of one flow that share a seed measure the same step 0 (same policy, prompts and
+    samples; the algorithm acts only after it), so identical values are one measurement, shown as one value and
+    counted as one: a mean ± 0 over copies would read as zero spread between seeds."""
+    head = ["precision", "runs", "measurements"] + [f"step-0 {lab}" for lab in MISMATCH_PLOT.values()]
     rows = []
     for flow in flow_order(flow_label(r) for r in runs):
-        vals = [[r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in runs if flow_label(r) == flow]
-                for k in MISMATCH_PLOT]
+        mine = [r for r in runs if flow_label(r) == flow]
+        vals = [stats.finite(r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in mine) for k in MISMATCH_PLOT]
+        distinct = [sorted(set(v)) for v in vals]
         cells = []
-        for v in vals:
-            mean, std = stats.mean_std(v)
-            cells.append("-" if mean is None else f"{mean:.2e}" + (f" ± {std:.1e}" if std is not None else ""))
-        rows.append([flow, str(len(vals[0]))] + cells)
+        for d in distinct:
+            mean, std = stats.mean_std(d)
+            cells.append("-" if mean is None else f"{mean:.2e}" + (f" ± {std:.1e} (n={len(d)})" if std is not None else ""))
+        rows.append([flow, str(len(mine)), str(max((len(d) for d in distinct), default=0))] + cells)
     return head, rows
 
 

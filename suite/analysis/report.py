@@ -46,14 +46,25 @@ def _series(runs: list[Run], key: str) -> list[dict]:
     return out
 
 
-def algorithm_names(algos: list[str]) -> str:
-    """What the report's algorithm names mean (suite/rl/algos.py SUMMARIES), so that ``grpo`` is never read as
-    verl's or TRL's GRPO; "" when none of them is the suite's (runs imported from another framework)."""
-    from suite.rl.algos import SUMMARIES
+def algorithm_rows(runs: list[Run]) -> list[list[str]]:
+    """What each algorithm of the suite's runs computed (suite/rl/algo_table.py ``in_words``, with the ``algo.*``
+    knobs each run recorded), one row per name and meaning, so that ``grpo`` is never read as verl's or TRL's GRPO;
+    none for runs imported from another framework (they name their own loss)."""
+    from suite.rl.algo_table import ALGORITHMS, ROW_KNOBS, get_algorithm, in_words
 
-    known = [a for a in algos if a in SUMMARIES]
-    return ("Algorithm names are the suite's (docs/algorithms.md): " + "; ".join(f"{a} = {SUMMARIES[a]}" for a in known)
-            + ".") if known else ""
+    said: dict[str, list[str]] = {}
+    for r in runs:
+        if r.framework != bundle.SUITE or r.algorithm not in ALGORITHMS:
+            continue
+        knobs = {k: v for k, v in ((r.config or {}).get("algo") or {}).items()
+                 if k in ROW_KNOBS and v is not None}
+        try:
+            words = in_words(get_algorithm(r.algorithm, **knobs))
+        except ValueError as e:  # a knob today's table refuses: say so rather than guess
+            words = f"not describable with today's table ({e})"
+        if words not in said.setdefault(r.algorithm, []):
+            said[r.algorithm].append(words)
+    return [[name, w] for name, words in sorted(said.items()) for w in words]
 
 
 def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
@@ -66,26 +77,30 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     checks = {r.label: provenance.check(r.config, r.config_hash) for r in own if r.config and r.config_hash}
     answers = {r.label: str(checks[r.label]) if r.label in checks else "no hash recorded" for r in own if r.config}
     answers.update({r.label: outside_answer(r) for r in runs if r.framework != bundle.SUITE and r.config})
+    # Warnings that change how the numbers read (cells not comparable, unreadable files, commands that do not
+    # reproduce) lead; the ones that do not (fields added to the code since the runs) go last, compact.
     warnings = render.consistency_warnings(runs)
     warnings += [f"{r.label}: {'; '.join(r.problems)}" for r in runs if r.problems]
     warnings += [f"{label}: the rerun command does not reproduce its config hash ({a})"
                  for label, a in answers.items() if not a.startswith(("yes", "outside loop"))]
     added = sorted({c.added_text() for c in checks.values() if c.added and not c.problem})
-    warnings += [f"config fields were added to the code since some runs ({a}): their rerun commands reproduce "
-                 "every recorded field, but a rerun's config hash will differ" for a in added]
+    notes = [f"Config fields added to the code since some runs ({'; '.join(added)}): the rerun commands reproduce every "
+             "recorded field; a rerun's config hash will differ."] if added else []
     bad = [r for r in runs if r.verdict == "incomplete"]
     tasks, algos = sorted({r.task for r in runs}), sorted({r.algorithm for r in runs})
     doc: list[tuple] = [
+        ("p", outcome_sentence(root)),
         ("p", f"{len(runs)} runs in {len(cells)} cells from {root}: tasks {', '.join(tasks)}; algorithms "
               f"{', '.join(algos)}; precision flows {', '.join(flows)}; seeds "
               f"{', '.join(map(str, sorted({r.seed for r in runs})))}. {len(bad)} run(s) incomplete or failed. "
               "Every number below is computed from the run directories alone (suite report)."),
         ("p", machine_sentence(runs)),
-        *([("p", names)] if (names := algorithm_names(algos)) else []),
-        ("h", "Warnings", "warnings"),
-        ("warn", warnings) if warnings else ("p", "None: the runs differ only in the grid axes (precision, "
-                                                  "algorithm, seed), and every file was readable."),
+        *([("table", ["Algorithm", "What it computes here"], names,
+                    "A name another framework uses may mean other settings here: suite ls algorithms, "
+                    "docs/algorithms.md.")] if (names := algorithm_rows(runs)) else []),
     ]
+    if warnings:
+        doc += [("h", "Warnings", "warnings"), ("warn", warnings)]
     repro = Path(root) / "reproduction.json"
     if repro.is_file():  # written by `suite main` (suite/analysis/reproduce.py)
         from suite.analysis import reproduce
@@ -103,7 +118,9 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
             ("table", head, rows, "Counts over every run of the cell; accuracy statistics over its complete runs "
              "only: mean ± sample std (ddof=1), 95% percentile-bootstrap CI of the mean (10,000 resamples, fixed "
              "seed; with two seeds it is [min, max]), IQM = mean after dropping the lowest and highest quarter. "
-             "First pass step: mean over the runs that reached the threshold (reached / complete)."),
+             "First pass step: mean over the runs that reached the threshold (reached / complete). Columns that "
+             "carry nothing at this number of seeds (an interval of one run, a count that is 0 everywhere) are "
+             "left out."),
             ("p", "Verdict rule: " + VERDICT_RULE)]
 
     thresholds = {r.task: r.config.get("threshold", 0.95) for r in runs if r.config}
@@ -185,6 +202,8 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
 
     head, rows = render.run_table(runs)
     doc += [("h", "Runs", "runs"), ("table", head, rows, "")]
+    if notes:
+        doc += [("h", "Notes", "notes"), ("p", " ".join(notes))]
     head, rows = render.provenance_table(runs, answers)
     doc += [("h", "Provenance", "provenance"), ("table", head, rows, "Config hash: suite.results.config_hash "
              "of the resolved config (out and name excluded). The check recomposes the command below with "
@@ -193,6 +212,16 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
             ("p", "Commands that rerun every run (its axes, then the fields that differ from what those compose to):"),
             ("pre", "\n".join(f"# {r.label}\n{command_of(r)}" for r in runs if r.config) or "(no configs)")]
     return doc
+
+
+def outcome_sentence(root: Path) -> str:
+    """The result in one paragraph, generated from the summaries (the sentence outcomes.md leads with)."""
+    from suite.analysis.outcomes import mismatch_lead
+
+    try:
+        return "Outcome: " + mismatch_lead(Path(root))[2]
+    except (ValueError, KeyError, OSError) as e:  # a folder without summaries still gets its report
+        return f"Outcome: not computable from these files ({e})."
 
 
 def outside_answer(r: Run) -> str:

@@ -127,3 +127,75 @@ def trailing_mean(values, w: int) -> np.ndarray:
         sums = np.nansum(win, axis=1)
         out[w - 1:] = np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
     return out
+
+
+# ---------------------------------------------------------------------------- rliable's aggregate estimates
+# Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" (arXiv 2108.13264), as its
+# library rliable computes them: scores are a (runs, tasks) matrix; the IQM is taken over all its
+# entries; intervals come from a *stratified* bootstrap that resamples runs within each task (the
+# tasks stay fixed: the question is "what if the seeds were different"); the probability of
+# improvement P(X > Y) is the Mann-Whitney U statistic over all run pairs, averaged over tasks,
+# its interval from resampling X and Y independently (rliable's StratifiedIndependentBootstrap).
+# A leaderboard board has one task, so each matrix has one column; the code does not assume it.
+
+
+def _matrix(scores) -> np.ndarray:
+    """(runs, tasks) float array from a list of numbers (one task) or a list of rows; non-finite values
+    are refused here (drop them with `finite` first: a NaN would silently poison every resample)."""
+    a = np.asarray(scores, dtype=float)
+    if a.ndim == 1:
+        a = a[:, None]
+    if a.ndim != 2 or a.shape[0] == 0 or a.shape[1] == 0:
+        raise ValueError(f"scores must be (runs, tasks) with at least one run, got shape {a.shape}")
+    if not np.isfinite(a).all():
+        raise ValueError("scores hold NaN or inf: drop missing runs before aggregating")
+    return a
+
+
+def _iqm_rows(a: np.ndarray) -> np.ndarray:
+    """IQM of each (runs, tasks) matrix of a (B, runs, tasks) stack, over all of its entries (trim_mean 0.25)."""
+    return _stat(a.reshape(a.shape[0], -1), "iqm")
+
+
+def stratified_resample(scores: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
+    """(n_boot, runs, tasks): for every task independently, `runs` run indices drawn with replacement."""
+    runs, tasks = scores.shape
+    idx = rng.integers(0, runs, size=(n_boot, runs, tasks))  # (B, R, T)
+    return np.take_along_axis(np.broadcast_to(scores, (n_boot, runs, tasks)), idx, axis=1)
+
+
+def iqm_interval(scores, n_boot: int = BOOT_SAMPLES, level: float = LEVEL,
+                 seed: int = BOOT_SEED) -> dict | None:
+    """{"iqm", "lo", "hi", "n"}: the IQM of a (runs, tasks) score matrix and its stratified-bootstrap
+    percentile interval; None without scores. `n` is the number of runs: with fewer than 2 there is no
+    interval (lo = hi = None), and a reader must always see `n` next to one."""
+    if len(scores) == 0:
+        return None
+    a = _matrix(scores)
+    point = float(_iqm_rows(a[None])[0])
+    if a.shape[0] < 2:
+        return {"iqm": point, "lo": None, "hi": None, "n": int(a.shape[0])}
+    boots = _iqm_rows(stratified_resample(a, n_boot, np.random.default_rng(seed)))
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    return {"iqm": point, "lo": float(lo), "hi": float(hi), "n": int(a.shape[0])}
+
+
+def _poi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """P(X > Y) of (..., R, T) and (..., M, T) stacks: for each task the fraction of run pairs with x > y,
+    ties counting one half (Mann-Whitney U / (R M)); then the mean over tasks."""
+    gt = (x[..., :, None, :] > y[..., None, :, :]).mean(axis=(-3, -2))  # (..., T)
+    eq = (x[..., :, None, :] == y[..., None, :, :]).mean(axis=(-3, -2))
+    return (gt + 0.5 * eq).mean(axis=-1)
+
+
+def probability_of_improvement(x, y, n_boot: int = BOOT_SAMPLES, level: float = LEVEL,
+                               seed: int = BOOT_SEED) -> dict:
+    """{"p", "lo", "hi", "n_x", "n_y"}: P(X > Y) (rliable.metrics.probability_of_improvement) and its
+    interval from resampling the runs of X and of Y independently, each stratified by task."""
+    a, b = _matrix(x), _matrix(y)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"probability_of_improvement: X has {a.shape[1]} tasks, Y {b.shape[1]}")
+    rng = np.random.default_rng(seed)
+    boots = _poi(stratified_resample(a, n_boot, rng), stratified_resample(b, n_boot, rng))  # (B,)
+    lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
+    return {"p": float(_poi(a, b)), "lo": float(lo), "hi": float(hi), "n_x": int(a.shape[0]), "n_y": int(b.shape[0])}

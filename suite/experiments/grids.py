@@ -17,7 +17,7 @@ from suite.names import lookup
 
 def _flows() -> list[str]:
     """Every precision flow of the table but the controls of the mechanism studies."""
-    from suite.numerics.precision import main_flows
+    from suite.numerics.flows import main_flows
 
     return main_flows()
 
@@ -28,7 +28,7 @@ def _fp8_flows() -> list[str]:
 
 
 def _algorithms() -> list[str]:
-    from suite.rl.algos import ALGORITHMS
+    from suite.rl.algo_table import ALGORITHMS
 
     return list(ALGORITHMS)
 
@@ -193,7 +193,7 @@ def catalogue(reference_root) -> list[dict]:
     for name in GRIDS:
         g = get(name)
         cells = [dict(zip(g["axes"], v)) for v in itertools.product(*g["axes"].values())]
-        cfgs = [config.resolve(config.from_overrides(
+        cfgs = [config.resolve(config.from_plain(
             [*(o for o in g["overrides"] if "${" not in o), *(f"{k}={v}" for k, v in c.items())])) for c in cells]
         per_class = {}
         for cls in sorted({p.parent.name for p in reference_root.glob("*/reference.json")}):

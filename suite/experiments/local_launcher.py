@@ -9,7 +9,12 @@ the **capacity**:
   time), and a cell of ``nproc=2`` takes two of the N slots;
 - no ``jobs``: ``os.cpu_count()`` cores.
 
-A cell needing more than the capacity runs alone (it is not refused: a slower run beats none).
+On a machine with CUDA GPUs the unit is the GPU, not the core: a cell takes ``nproc`` GPUs of its
+own, handed to it as ``CUDA_VISIBLE_DEVICES`` (every rank of a cell otherwise lands on ``cuda:0``
+beside the other cells' models), cells start while enough GPUs are free (and, with ``jobs=N``, at
+most N at a time), and a cell needing more GPUs than the machine has is refused before compute.
+
+A cell needing more than the (core) capacity runs alone (it is not refused: a slower run beats none).
 The queue is widest first, then longest (exact and unified FP8 cost ~2x a step), so wide cells
 start on an empty machine; when the head of the queue does not fit, the first smaller cell that
 fits starts (first fit). Multi-node cells cannot run here and are refused before any compute.
@@ -77,6 +82,34 @@ def capacity(cells, jobs: int | None) -> int:
     return jobs * max((c.cfg.threads for c in cells), default=1)
 
 
+# ---- GPUs ----------------------------------------------------------------------------------------
+def visible_gpus() -> list[str]:
+    """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES's entries when it is set (indices or UUIDs,
+    as the user restricted them), else every device torch sees; [] on a machine without CUDA."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        ids = [x.strip() for x in env.split(",") if x.strip()]
+        return [] if ids[:1] == ["-1"] else ids
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def check_gpus(cells, gpus: list[str]) -> None:
+    """Refuse, before compute, a cell with more ranks than the machine has GPUs (each rank owns one)."""
+    for c in cells:
+        if c.cfg.nproc > len(gpus):
+            raise ValueError(f"nproc: the cell {c.run_dir.name} has nproc={c.cfg.nproc}, but this machine has "
+                             f"{len(gpus)} GPU(s) ({','.join(gpus)}); one rank per GPU")
+
+
+def next_gpu_fit(pending: list, free: list[str], running: int, jobs: int | None) -> int | None:
+    """Index of the first queued cell whose ranks fit on the free GPUs (and within ``jobs`` cells at a time)."""
+    if jobs is not None and running >= jobs:
+        return None
+    return next((i for i, cell in enumerate(pending) if cell.cfg.nproc <= len(free)), None)
+
+
 def check_one_node(cells, launcher: str) -> None:
     """Refuse, before compute, a cell spanning several nodes: a local launcher starts ranks on this machine only."""
     for c in cells:
@@ -103,30 +136,48 @@ def relative_cost(cell) -> float:
 
 
 # ---- the launcher --------------------------------------------------------------------------------
-def launch_local(cells: list, jobs: int | None, console: Console) -> dict[str, int]:
-    """Run cells as ``suite run`` subprocesses within the core capacity; return each run dir's exit code."""
+def launch_local(cells: list, jobs: int | None, console: Console, gpus: list[str] | None = None) -> dict[str, int]:
+    """Run cells as ``suite run`` subprocesses within the core capacity, or on GPUs of their own where the
+    machine has CUDA GPUs (``gpus``: default ``visible_gpus()``); return each run dir's exit code."""
     check_one_node(cells, "local")
+    gpus = visible_gpus() if gpus is None else gpus
+    if gpus:
+        check_gpus(cells, gpus)
     cap = capacity(cells, jobs)
     pending = sorted(cells, key=lambda c: (cores(c), relative_cost(c)), reverse=True)
-    running, codes = {}, {}
+    running, codes, owned = {}, {}, {}  # owned: process -> the GPUs it holds
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the user's hub settings pass through to every cell
-    why = f"jobs={jobs} x threads" if jobs else "every core of this machine"
-    console.print(f"local launcher: {len(cells)} cell(s) queued; capacity {cap} cores ({why}); "
-                  "a cell takes nproc x threads cores")
+    if gpus:
+        console.print(f"local launcher: {len(cells)} cell(s) queued; {len(gpus)} GPU(s) ({','.join(gpus)}), "
+                      f"a cell takes nproc GPUs of its own{f', at most {jobs} cells at a time' if jobs else ''}")
+    else:
+        why = f"jobs={jobs} x threads" if jobs else "every core of this machine"
+        console.print(f"local launcher: {len(cells)} cell(s) queued; capacity {cap} cores ({why}); "
+                      "a cell takes nproc x threads cores")
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as progress:
         bars = {str(c.run_dir): progress.add_task(f"{c.run_dir.name} queued", total=c.cfg.steps,
                                                   completed=steps_done(c)) for c in cells}
         while pending or running:
             in_use = sum(cores(c) for c in running.values())
-            while (i := next_fit(pending, in_use, cap)) is not None:
+            free = [g for g in gpus if not any(g in held for held in owned.values())]
+            while (i := (next_gpu_fit(pending, free, len(running), jobs) if gpus
+                         else next_fit(pending, in_use, cap))) is not None:
                 cell = pending.pop(i)
-                in_use += cores(cell)
-                running[_start(cell, env)] = cell
-                alone = ", more than the capacity: it runs alone" if cores(cell) > cap else ""
-                console.print(f"running {cell.run_dir.name} ({cell.cfg.nproc} rank(s) x {cell.cfg.threads} "
-                              f"thread(s) = {cores(cell)} cores{alone}); {in_use}/{cap} cores in use, "
-                              f"{len(pending)} queued", highlight=False)
+                if gpus:
+                    mine, free = free[:cell.cfg.nproc], free[cell.cfg.nproc:]
+                    proc = _start(cell, {**env, "CUDA_VISIBLE_DEVICES": ",".join(mine)})
+                    owned[proc] = mine
+                    where = f"GPU(s) {','.join(mine)}; {len(free)} free"
+                else:
+                    in_use += cores(cell)
+                    proc = _start(cell, env)
+                    alone = ", more than the capacity: it runs alone" if cores(cell) > cap else ""
+                    where = (f"{cell.cfg.threads} thread(s) = {cores(cell)} cores{alone}; "
+                             f"{in_use}/{cap} cores in use")
+                running[proc] = cell
+                console.print(f"running {cell.run_dir.name} ({cell.cfg.nproc} rank(s), {where}, "
+                              f"{len(pending)} queued)", highlight=False)
                 progress.update(bars[str(cell.run_dir)], description=f"{cell.run_dir.name} running")
             time.sleep(1.0)
             for proc, cell in list(running.items()):
@@ -134,6 +185,7 @@ def launch_local(cells: list, jobs: int | None, console: Console) -> dict[str, i
                 if proc.poll() is None:
                     continue
                 del running[proc]
+                owned.pop(proc, None)
                 codes[str(cell.run_dir)] = proc.returncode
                 _finish(cell, proc, console)
                 progress.update(bars[str(cell.run_dir)],
@@ -144,8 +196,9 @@ def launch_local(cells: list, jobs: int | None, console: Console) -> dict[str, i
 def _start(cell, env: dict) -> subprocess.Popen:
     cell.run_dir.mkdir(parents=True, exist_ok=True)
     with (cell.run_dir / "log.txt").open("a") as logf:  # the child keeps its own descriptor
+        gpus = f", CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in env else ""
         logf.write(f"sweep: cell started at {time.time():.3f} ({cell.cfg.nproc} rank(s) x {cell.cfg.threads} "
-                   f"thread(s), launcher local)\n")
+                   f"thread(s), launcher local{gpus})\n")
         logf.flush()
         return subprocess.Popen([sys.executable, "-m", "suite.cli", "run", *cell.overrides],
                                 stdout=logf, stderr=subprocess.STDOUT, env=env)

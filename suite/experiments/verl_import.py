@@ -14,7 +14,8 @@ What the log does not hold cannot be recomputed: no per-token log-probs, so the 
 name, marked ``copied`` in env.json with the verl name it came from, and the original log is kept
 in ``source/``: the leaderboard checks every copied number against it. Metrics verl does not log
 (k2 KL, |log-prob| differences, sequence log-ratios, the anatomy, per-prompt pass rates) stay
-absent rather than estimated. Formulas differ in details (``MAPPING`` notes them), and verl's
+absent rather than estimated. Where verl's formula differs from the suite's (``MAPPING`` notes how), its value
+is kept under its own name (``verl/rollout_corr/...``), not the suite's; and verl's
 actor also logs ``rollout_corr/*`` per micro-batch at the *current* policy under the same names,
 averaged over micro-batches: which of the two a log holds depends on the run's configuration.
 
@@ -34,6 +35,7 @@ import re
 from pathlib import Path
 
 from suite.analysis import bundle
+from suite.numerics import peers
 from suite.results import (
     SCHEMA_VERSION,
     append_jsonl,
@@ -42,26 +44,26 @@ from suite.results import (
     write_summary,
 )
 
-# bundle key -> (verl key, how the two differ). Rows: the verl key's value is copied as is.
-MAPPING = {
+# bundle key -> (verl key, how the two differ). Rows: the verl key's value is copied as is. A mismatch number
+# goes under the suite's key only where the metric table (suite/numerics/peers.py) says verl computes the
+# same number; otherwise under verl's own name, prefixed "verl/", so that a suite key never holds another
+# formula's value.
+_OWN = {
     "reward/mean": ("critic/score/mean", "mean sequence score before any KL penalty; the training accuracy for 0/1 rewards"),
-    "mismatch/prob_diff/mean": ("training/rollout_probs_diff_mean", "same formula, before the update"),
-    "mismatch/prob_diff/max": ("training/rollout_probs_diff_max", "same formula"),
-    "mismatch/prob_diff/std": ("training/rollout_probs_diff_std", "verl: sample std (n - 1); ours: population std"),
-    "mismatch/kl_k1": ("rollout_corr/kl", "same formula (mean of log mu - log pi over tokens)"),
-    "mismatch/kl_k3": ("rollout_corr/k3_kl", "same formula; verl does not clamp the log-ratio at 20"),
-    "mismatch/chi2_token": ("rollout_corr/chi2_token", "same formula, same clamp"),
-    "mismatch/chi2_seq": ("rollout_corr/chi2_seq", "verl averages over every row, empty responses included"),
-    "mismatch/ppl_ratio": ("rollout_corr/ppl_ratio", "same formula"),
-    "mismatch/log_ppl_diff": ("rollout_corr/log_ppl_diff", "same formula and sign"),
     "response/length/mean": ("response_length/mean", "same"),
     "response/length/max": ("response_length/max", "same"),
     "response/truncated_frac": ("response_length/clip_ratio", "responses that hit the length budget"),
     "entropy/mean": ("actor/entropy", "aggregated with the run's loss_agg_mode, per micro-batch, averaged"),
     "train/grad_norm": ("actor/grad_norm", "same"),
 }
+_MISMATCH = {
+    (key if c.relation == "identical" else f"verl/{c.name}"): (c.name, peers.RELATIONS[c.relation])
+    for key, c in peers.counterparts("verl")
+}
+MAPPING = {"reward/mean": _OWN["reward/mean"], **_MISMATCH, **{k: v for k, v in _OWN.items() if k != "reward/mean"}}
 TIMING = {"time/step_s": "timing_s/step", "time/sample_s": "timing_s/gen"}
 NOT_LOGGED = ("mismatch/kl_k2", "mismatch/logprob_diff/{mean,max}", "mismatch/seq_log_ratio/*",
+              "mismatch/prob_diff/std", "mismatch/log_ppl_diff", "mismatch/ppl_ratio", "mismatch/chi2_seq",
               "mismatch/exp_abs_logprob_diff/mean", "anatomy/*", "logprob/*", "reward/pass_rates")
 SOURCE = f"{bundle.SOURCE_DIR}/metrics.jsonl"
 

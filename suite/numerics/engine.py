@@ -459,7 +459,11 @@ def _sample(logp: torch.Tensor, top_p: float, rng: torch.Generator | torch.Tenso
         drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix whose mass reaches top_p
         probs = torch.zeros_like(probs).scatter(-1, si, sp.masked_fill(drop, 0.0))
     if isinstance(rng, torch.Generator):
-        return torch.multinomial(probs, 1, generator=rng)[:, 0]
+        if rng.device == probs.device:
+            return torch.multinomial(probs, 1, generator=rng)[:, 0]
+        # CUDA refuses a generator of another device (a CPU one, as evaluation and the benchmarks seed): draw
+        # the batch's uniforms from it where it lives and sample by inverse CDF on the probabilities' device.
+        rng = torch.rand(probs.shape[0], dtype=torch.float64, generator=rng).to(probs.device)
     cdf = probs.double().cumsum(-1)  # (B, V)
     tok = torch.searchsorted(cdf, (rng * cdf[:, -1])[:, None], right=True)[:, 0]
     last = (probs > 0).cumsum(-1).argmax(-1)  # the last drawable token: u x total may round up to total

@@ -62,6 +62,8 @@ from __future__ import annotations
 
 import math
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
@@ -205,6 +207,19 @@ def _fp8_gemm_cuda(qa, sa, qb, sb) -> torch.Tensor:
 # accumulation order, so such a device computes the GEMM the emulated way instead (exact products,
 # fp32 accumulation), on the GPU.
 _NO_FP32_SCALED_MM: set[str] = set()
+# Why, per device: the exception torch._scaled_mm raised (a RuntimeError on some builds, a ValueError on others,
+# e.g. the sm89 row-wise path of CUDA < 12.9 wheels), recorded in env.json (gemm_path) instead of switching quietly.
+_FALLBACK_REASON: dict[str, str] = {}
+
+
+def gemm_path(device: str | torch.device) -> dict[str, str]:
+    """Which FP8 GEMM this device runs, and why (env.json ``fp8_gemm``; ``suite doctor``)."""
+    device = str(device)
+    if device in _NO_FP32_SCALED_MM:
+        return {"path": "emulated", "reason": _FALLBACK_REASON.get(device, "torch._scaled_mm failed")}
+    if not device.startswith("cuda") or torch.cuda.get_device_capability(torch.device(device)) < (8, 9):
+        return {"path": "emulated", "reason": "no FP8 tensor cores on this device"}
+    return {"path": "torch._scaled_mm", "reason": "FP8 tensor cores, fp32 output"}
 
 
 def _has_fp8_tensor_cores(t: torch.Tensor) -> bool:
@@ -227,8 +242,11 @@ def _gemm(qa, sa, qb, sb, reduce_dim: int = -1) -> torch.Tensor:
     if _has_fp8_tensor_cores(qa) and K % 16 == 0 and N % 16 == 0 and str(qa.device) not in _NO_FP32_SCALED_MM:
         try:
             return _fp8_gemm_cuda(qa, sa, qb, sb)
-        except RuntimeError:
+        except (RuntimeError, ValueError) as e:  # either type, by build: "cannot emit fp32 here"
             _NO_FP32_SCALED_MM.add(str(qa.device))
+            _FALLBACK_REASON[str(qa.device)] = f"torch._scaled_mm raised {type(e).__name__}: {str(e)[:200]}"
+            warnings.warn(f"FP8 GEMM on {qa.device}: {_FALLBACK_REASON[str(qa.device)]}; computing it emulated "
+                          "(exact products, fp32 sums) from now on", RuntimeWarning, stacklevel=2)
     return _fp8_gemm_emulated(qa, sa, qb, sb)
 
 

@@ -12,44 +12,16 @@ together; "sequence" statistics are over the sequences that have at least one re
 token (an empty row has a trivially zero log-ratio and would bias them). All `std` are
 population std (divide by n): they must exist for a batch of one.
 
-Keys, formulas and their counterparts elsewhere (formulas and signs checked against the
-VeRL `compute_offpolicy_metrics`, Oat `PPOLearner` and slime loss sources; the TRL and
-prime-rl's name (`mismatch_kl`, k3 form) was not read from its source; a framework not named has no
-counterpart we know of):
-
-  mismatch/kl_k1                    mean(log mu - log pi), k1 estimate of KL(mu || pi)
-      VeRL rollout_corr/kl; Oat kl_sample_train_v1 (same as the Tinker cookbook's)
-  mismatch/kl_k2                    0.5 mean((log mu - log pi)^2)
-      Oat kl_sample_train_v2
-  mismatch/kl_k3                    mean(rho - log rho - 1), rho = pi/mu per token
-      VeRL rollout_corr/k3_kl; prime-rl mismatch_kl (k3 form)
-  mismatch/prob_diff/{mean,max,std} abs(pi_t - mu_t) on probabilities
-      VeRL training/rollout_probs_diff_{mean,max,std}
-  mismatch/logprob_diff/{mean,max}  abs(log pi - log mu)
-      TRL sampling/sampling_logp_difference/{mean,max}; slime
-      train_rollout_logprob_abs_diff (mean only, see (1))
-  mismatch/seq_log_ratio/{mean_abs,max_abs,std}   per sequence sum_t(log pi - log mu)
-      no framework key; its distribution is Fig. 5 (right) of arXiv 2510.26788
-  mismatch/log_ppl_diff             mean_seq[mean_t(-log pi) - mean_t(-log mu)]
-      VeRL rollout_corr/log_ppl_diff (same sign)
-  mismatch/ppl_ratio                mean_seq exp(mean_t(log mu - log pi)) (trainer ppl / sampler ppl)
-      VeRL rollout_corr/ppl_ratio
-  mismatch/chi2_token               E_tok[rho_t^2] - 1
-      VeRL rollout_corr/chi2_token
-  mismatch/chi2_seq                 E_seq[rho_seq^2] - 1, rho_seq = prod_t rho_t
-      VeRL rollout_corr/chi2_seq
-  mismatch/exp_abs_logprob_diff/mean   mean exp(abs(log pi - log mu))
-      health signal (a practitioners' rule of thumb: good below 1.03-1.05); 1.0 when identical
-
-(1) slime averages per sequence first, then over sequences; ours pools tokens.
-IS-weight diagnostics (TRL `sampling/importance_sampling_ratio/{min,mean,max}`, VeRL
-`rollout_corr/rollout_is_mean`, `rollout_corr/rollout_is_eff_sample_size`) depend on the
-correction in use and are returned by `suite.rl.algos.policy_loss` under `is/*`.
+Keys and formulas: `METRIC_KEYS` below; each key's formula and its name in verl, TRL, slime, prime-rl and
+Oat, with whether the peer computes the same number, are in the metric table (suite/numerics/peers.py,
+rendered as docs/metrics.md) and checked against the released verl and TRL by tests/test_conformance.py.
+IS-weight diagnostics depend on the correction in use and are returned by `suite.rl.algos.policy_loss`
+under `is/*` (same table).
 
 `log_ppl_diff` sign: trainer log-perplexity minus sampler log-perplexity, per sequence,
 then averaged; positive when the trainer finds the sampled text less likely than the
-sampler did. This equals VeRL's (mean log mu - mean log pi), and log of each sequence's
-ppl_ratio. Health thresholds (practitioners' rules of thumb, not a published standard): exp_abs_logprob_diff/mean below
+sampler did (verl's sign), and log of each sequence's ppl_ratio. Health thresholds
+(practitioners' rules of thumb, not a published standard): exp_abs_logprob_diff/mean below
 1.03-1.05 and KL estimates below 1e-3; watch prob_diff/max, not only the mean.
 """
 
@@ -60,9 +32,13 @@ import math
 import torch
 from torch import Tensor
 
-# Log-ratios are clamped to +-20 before exp (rho <= 4.9e8): a sequence log-ratio sums over
-# thousands of tokens and in BF16 can reach hundreds, where exp overflows to inf and one
-# sequence would turn a batch mean into inf/NaN. 20 matches VeRL's SAFETY_BOUND.
+# Log-ratios are clamped to +-20 before exp (rho <= 4.9e8) where a sequence log-ratio is exponentiated
+# (chi2_seq), and for chi2_token as verl does: a sequence log-ratio sums over thousands of tokens and in
+# BF16 can reach hundreds, where exp overflows to inf and one sequence would turn a batch mean into
+# inf/NaN. 20 matches verl's SAFETY_BOUND. kl_k3 and ppl_ratio are not clamped, as in verl: kl_k3
+# exponentiates one token's log pi - log mu (float64 overflows past 709: a token the sampler drew with
+# probability below e^-709), ppl_ratio a sequence's mean of log mu - log pi (a trainer that finds the
+# sampled text e^709 times less likely per token): only a broken engine gets there, and inf says so.
 LOG_RATIO_CLAMP = 20.0
 
 METRIC_KEYS = (
@@ -111,8 +87,7 @@ def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -
 
     trainer_logp, sampler_logp: (B, T) log-probs of the sampled tokens under pi and mu,
     computed at the same parameters (before the update). mask: (B, T), 1 on response
-    tokens. Formulas: VeRL `compute_offpolicy_metrics` for the
-    rollout_corr/* ones.
+    tokens. Formulas and peer names: suite/numerics/peers.py.
     """
     log_ratio, m = _masked_log_ratio(trainer_logp, sampler_logp, mask)  # (B, T)
     if not bool(m.any()):
@@ -120,7 +95,7 @@ def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -
 
     # ---- token level: pooled over every response token of the batch
     tok = log_ratio[m]  # (N,) log pi_t - log mu_t
-    tok_c = tok.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    tok_c = tok.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # chi2_token only
     pi = trainer_logp.detach().double()[m].exp()  # (N,)
     mu = sampler_logp.detach().double()[m].exp()  # (N,)
     prob_diff = (pi - mu).abs()
@@ -138,7 +113,7 @@ def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -
         # 1e-6 per token, exp(x) - 1 - x loses most digits of the ~5e-13 result.
         "mismatch/kl_k1": (-tok).mean(),
         "mismatch/kl_k2": 0.5 * tok.square().mean(),
-        "mismatch/kl_k3": (torch.expm1(tok_c) - tok_c).mean(),
+        "mismatch/kl_k3": (torch.expm1(tok) - tok).mean(),
         "mismatch/prob_diff/mean": prob_diff.mean(),
         "mismatch/prob_diff/max": prob_diff.max(),
         "mismatch/prob_diff/std": prob_diff.std(correction=0),
@@ -149,7 +124,7 @@ def mismatch_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -
         "mismatch/seq_log_ratio/std": seq_log_ratio.std(correction=0),
         # mean_t(-log pi) - mean_t(-log mu) = -mean_t(log pi - log mu), per sequence.
         "mismatch/log_ppl_diff": (-seq_mean_log_ratio).mean(),
-        "mismatch/ppl_ratio": (-seq_mean_log_ratio).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp().mean(),
+        "mismatch/ppl_ratio": (-seq_mean_log_ratio).exp().mean(),
         # chi^2(pi || mu) = E_mu[rho^2] - 1: the variance of the IS weight, which sets how
         # fast sequence-level IS variance grows, O((1 + chi2)^T) (Liu, Li et al. 2025).
         "mismatch/chi2_token": (2.0 * tok_c).exp().mean() - 1.0,

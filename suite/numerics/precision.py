@@ -31,94 +31,14 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from suite.names import lookup
+from suite.numerics.flows import FLOWS, TORCH_DTYPES, Flow, main_flows, resolve  # noqa: F401 (the table, re-exported)
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
-          # fp8: FP8 GEMMs in every decoder linear layer; everything else (attention, norms, the
-          # output head, activations between operators) in bf16, as DeepSeek-V3 and Jet-RL do.
-          "fp8": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class Flow:
-    """One row of the precision table."""
-
-    name: str
-    trainer: str  # autocast dtype of the trainer's forward ("fp32" = no autocast)
-    sampler: str  # dtype of the sampler's weights, activations and KV cache
-    loss_scaling: bool  # dynamic loss scaling (needed for fp16 gradients)
-    note: str
-    exact: bool = False  # trainer scores with the sampler's own kernels on the sampler's shapes
-    unified: bool = False  # trainer scores with the sampler's own code on the full sequence (Jet-RL's unified flow)
-    control: bool = False  # a control flow of the mechanism studies, left out of the main grids (grids._flows)
-
-    @property
-    def trainer_dtype(self) -> torch.dtype:
-        return DTYPES[self.trainer]
-
-    @property
-    def sampler_dtype(self) -> torch.dtype:
-        return DTYPES[self.sampler]
-
-    @property
-    def sampler_code(self) -> bool:
-        """The trainer computes with the sampler's engine code (exact replay or unified full sequence), not with
-        the HF module under autocast: these flows cannot shard the trainer or checkpoint its activations."""
-        return self.exact or self.unified
-
-    @property
-    def trainer_quant(self) -> str | None:
-        return "fp8" if self.trainer == "fp8" else None
-
-    @property
-    def sampler_quant(self) -> str | None:
-        return "fp8" if self.sampler == "fp8" else None
-
-    def describe(self) -> dict:
-        """The resolved precision, as recorded in env.json and the config."""
-        return asdict(self)
-
-
-FLOWS: dict[str, Flow] = {
-    f.name: f
-    for f in [
-        Flow("fp32", "fp32", "fp32", False, "reference: both engines in fp32"),
-        Flow("bf16", "bf16", "bf16", False, "the common default; 7 mantissa bits, collapses in the published test"),
-        Flow("fp16", "fp16", "fp16", True, "the fix of arXiv 2510.26788: 10 mantissa bits plus dynamic loss scaling"),
-        Flow("bf16_fp32rollout", "bf16", "fp32", False, "paper ablation: bf16 trainer, fp32 sampler; stable but slow"),
-        Flow("bf16_fp16rollout", "bf16", "fp16", False, "paper ablation: bf16 trainer, fp16 sampler"),
-        Flow("fp8", "fp8", "fp8", False, "Jet-RL unified FP8 flow (arXiv 2601.14243): the same block-scaled E4M3 "
-             "quantiser in the sampler and in the trainer's forward and backward GEMMs", unified=True),
-        Flow("bf16_fp8rollout", "bf16", "fp8", False, "the common baseline (verl, slime, NeMo-RL, OpenRLHF): "
-             "bf16 trainer, sampler FP8-quantised at every weight sync"),
-        Flow("exact", "bf16", "bf16", False, "bitwise on-policy: the trainer replays the sampler's decode loop "
-             "(same kernels, same shapes); mismatch exactly 0, at the cost of a sequential training forward", True),
-        # Controls for the trainer's numerics (issue: science round 2). bf16/fp16 train the HF module under
-        # autocast (fp32 residual stream and norms) while exact and unified fp8 train with the sampler's pure
-        # low-precision code; these two train with that code too, on the full sequence, so comparing bf16 with
-        # bf16_unified separates what the mismatch does from what the trainer's own rounding does.
-        Flow("bf16_unified", "bf16", "bf16", False, "control: the trainer runs the sampler's pure-bf16 code on the "
-             "full sequence (mismatch only from GEMM shapes and accumulation order)", unified=True, control=True),
-        Flow("fp16_unified", "fp16", "fp16", True, "control: the trainer runs the sampler's pure-fp16 code on the "
-             "full sequence, with dynamic loss scaling", unified=True, control=True),
-    ]
-}
-
-
-def main_flows() -> list[str]:
-    """The flows of the main grids (sanity, precision ablation): every row but the controls."""
-    return [n for n, f in FLOWS.items() if not f.control]
-
-
-def resolve(name: str) -> Flow:
-    """Look a flow up by name; unknown names get a "did you mean"."""
-    return lookup("precision", name, FLOWS)
+DTYPES = {name: getattr(torch, dtype) for name, dtype in TORCH_DTYPES.items()}
 
 
 # ---- GEMM backend ------------------------------------------------------------------------

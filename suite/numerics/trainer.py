@@ -128,14 +128,12 @@ class Trainer:
         # The exact flow (bitwise on-policy, vLLM + TorchTitan style): score with the sampler's
         # own forward, replaying its decode loop, so trainer and sampler run identical kernels.
         self.replay = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
-                                   functional_cache=True) if flow.exact else None)
+                                   functional_cache=True, device=str(self.device)) if flow.exact else None)
         # The unified flows (Jet-RL's FP8 one, and the bf16/fp16 controls): the trainer's forward runs the
         # sampler's own code (its activation dtype, the same FP8 quantisers) on the full sequence, so the
         # sampler's computation is a subgraph of it; only GEMM shapes differ.
         self.unified = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
                                     quant=flow.trainer_quant, device=str(self.device)) if flow.unified else None)
-        if self.replay is not None:
-            self.replay.device = str(self.device)
         self.logprob_chunk = logprob_chunk
         if gradient_checkpointing:
             if self.replay is not None or self.unified is not None:  # config.validate refuses it first
@@ -255,6 +253,9 @@ class Trainer:
         return self.routing.chosen(batch)
 
     def _logprobs(self, ids, attn, n_resp, targets, temperature, routes):
+        # One place moves a batch to this rank's device, for every flow: the HF module's, the replayed decode
+        # loop's (exact) and the sampler code's (unified) forward alike.
+        ids, attn, targets = ids.to(self.device), attn.to(self.device), targets.to(self.device)
         if self.replay is not None:
             weights = self.replay.training_weights(dict(self.model.named_parameters()))
             return self.replay.score(ids[:, :-n_resp], attn[:, :-n_resp].bool(), targets, temperature, weights)
@@ -262,7 +263,6 @@ class Trainer:
             weights = self.unified.training_weights(dict(self.model.named_parameters()))
             return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights,
                                            None if routes is None else routes.to(self.device))
-        ids, attn, targets = ids.to(self.device), attn.to(self.device), targets.to(self.device)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits

@@ -6,7 +6,9 @@ know which engine it drives. What vLLM brings is the arithmetic of a production 
 kernels (paged attention, fused QKV / gate-up GEMMs, its own sampler), so the mismatch measured
 with it is the one real stacks (verl, OpenRLHF, slime) live with.
 
-How each requirement maps onto vLLM 0.32 (read from its source, paths relative to ``vllm/``):
+How each requirement maps onto vLLM 0.32 (read from its source, paths relative to ``vllm/``; every call
+below exists from 0.21 to 0.33, read from those releases' sources, except the weight reload, which
+``load_weights`` adapts to vLLM <= 0.15):
 
 - **precision from the table only**: ``dtype`` is ``Flow.sampler_dtype`` and FP8 flows ask for
   ``quantization="fp8_per_block"``, vLLM's online block-scaled FP8 (E4M3 weights per 128x128 block,
@@ -36,9 +38,12 @@ How each requirement maps onto vLLM 0.32 (read from its source, paths relative t
   ``external_launcher`` (``_world_args``); every rank syncs the full weights it gathered from the
   FSDP2 shards, and vLLM loads its TP shard of them.
 - **sleep mode (GPU)**: with ``enable_sleep_mode`` the engine sleeps (level 1: weights to host RAM,
-  KV cache dropped) right after each rollout, and ``sync`` wakes it up *before* loading the new
-  weights (loading into offloaded memory would be lost). vLLM's CPU worker ignores sleep, so the
-  config refuses it there.
+  KV cache dropped) right after each rollout. It wakes in the order vLLM documents for RL and verl's
+  rollout follows: free the trainer's cached blocks, wake the *weights* only, load the new weights
+  (loading into offloaded memory would be lost), free again, then wake the *KV cache*, so weights and
+  cache never both compete with the trainer's cached memory. ``generate`` wakes a sleeping engine itself
+  (level 1 kept the weights on the host): a chunked evaluation samples chunk after chunk. vLLM's CPU
+  worker ignores sleep, so the config refuses it there.
 
 Nothing here imports vLLM at module level: the rest of the suite works without it.
 """
@@ -46,6 +51,7 @@ Nothing here imports vLLM at module level: the rest of the suite works without i
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import os
 import time
 from pathlib import Path
@@ -70,6 +76,10 @@ def device() -> str:
 
 def fp8_capable() -> tuple[bool, str]:
     """Can the installed vLLM run block-scaled FP8 linears on this device? (answer, why not)."""
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    if FP8_METHOD not in QUANTIZATION_METHODS:  # added in vLLM 0.21
+        return False, f"the installed vLLM has no '{FP8_METHOD}' quantisation (vLLM >= 0.21 has)"
     if device() == "cuda":
         # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards, as Jet-RL and vLLM's CUTLASS/DeepGEMM
         # block kernels assume; older GPUs would fall back to weight-only emulation (not the recipe).
@@ -167,6 +177,31 @@ def _world_args(world, tp: int) -> dict:
     return {"distributed_executor_backend": "external_launcher", "data_parallel_size": world.size // tp}
 
 
+def reload_takes_iterator(runner=None) -> bool:
+    """Does the installed vLLM's worker reload weights handed to it (``reload_weights(weights_iterator=...,
+    is_checkpoint_format=...)``)? vLLM 0.16 onwards (``v1/worker/gpu_model_runner.py``, which the CPU runner
+    inherits); up to 0.15 ``reload_weights()`` takes no arguments and re-reads the checkpoint from disk.
+    ``runner``: the model-runner class to ask (tests pass fakes)."""
+    if runner is None:
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner as runner
+    fn = getattr(runner, "reload_weights", None)
+    return fn is not None and "weights_iterator" in inspect.signature(fn).parameters
+
+
+def load_weights(llm, weights: list[tuple[str, torch.Tensor]], takes_iterator: bool) -> None:
+    """Hand HF-format ``(name, tensor)`` pairs to a running ``LLM``, through the API its vLLM has.
+
+    With ``takes_iterator`` (vLLM >= 0.16) the worker's layer-wise reload, which re-quantises online-FP8
+    layers. Before that, the model's own ``load_weights`` through ``apply_model`` (what TRL, verl and
+    OpenRLHF called then): it fuses q/k/v and gate/up the same way but does not re-quantise, which is
+    harmless because ``FP8_METHOD`` exists only from vLLM 0.21 (FP8 flows cannot start on those versions).
+    """
+    if takes_iterator:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+    else:
+        llm.apply_model(lambda model: model.load_weights(weights))
+
+
 class VllmEngine:
     """A vLLM ``LLM`` in this process, configured from the precision table and ``cfg.vllm``."""
 
@@ -216,18 +251,31 @@ class VllmEngine:
     # ---- weights -------------------------------------------------------------------------
     def sync(self, state_dict: dict[str, torch.Tensor]) -> None:
         """Load the trainer's current weights into the running engine (in memory, no checkpoint)."""
-        if self.asleep:  # wake first: weights loaded into offloaded memory would be lost
-            self.llm.wake_up()
-            self.asleep = False
+        woke = self.asleep
+        if woke:  # the weights first: weights loaded into offloaded memory would be lost
+            _free_cached_device_memory()
+            self.llm.wake_up(tags=["weights"])
         # Cast to the engine dtype here (vLLM's loader would cast too, warning once per tensor). FP8
         # layers receive sampler-dtype (bf16) weights, the checkpoint format they quantise online.
         weights = [(k, v.detach().to(self.dtype)) for k, v in state_dict.items()]
         # is_checkpoint_format: HF names and layout; vLLM fuses q/k/v and gate/up and re-quantises FP8
         # layers. (Its "RotaryEmbedding: Failed to load weights" warning is expected: the rotary cache
         # is a computed buffer, not a checkpoint tensor, and is put back unchanged.)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        load_weights(self.llm, weights, reload_takes_iterator())
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.n_syncs += 1
+        if woke:  # then the KV cache, into the memory the weight copy's temporaries left
+            _free_cached_device_memory()
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+
+    def _wake(self) -> None:
+        """Wake with the weights it slept with (level 1 kept them on the host), weights before KV cache."""
+        _free_cached_device_memory()
+        self.llm.wake_up(tags=["weights"])
+        _free_cached_device_memory()
+        self.llm.wake_up(tags=["kv_cache"])
+        self.asleep = False
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The engine's current parameters (vLLM names and layout), copied to CPU: for tests."""
@@ -240,8 +288,8 @@ class VllmEngine:
         or (B,) per-sequence seeds (engine.sequence_seeds), each request's own seeded stream."""
         from vllm import SamplingParams, TokensPrompt
 
-        if self.asleep:
-            raise RuntimeError("the vLLM engine is asleep: sync() the new weights before sampling")
+        if self.asleep:  # e.g. the second chunk of an evaluation: the same weights, slept after the first
+            self._wake()
         seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
                  else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
@@ -278,3 +326,10 @@ class VllmEngine:
             llm.llm_engine.engine_core.shutdown()
             del llm
         cleanup_dist_env_and_memory()
+
+
+def _free_cached_device_memory() -> None:
+    """Return the trainer's cached but unused CUDA blocks to the device before vLLM claims memory (verl does the
+    same around each wake-up); nothing to do without CUDA."""
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

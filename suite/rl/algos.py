@@ -1,23 +1,41 @@
 """The algorithm table: one name -> (advantage, surrogate, IS correction, aggregation).
 
-Names follow the sanity test (arXiv 2510.26788), not verl or TRL: ``grpo`` here is that paper's "PPO", i.e.
-Dr.GRPO's advantage (no division by the group std), the token sum over a constant (the max response length)
-and clip-higher 0.2/0.28. What verl and TRL run as GRPO divides the advantage by the group std and clips
-0.2/0.2: ``grpo_vanilla`` (the GRPO paper's seq-mean-token-mean; ``algo.agg=token-mean`` gives verl's and TRL's
-default aggregation). ``SUMMARIES`` says it for every name, and ``suite ls algorithms``, ``suite run --help``,
-the report and docs/algorithms.md print it.
+Notation (after arXiv 2510.26788 "Defeating the Training-Inference
+Mismatch via FP16", code github.com/sail-sg/Precision-RL):
+  mu           the sampler (rollout engine) that drew y, at the old parameters theta'
+  pi_theta'    the trainer at those same old parameters (`old_logp`, no grad)
+  pi_theta     the trainer now (`trainer_logp`, carries the gradient)
+  r_t   = pi_theta(y_t) / pi_theta'(y_t)          PPO ratio (on-policy part)
+  rho_t = pi_theta'(y_t) / mu(y_t), rho = prod_t rho_t   mismatch ratio at theta'
+  w     = pi_theta(y) / mu(y), detached             PG sequence weight
+  l_t   = max(-A r_t, -A clip(r_t, 1 - eps_low, 1 + eps_high))   PPO-clip, arXiv 1707.06347 Eq. (7)
+
+A loss is: per-token surrogate (B, T)  x  detached IS weight (B, T) or (B, 1)  ->  aggregate.
+`policy_loss` is the one place that dispatches on the surrogate; `is_weights` is the one
+place that interprets the correction, through the `_CORRECTIONS` table. Every variant in
+`ALGORITHMS` (the table: suite/rl/algo_table.py, torch-free) is a parameter setting of that shared kernel.
+
+Shapes: B sequences, T response positions (right-padded), P prompts x G samples = B.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 from suite.names import did_you_mean
+from suite.rl.algo_table import (  # noqa: F401 (the table, re-exported: the kernels and their settings in one import)
+    _CORRECTIONS,
+    ADVANTAGE_MODES,
+    AGG_MODES,
+    ALGORITHMS,
+    CORRECTIONS,
+    SURROGATES,
+    Algorithm,
+    get_algorithm,
+)
 
 # Log-ratios are clamped to +-20 before exp: a sequence log-ratio sums thousands of
 # per-token terms and in BF16 reaches hundreds, where exp overflows to inf and inf * 0 in
@@ -25,167 +43,6 @@ from suite.names import did_you_mean
 # clamp never changes a weight that survives truncation or masking. (Same bound as VeRL.)
 LOG_RATIO_CLAMP = 20.0
 STD_EPS = 1e-6  # GRPO's (r - mean) / (std + eps); keeps an all-equal group at exactly 0
-
-ADVANTAGE_MODES = ("mean", "std")
-SURROGATES = ("ppo", "pg", "gspo")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-
-# correction -> (level the weight lives at, what happens to weights above C).
-# "truncate" = min(weight, C) (TIS); "mask" = weight * 1{weight <= C} (MIS); "keep" = plain IS.
-_CORRECTIONS: dict[str, tuple[str, str] | None] = {
-    "none": None,
-    "token_tis": ("token", "truncate"),
-    "seq_is": ("seq", "keep"),
-    "seq_tis": ("seq", "truncate"),
-    "seq_mis": ("seq", "mask"),
-}
-CORRECTIONS = tuple(_CORRECTIONS)
-
-
-def _check_choice(field_name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ValueError(
-            f"Algorithm.{field_name}={value!r} is not one of {allowed}{did_you_mean(str(value), allowed)}"
-        )
-
-
-@dataclass(frozen=True)
-class Algorithm:
-    """One row of the table. Validated on construction, so a bad override fails early."""
-
-    name: str
-    """Registry key, also used in run names (`task__algo__precision__sSEED`)."""
-    advantage: str
-    """One of ADVANTAGE_MODES: mean = r - group mean (Dr.GRPO); std = (r - mean) / (std + 1e-6) (GRPO)."""
-    surrogate: str
-    """One of SURROGATES: ppo = clipped r_t; pg = -A log pi (REINFORCE); gspo = clipped sequence ratio."""
-    correction: str
-    """Mismatch IS correction, one of CORRECTIONS; none = the sampler's log-probs are not used."""
-    C: float
-    """IS threshold: truncation cap (TIS) or mask threshold (MIS). Unused when correction="none"."""
-    clip_low: float
-    """eps_low of the PPO/GSPO clip: ratios below 1 - clip_low are clipped. Unused by "pg"."""
-    clip_high: float
-    """eps_high: ratios above 1 + clip_high are clipped (DAPO's clip-higher when > clip_low)."""
-    agg: str
-    """Loss aggregation, one of AGG_MODES (VeRL `loss_agg_mode` names)."""
-    source: str
-    """Citation: paper arXiv id and equation / section, and the reference implementation."""
-    uses_sampler_logp: bool = field(init=False)
-    """Derived: True iff the correction needs the sampler's log-probs (log mu)."""
-
-    def __post_init__(self) -> None:
-        _check_choice("advantage", self.advantage, ADVANTAGE_MODES)
-        _check_choice("surrogate", self.surrogate, SURROGATES)
-        _check_choice("correction", self.correction, CORRECTIONS)
-        _check_choice("agg", self.agg, AGG_MODES)
-        if not (isinstance(self.C, (int, float)) and self.C > 0 and math.isfinite(self.C)):
-            raise ValueError(f"Algorithm.C must be a finite number > 0, got {self.C!r}")
-        for name in ("clip_low", "clip_high"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
-                raise ValueError(f"Algorithm.{name} must be a finite number >= 0, got {value!r}")
-        object.__setattr__(self, "uses_sampler_logp", self.correction != "none")
-
-
-# ---------------------------------------------------------------------------- the table
-_PRECISION_RL = "arXiv 2510.26788 (sanity test; github.com/sail-sg/Precision-RL)"
-_DR_GRPO = "Dr.GRPO advantage and constant normaliser arXiv 2503.20783 (Sec. 3)"
-_PPO_CLIP = "PPO-clip arXiv 1707.06347 Eq. (7)"
-_TIS = "TIS: Yao et al. 2025, fengyao.notion.site/off-policy-rl"
-_MIS = "MIS: Liu, Li et al. 2025, 'When Speed Kills Stability', richardli.xyz/rl-collapse"
-
-
-def _precision_rl(name: str, surrogate: str, correction: str, paper_name: str, extra: str) -> Algorithm:
-    """The sanity-test defaults: Dr.GRPO advantage, token sum / max length, clip 0.2/0.28, C = 3."""
-    return Algorithm(
-        name=name, advantage="mean", surrogate=surrogate, correction=correction, C=3.0,
-        clip_low=0.2, clip_high=0.28, agg="seq-mean-token-sum-norm",
-        source=f"{_PRECISION_RL} '{paper_name}'; {extra}",
-    )
-
-
-ALGORITHMS: dict[str, Algorithm] = {
-    a.name: a
-    for a in (
-        _precision_rl("grpo", "ppo", "none", "PPO", f"{_PPO_CLIP}; {_DR_GRPO}"),
-        _precision_rl("grpo_token_tis", "ppo", "token_tis", "PPO-Token-TIS", f"l_t * min(rho_t, C); {_TIS}"),
-        _precision_rl("grpo_seq_tis", "ppo", "seq_tis", "PPO-Seq-TIS", f"l_t * min(rho, C); {_TIS}"),
-        _precision_rl("grpo_seq_mis", "ppo", "seq_mis", "PPO-Seq-MIS", f"l_t * rho * 1{{rho <= C}}; {_MIS}"),
-        _precision_rl("pg_seq_is", "pg", "seq_is", "PG-Seq-IS", "-A * sg(w) * log pi_t, importance-weighted PG"),
-        _precision_rl("pg_seq_tis", "pg", "seq_tis", "PG-Seq-TIS", f"-A * min(w, C) * log pi_t; {_TIS}"),
-        _precision_rl("pg_seq_mis", "pg", "seq_mis", "PG-Seq-MIS", f"-A * w * 1{{w <= C}} * log pi_t; {_MIS}"),
-        Algorithm(
-            name="gspo", advantage="std", surrogate="gspo", correction="none", C=3.0,
-            clip_low=3e-4, clip_high=4e-4, agg="seq-mean-token-mean",
-            source="GSPO arXiv 2507.18071 (Sec. 4: sequence ratio s_i and the GSPO-token variant; "
-            "clip 3e-4/4e-4 from Sec. 5.1); 'Vanilla-GSPO' in " + _PRECISION_RL,
-        ),
-        Algorithm(
-            name="grpo_vanilla", advantage="std", surrogate="ppo", correction="none", C=3.0,
-            clip_low=0.2, clip_high=0.2, agg="seq-mean-token-mean",
-            source="GRPO arXiv 2402.03300 Eq. (3) objective, Sec. 4.1.2 advantage; " + _PPO_CLIP,
-        ),
-        Algorithm(
-            name="dr_grpo", advantage="mean", surrogate="ppo", correction="none", C=3.0,
-            clip_low=0.2, clip_high=0.2, agg="seq-mean-token-sum-norm",
-            source=_DR_GRPO + "; " + _PPO_CLIP,
-        ),
-        Algorithm(
-            name="dapo", advantage="std", surrogate="ppo", correction="none", C=3.0,
-            clip_low=0.2, clip_high=0.28, agg="token-mean",
-            source="DAPO arXiv 2503.14476 (Sec. 3.1 clip-higher, Sec. 3.3 token-level loss); "
-            "dynamic sampling and overlong shaping are not part of the loss",
-        ),
-    )
-}
-
-
-# One line per algorithm, for every place that lists them: what the name means here and, where verl or TRL use
-# the same name for something else, the difference (docs/algorithms.md has the flag-by-flag mapping).
-_NOT_GRPO = ("; NOT what verl or TRL run as GRPO: their defaults divide the advantage by the group std and clip "
-             "0.2/0.2 (grpo_vanilla is the GRPO paper's loss; add algo.agg=token-mean for verl's and TRL's default "
-             "aggregation)")
-SUMMARIES: dict[str, str] = {
-    "grpo": "the sanity test's PPO: Dr.GRPO advantage (r - group mean, no std), token sum / max length, clip "
-            "0.2/0.28, no IS correction" + _NOT_GRPO,
-    "grpo_token_tis": "grpo + per-token truncated IS on the sampler mismatch, min(rho_t, C)" + _NOT_GRPO,
-    "grpo_seq_tis": "grpo + sequence-level truncated IS, min(rho, C)" + _NOT_GRPO,
-    "grpo_seq_mis": "grpo + sequence-level masked IS, rho * 1{rho <= C}" + _NOT_GRPO,
-    "pg_seq_is": "policy gradient -A log pi weighted by the sequence ratio pi/mu, no clip",
-    "pg_seq_tis": "pg_seq_is with the sequence weight truncated at C",
-    "pg_seq_mis": "pg_seq_is with sequences whose weight exceeds C masked out",
-    "gspo": "GSPO: clipped length-normalised sequence ratio (clip 3e-4/4e-4), std-normalised advantage, "
-            "seq-mean-token-mean",
-    "grpo_vanilla": "GRPO as published (arXiv 2402.03300): (r - mean) / std advantage, seq-mean-token-mean, clip "
-                    "0.2/0.2 (TRL loss_type=grpo); verl's and TRL's defaults aggregate token-mean instead",
-    "dr_grpo": "Dr.GRPO: r - mean advantage, token sum / max length, clip 0.2/0.2 (grpo with a symmetric clip)",
-    "dapo": "DAPO's loss: (r - mean) / std advantage, token-mean over the batch, clip-higher 0.2/0.28; without "
-            "DAPO's dynamic sampling and overlong shaping (the suite has neither)",
-}
-
-
-def list_algorithms() -> list[dict]:
-    """One row per algorithm, for ``suite ls algorithms``: its table entry and its one-line meaning."""
-    return [{"name": a.name, "advantage": a.advantage, "surrogate": a.surrogate, "correction": a.correction,
-             "C": a.C, "clip": f"{a.clip_low:g}/{a.clip_high:g}", "agg": a.agg, "summary": SUMMARIES[a.name]}
-            for a in ALGORITHMS.values()]
-
-
-def get_algorithm(name: str, **overrides) -> Algorithm:
-    """The table entry `name`, with dataclass fields replaced by `overrides` (validated)."""
-    if name not in ALGORITHMS:
-        raise ValueError(
-            f"unknown algorithm {name!r}{did_you_mean(name, ALGORITHMS)} (known: {', '.join(ALGORITHMS)})"
-        )
-    settable = [f.name for f in dataclasses.fields(Algorithm) if f.init]
-    for key in overrides:
-        if key not in settable:
-            raise ValueError(
-                f"unknown Algorithm field {key!r}{did_you_mean(key, settable)} (settable: {', '.join(settable)})"
-            )
-    return dataclasses.replace(ALGORITHMS[name], **overrides)
-
 
 # ---------------------------------------------------------------------------- advantages
 def compute_advantages(rewards: Tensor, mode: str) -> Tensor:
@@ -309,11 +166,15 @@ def is_weights(
     surrogates (rho, arXiv 2510.26788) and pi_theta for PG (w). Above C the weight is
     truncated to C (TIS), set to 0 (MIS) or kept (plain IS), per `_CORRECTIONS`.
 
-    Metrics: is/weight/{mean,min,max} of the raw weight before truncation or masking (the
-    mismatch signal; a practitioners' rule of thumb warns outside [0.5, 2]); is/truncated_frac
-    (TIS) and is/masked_frac (MIS), the fraction of units (tokens or sequences) whose raw
-    weight exceeded C and was truncated, resp. masked (0.0 for the other kind); is/ess, the normalised effective sample size (sum w)^2 / (n sum w^2) of the
-    weights actually applied (1 = uniform, 0 = everything masked).
+    Metrics, over units (response tokens, or sequences with at least one response token):
+    is/weight/{mean,min,max} of the raw weight before truncation or masking (the mismatch
+    signal; a practitioners' rule of thumb warns outside [0.5, 2]); is/applied/{mean,min,max}
+    of the weight after it (what verl and TRL report, suite/numerics/peers.py); is/truncated_frac
+    (TIS) and is/masked_frac (MIS), the fraction of units whose raw weight exceeded C and was
+    truncated, resp. masked (0.0 for the other kind): the weights the correction changed;
+    is/ess, the normalised effective sample size (sum w)^2 / (n sum w^2) of the applied
+    weights (1 = uniform, 0 = everything masked). Positions off the mask may hold anything
+    (-inf included): they are zeroed first.
     """
     spec = _CORRECTIONS[correction]
     if spec is None:
@@ -321,11 +182,12 @@ def is_weights(
     if sampler_logp is None:
         raise ValueError(f"correction {correction!r} needs sampler_logp (the sampler's log-probs), got None")
     level, above_c = spec
-    log_ratio = (numerator_logp - sampler_logp).detach()  # (B, T), off-mask already zero
+    m = mask.bool()
+    log_ratio = torch.where(m, numerator_logp.detach() - sampler_logp.detach(), 0.0)  # (B, T)
     if level == "token":
-        log_w, units = log_ratio, mask  # (B, T)
+        log_w, units = log_ratio, m  # (B, T)
     else:
-        log_w, units = log_ratio.sum(dim=-1, keepdim=True), mask.any(dim=-1, keepdim=True)  # (B, 1)
+        log_w, units = log_ratio.sum(dim=-1, keepdim=True), m.any(dim=-1, keepdim=True)  # (B, 1)
     raw = torch.exp(log_w.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
     if above_c == "truncate":
         weight = raw.clamp(max=C)
@@ -337,14 +199,18 @@ def is_weights(
     raw_u, w_u = raw[units].double(), weight[units].double()  # (n,)
     if raw_u.numel() == 0:
         nan = math.nan
-        return weight, {k: nan for k in ("is/weight/mean", "is/weight/min", "is/weight/max",
-                                         "is/truncated_frac", "is/masked_frac", "is/ess")}
+        return weight, {k: nan for k in ("is/weight/mean", "is/weight/min", "is/weight/max", "is/applied/mean",
+                                         "is/applied/min", "is/applied/max", "is/truncated_frac",
+                                         "is/masked_frac", "is/ess")}
     above = float((raw_u > C).double().mean())
     sq = float(w_u.square().sum())
     metrics = {
         "is/weight/mean": float(raw_u.mean()),
         "is/weight/min": float(raw_u.min()),
         "is/weight/max": float(raw_u.max()),
+        "is/applied/mean": float(w_u.mean()),
+        "is/applied/min": float(w_u.min()),
+        "is/applied/max": float(w_u.max()),
         "is/truncated_frac": above if above_c == "truncate" else 0.0,
         "is/masked_frac": above if above_c == "mask" else 0.0,
         "is/ess": float(w_u.sum()) ** 2 / (w_u.numel() * sq) if sq > 0 else 0.0,

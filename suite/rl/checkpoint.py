@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -123,7 +124,10 @@ def model_state(run_dir: Path, model: torch.nn.Module) -> tuple[dict, dict]:
         raise FileNotFoundError(f"{run_dir}: no checkpoint (ckpt/latest.json)")
     ck, meta = found
     state = {"model": {k: v.clone() for k, v in model.state_dict().items()}}
-    dcp.load(state, checkpoint_id=str(ck), no_dist=True)
+    # no_dist: read here even inside an initialised process group. torch 2.6's DCP has no such argument and
+    # reads in one process when no group is initialised, as wherever this runs (suite transfer, tests).
+    one_process = {"no_dist": True} if "no_dist" in inspect.signature(dcp.load).parameters else {}
+    dcp.load(state, checkpoint_id=str(ck), **one_process)
     return state["model"], meta
 
 

@@ -12,9 +12,11 @@ before any compute with a message that says how to get the files.
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -28,17 +30,33 @@ class Preset:
     layers: int
     hidden: int
     note: str
+    recipe: dict[str, Any] = field(default_factory=dict)
+    """Published hyper-parameters for this model (config fields; a task's tier and the command line win)."""
+
+
+# What a 1-2B model needs that the embedded policy does not: a learning rate two orders below the toy tiers'
+# 1e-4, and the memory knobs of an 8k-token, 152k-vocabulary response on one 80 GB GPU (docs/tasks.md):
+# micro-batches of 2 sequences, activations recomputed per layer, the fp32 log-softmax in chunks of 1024
+# positions. lr 1e-6, no weight decay, clip 1.0: the published recipes of these models' RL runs (Precision-RL,
+# arXiv 2510.26788; Dr.GRPO, arXiv 2503.20783, Sec. 4; verl's GRPO examples).
+REAL_MODEL_RECIPE: dict[str, Any] = {
+    "optim.lr": 1e-6, "optim.weight_decay": 0.0, "optim.grad_clip": 1.0,
+    "micro_batch": 2, "gradient_checkpointing": True, "logprob_chunk": 1024,
+}
+# Below this a model trains with the toy tiers' hyper-parameters (the embedded tiers have 0.2-1.6M
+# parameters); above it, a run that would use them is refused (``check_recipe``).
+REAL_MODEL_PARAMS = 100_000_000
 
 
 # Published models of the sanity test (arXiv 2510.26788: R1-Distill-Qwen-1.5B; Qwen2.5-Math-1.5B
 # and Qwen3-1.7B are the other small bases of that paper's and of Precision-RL's experiments).
 PRESETS: dict[str, Preset] = {
     "r1d-1.5b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "Qwen2ForCausalLM", 1.78, 28, 1536,
-                       "the sanity test's base model; its chat template opens <think>"),
+                       "the sanity test's base model; its chat template opens <think>", REAL_MODEL_RECIPE),
     "qwen2.5-math-1.5b": Preset("Qwen/Qwen2.5-Math-1.5B", "Qwen2ForCausalLM", 1.54, 28, 1536,
-                                "base (not instruct) math model; 4k context"),
+                                "base (not instruct) math model; 4k context", REAL_MODEL_RECIPE),
     "qwen3-1.7b": Preset("Qwen/Qwen3-1.7B", "Qwen3ForCausalLM", 2.03, 28, 2048,
-                         "hybrid thinking model (q/k RMSNorm)"),
+                         "hybrid thinking model (q/k RMSNorm)", REAL_MODEL_RECIPE),
 }
 EMBEDDED = "embedded"
 
@@ -84,3 +102,39 @@ def check_chat_template(tok, model: str, task_name: str) -> None:
         raise ValueError(f"model={model}: its tokenizer has no chat template, and task {task_name} gives its prompts "
                          f"as chat messages. Use a chat/instruct checkpoint, or add a template to the tokenizer "
                          f"(tokenizer.chat_template = ...; save_pretrained).")
+
+
+def param_count(model: str) -> int | None:
+    """Parameters of a preset (its card) or of a local HF model (from config.json, no weights read):
+    embeddings (tied or not) + per layer 4 attention projections (GQA-narrowed k/v) and a gated MLP."""
+    if model in PRESETS:
+        return int(PRESETS[model].params_b * 1e9)
+    if not is_path(model):
+        return None
+    try:
+        c = json.loads((Path(model).expanduser() / "config.json").read_text())
+        h, n, v = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+        heads, kv = c.get("num_attention_heads", 1), c.get("num_key_value_heads", c.get("num_attention_heads", 1))
+        head_dim = c.get("head_dim") or h // heads
+        mlp = c.get("intermediate_size", 4 * h) * c.get("num_local_experts", c.get("num_experts", 1) or 1)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    attn = h * heads * head_dim * 2 + h * kv * head_dim * 2
+    return v * h * (1 if c.get("tie_word_embeddings", False) else 2) + n * (attn + 3 * h * mlp)
+
+
+def check_recipe(model: str, lr_from_tier: bool, memory: dict[str, Any]) -> list[str]:
+    """A real model (>= 100M parameters) trained with the embedded tiers' learning rate is refused (ValueError
+    naming the knob); memory knobs (``memory``: field -> value) left at the embedded policy's settings come
+    back as warnings naming the value a real model runs with."""
+    n = param_count(model)
+    if n is None or n < REAL_MODEL_PARAMS:
+        return []
+    if lr_from_tier:
+        raise ValueError(f"model={model} has {n / 1e9:.2f}B parameters, but optim.lr would be the toy tier's rate, "
+                         f"set for the embedded policy's ~1M. Set optim.lr (published RL recipes of 1-8B models: "
+                         f"optim.lr=1e-6), or name a preset ({', '.join(PRESETS)}), which brings its recipe.")
+    untouched = {"micro_batch": None, "gradient_checkpointing": False, "logprob_chunk": 0}
+    return [f"model={model} ({n / 1e9:.1f}B parameters): {key}={value} is the embedded policy's setting; a real "
+            f"model runs {key}={REAL_MODEL_RECIPE[key]} (docs/tasks.md, memory)"
+            for key, value in memory.items() if key in untouched and value == untouched[key]]

@@ -60,9 +60,9 @@ class AlgoConfig:
 def algorithm(cfg):
     """The algorithm row of ``cfg.algorithm`` with the ``algo.*`` knobs the config sets (ValueError names the
     field when a value is refused)."""
-    from suite.rl.algos import get_algorithm
+    from suite.rl.algo_table import ROW_KNOBS, get_algorithm
 
-    knobs = {k: getattr(cfg.algo, k) for k in ("C", "clip_low", "clip_high", "agg", "advantage")}
+    knobs = {k: getattr(cfg.algo, k) for k in ROW_KNOBS}
     overrides = {k: v for k, v in knobs.items() if v is not None}
     try:
         return get_algorithm(cfg.algorithm, **overrides)

@@ -158,13 +158,13 @@ class RunConfig:
     """Local copy of a dataset task's rows (sanity_r1d, math, gsm8k): a directory mirroring the hub repo, a
     parquet/jsonl file (the train split), or "train=A,test=B". None: the hub (suite/tasks/hub_tasks.py)."""
     precision: str = "fp32"
-    """Precision flow: one row of the table in suite/numerics/precision.py (fp32, bf16, fp16, bf16_fp32rollout, ...)."""
+    """Precision flow: one row of the table in suite/numerics/flows.py (``suite ls flows``: each engine's dtype)."""
     lm_head_fp32: bool = False
     """Compute the output head in fp32 in the sampler and the trainer together (ScaleRL, MiniMax-M1)."""
     algorithm: str = "grpo"
-    """Algorithm: one entry of the table in suite/rl/algos.py (`suite ls algorithms` says what each is).
-    grpo is the sanity test's Dr.GRPO with clip-higher 0.2/0.28, NOT what verl or TRL run as GRPO (advantage divided
-    by the group std, clip 0.2/0.2): that is grpo_vanilla (with algo.agg=token-mean for their default aggregation)."""
+    """Algorithm: one row of the table in suite/rl/algo_table.py. What each name computes is listed under
+    Algorithms below and by ``suite ls algorithms``. grpo is the sanity test's Dr.GRPO with clip-higher 0.2/0.28,
+    NOT what verl or TRL run as GRPO: theirs is grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean."""
     seed: int = 0
     """Seed of the RL run (data order, sampling). The policy and the task have their own seeds."""
     tier: str = "small"
@@ -255,6 +255,7 @@ TIERS: dict[str, dict[str, Any]] = {
              "policy": dict(hidden=192, layers=4, heads=6, kv_heads=2, mlp=512, target_acc=0.75)},
 }
 ENGINES = ("torch", "vllm")
+GEMMS = ("auto", "native", "emulated")
 
 
 # The collapse search: regimes chosen for *sensitivity*, the way the published test

@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from suite import dist, results
-from suite.numerics import flops, machine, moe
+from suite.numerics import flops, fp8, machine, moe
 from suite.numerics.engine import Rollout, TorchEngine, left_pad, sequence_seeds
 from suite.numerics.mismatch import (
     mechanism_metrics,
@@ -165,16 +165,23 @@ def _diff(a: dict, b: dict, prefix: str = "") -> str:
 
 
 # ---- the run ---------------------------------------------------------------------------------
-def build_engines(cfg, model, world: dist.World | None = None):
-    """Trainer and sampler of a run (on this rank's device), configured from the precision table and nothing else."""
+def build_trainer(cfg, model, world: dist.World | None = None):
+    """The trainer alone (the KL reference needs no sampler: building one would start a second vLLM engine)."""
     from suite.numerics.trainer import Trainer
 
+    flow, world = resolve(cfg.precision), world or dist.World()
+    backend = gemm_backend(cfg.gemm, flow.trainer_dtype, world.device.split(":")[0])
+    return Trainer(model, flow, backend, cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world,
+                   gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk)
+
+
+def build_engines(cfg, model, world: dist.World | None = None):
+    """Trainer and sampler of a run (on this rank's device), configured from the precision table and nothing else."""
     flow, world = resolve(cfg.precision), world or dist.World()
     device = world.device.split(":")[0]
     backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype, device),
                 "sampler": gemm_backend(cfg.gemm, flow.sampler_dtype, device)}
-    trainer = Trainer(model, flow, backends["trainer"], cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world,
-                      gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk)
+    trainer = build_trainer(cfg, model, world)
     if cfg.routing_replay and trainer.routing is None:  # a given model: only known once loaded
         raise ValueError("routing_replay: the policy has no mixture-of-experts layers to replay")
     if cfg.engine == "vllm":  # vLLM starts from the policy's directory; sync() then loads the trainer's weights
@@ -220,7 +227,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         console.print(f"{run_dir}: already complete")
         return run_dir
 
-    error, mirrors = None, None
+    error, mirrors, engines = None, None, []
     try:
         built = failed = None
         if world.local_rank == 0:  # one build per node (the cache is per machine), the other ranks read it
@@ -240,8 +247,9 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         model, tok = load_policy(model_dir)
         n_matmul = flops.matmul_params(model)  # before sharding
         trainer, engine, backends = build_engines(cfg, model, world)
+        engines.append(engine)  # closed in `finally`: a vLLM engine holds GPU memory until it is shut down
         # The KL reference: the starting policy, frozen, scored with the trainer's numerics (also on resume).
-        ref = build_engines(cfg, load_policy(model_dir)[0], world)[0] if cfg.algo.kl_coef else None
+        ref = build_trainer(cfg, load_policy(model_dir)[0], world) if cfg.algo.kl_coef else None
         start = checkpoint.load(run_dir, trainer, world)
         for name in ("metrics.jsonl", "timing.jsonl", "mechanism.jsonl"):
             if world.main and (run_dir / name).exists():
@@ -254,6 +262,8 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 "precision": flow.describe(), "gemm_backend": backends, "lm_head_fp32": cfg.lm_head_fp32,
                 "engine": cfg.engine, "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
                 "trainer_observed": observed, "world": world.describe(),
+                **({"fp8_gemm": fp8.gemm_path(trainer.device)} if "fp8" in (flow.trainer_quant, flow.sampler_quant)
+                   else {}),
                 "task": {"name": task.name, "version": task.version},
                 "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
                             "build_threads": BUILD_THREADS, "provenance": prov},
@@ -379,8 +389,9 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     **({"ref/kl_k3": float(mismatch_metrics(ref_logp, old_logp, roll.mask)["mismatch/kl_k3"])}
                        if ref is not None else {}),
                 })
-                for key in updates[0]:
-                    row[key] = sum(u[key] for u in updates) / len(updates)  # NaN grad norm stays NaN
+                for key in updates[0]:  # NaN grad norm stays NaN; the IS weights after truncation (what verl and
+                    # TRL report) go to mechanism.jsonl, so that the committed references' metrics stay byte-comparable
+                    (mech if key.startswith("is/applied/") else row)[key] = sum(u[key] for u in updates) / len(updates)
                 if hasattr(task, "reward_stats"):  # symbolic-check counters of the math reward, this step's, all ranks
                     stats = task.reward_stats()
                     mine_stats = {k: v - reward_seen.get(k, 0) for k, v in stats.items()}
@@ -420,6 +431,9 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
             atomic_write_text(run_dir / "error.txt", traceback.format_exc())
         raise
     finally:
+        for e in engines:  # the next run (a sweep's next cell in this process) starts on a freed device
+            if hasattr(e, "close"):
+                e.close()
         if world.main:
             write_summary(run_dir, cfg, error)
         if mirrors:

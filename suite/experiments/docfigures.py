@@ -1,0 +1,472 @@
+"""Figures the documents quote, generated from the committed results and the code, so that they cannot go stale.
+
+README.md, results/README.md and docs/*.md hold spans
+
+    <!-- generated:NAME:ARG:... -->text<!-- /generated -->
+
+(inline in a sentence, or around a whole table) whose text is ``figure("NAME:ARG:...")``: a pure function of
+the files under results/reference/ (summary.json, metrics.jsonl, timing.jsonl, env.json of each run) or of
+the code (the tiers' policy sizes, the named grids). Markdown renders the comments as nothing.
+
+    python -m suite.experiments.docfigures --write    # refill every span from the data
+    python -m suite.experiments.docfigures            # check: exit 1, naming each span that disagrees
+
+tests/test_docs_figures.py runs the check, so a regenerated reference or a changed tier fails CI until the
+documents say what the data say. Figures are formatted once here (``_num``, ``_ratio``), so one number is
+written the same way everywhere it is quoted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import statistics
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+from suite.results import REFERENCE_ROOT, atomic_write_text, read_jsonl
+
+REPO = REFERENCE_ROOT.parents[1]
+# A span: the name (with its arguments) and the text between the markers, shortest match.
+SPAN = re.compile(r"<!-- generated:(?P<name>[^\s>]+) -->(?P<text>.*?)<!-- /generated -->", re.DOTALL)
+STEP0 = "mismatch/step0/"
+
+
+def documents(repo: Path = REPO) -> list[Path]:
+    """The documents whose spans are checked: README.md, results/README.md and every page of docs/."""
+    return [repo / "README.md", repo / "results" / "README.md", *sorted((repo / "docs").glob("*.md"))]
+
+
+# ---------------------------------------------------------------------------- number formats
+def _num(x: float) -> str:
+    """A mismatch value: 0 stays "0" (exactly zero is the point of the exact and unified flows), else 3 digits."""
+    return "0" if x == 0 else f"{x:.2e}"
+
+
+def _ratio(x: float) -> str:
+    """A ratio of two mismatch values, 3 significant digits: "0.391x", "10.3x", "104x"."""
+    return f"{x:.3g}x" if x < 1000 else f"{x:,.0f}x"
+
+
+def _span(lo: float, hi: float, spec: str) -> str:
+    a, b = format(lo, spec), format(hi, spec)
+    return a if a == b else f"{a}-{b}"
+
+
+def _count(n: int) -> str:
+    """A parameter count as the README writes it: 206k, 1.58M."""
+    return f"{n / 1e3:.0f}k" if n < 1e6 else f"{n / 1e6:.2f}M"
+
+
+# ---------------------------------------------------------------------------- the committed sanity grids
+def classes() -> list[str]:
+    """Machine classes with a committed `sanity` reference, sorted by name."""
+    return sorted(p.parent.name for p in REFERENCE_ROOT.glob("*/sanity") if p.is_dir())
+
+
+@lru_cache(maxsize=None)
+def _runs(cls: str, grid: str = "sanity") -> tuple[tuple[Path, dict], ...]:
+    """(run directory, summary.json) of every run of a committed grid, in name order."""
+    root = REFERENCE_ROOT / cls / grid
+    if not root.is_dir():
+        raise ValueError(f"no committed grid {root}")
+    return tuple((p.parent, json.loads(p.read_text())) for p in sorted(root.glob("*/summary.json")))
+
+
+@lru_cache(maxsize=None)
+def _rows(run_dir: Path, name: str) -> tuple[dict, ...]:
+    return tuple(read_jsonl(run_dir / name))
+
+
+def _flow_runs(cls: str, flow: str) -> list[tuple[Path, dict]]:
+    out = [(d, s) for d, s in _runs(cls) if s["precision"] == flow]
+    if not out:
+        raise ValueError(f"{cls}: no {flow} run in the sanity reference")
+    return out
+
+
+def step0(cls: str, flow: str, key: str) -> float:
+    """Mean over the flow's runs (one per algorithm) of the step-0 mismatch ``key``; step 0 precedes any update."""
+    vals = [s[STEP0 + key] for _, s in _flow_runs(cls, flow)]
+    return sum(vals) / len(vals)
+
+
+def flows(cls: str) -> list[str]:
+    from suite.analysis.render import flow_order
+
+    return flow_order({s["precision"] for _, s in _runs(cls)})
+
+
+def misses(cls: str) -> list[dict]:
+    return [s for _, s in _runs(cls) if s["verdict"] != "pass"]
+
+
+# ---------------------------------------------------------------------------- figures: one function per name
+def f_verdicts(cls: str) -> str:
+    """Cells passing the sanity threshold: "21 of 24"."""
+    runs = _runs(cls)
+    return f"{len(runs) - len(misses(cls))} of {len(runs)}"
+
+
+def f_misses(cls: str) -> str:
+    """The cells that did not pass, with their final accuracy and verdict."""
+    bad = misses(cls)
+    if not bad:
+        return "none"
+    cells = ", ".join(f"`{s['algorithm']}` x {s['precision']} {s['accuracy/final']:.3f}" for s in bad)
+    verdicts = sorted({s["verdict"] for s in bad})
+    return cells + (f", all `{verdicts[0]}`" if len(verdicts) == 1 else "")
+
+
+def f_miss_flows() -> str:
+    """The flows of every cell that missed, over all classes, with counts: "fp8 (2), bf16_fp8rollout (3)"."""
+    n: dict[str, int] = {}
+    for cls in classes():
+        for s in misses(cls):
+            n[s["precision"]] = n.get(s["precision"], 0) + 1
+    order = flows(classes()[0])
+    return ", ".join(f"{f} ({n[f]} of {sum(len(_flow_runs(c, f)) for c in classes())})"
+                     for f in sorted(n, key=order.index)) or "none"
+
+
+def f_miss_margin() -> str:
+    """How far below the threshold the worst miss ended, over all classes (threshold - final accuracy)."""
+    gaps = [s["threshold"] - s["accuracy/final"] for c in classes() for s in misses(c)]
+    return f"{max(gaps):.3f}" if gaps else "0"
+
+
+def f_flows_failing_everywhere() -> str:
+    """"no flow fails in every run", or the flows that do (on some class)."""
+    bad = sorted({(c, f) for c in classes() for f in flows(c)
+                  if all(s["verdict"] != "pass" for _, s in _flow_runs(c, f))})
+    return "no flow fails in every run" if not bad else "every run fails for " + ", ".join(f"{f} on {c}" for c, f in bad)
+
+
+def f_step0(cls: str, flow: str, key: str) -> str:
+    return _num(step0(cls, flow, key))
+
+
+def f_ratio(cls: str, num: str, den: str, key: str) -> str:
+    """Step-0 mismatch of flow ``num`` over flow ``den`` on one class."""
+    return _ratio(step0(cls, num, key) / step0(cls, den, key))
+
+
+def f_ratio_range(num: str, den: str, key: str) -> str:
+    """The same ratio over every class, as a range: "8.5x-10.3x"."""
+    rs = sorted(step0(c, num, key) / step0(c, den, key) for c in classes())
+    return _ratio(rs[0]) if _ratio(rs[0]) == _ratio(rs[-1]) else f"{_ratio(rs[0])}-{_ratio(rs[-1])}"
+
+
+def f_order(chain: str) -> str:
+    """"exact = 0 < fp32 < ..." when the step-0 k3 KL (and mean |dp|) of the listed flows rise in that order on
+    every class, with the first exactly 0 if it is; otherwise the classes where the order breaks."""
+    names = chain.split(",")
+    broken = []
+    for c in classes():
+        for key in ("kl_k3", "prob_diff/mean"):
+            v = [step0(c, f, key) for f in names]
+            if any(a >= b for a, b in zip(v, v[1:])):
+                broken.append(f"{c} ({key})")
+    if broken:
+        return f"the order {' < '.join(names)} breaks on " + ", ".join(broken)
+    zero = all(step0(c, names[0], "kl_k3") == 0 for c in classes())
+    return (f"{names[0]} = 0 < " if zero else f"{names[0]} < ") + " < ".join(names[1:])
+
+
+def f_zero_steps(cls: str, flow: str) -> str:
+    """On how many steps the flow's k3 KL is exactly 0, per run: "72-78 of 100" (range over its runs)."""
+    counts, total = [], set()
+    for d, _ in _flow_runs(cls, flow):
+        rows = _rows(d, "metrics.jsonl")
+        counts.append(sum(r["mismatch/kl_k3"] == 0 for r in rows))
+        total.add(len(rows))
+    return f"{_span(min(counts), max(counts), 'd')} of {'/'.join(map(str, sorted(total)))}"
+
+
+def f_zero_classes(flow: str, zero: str) -> str:
+    """The classes where the flow's step-0 k3 KL is exactly 0 (zero=yes) or not (zero=no), comma-separated."""
+    want = zero == "yes"
+    return ", ".join(f"`{c}`" for c in classes() if (step0(c, flow, "kl_k3") == 0) == want) or "none"
+
+
+def f_perfectible(cls: str) -> str:
+    """Prompts the perfectible filter kept of the pool, as env.json of the class's runs records it."""
+    kept = {(json.loads((d / "env.json").read_text())["dataset"]["provenance"]["count_after"],
+             json.loads((d / "env.json").read_text())["dataset"]["provenance"]["count_before"]) for d, _ in _runs(cls)}
+    if len(kept) != 1:
+        raise ValueError(f"{cls}: the runs of the sanity reference record different perfectible sets {sorted(kept)}")
+    after, before = kept.pop()
+    return f"{after} of {before:,}"
+
+
+def step_time(cls: str, flow: str) -> tuple[float, float]:
+    """Range over the flow's runs of each run's median step time (timing.jsonl ``time/step_s``)."""
+    meds = [statistics.median(r["time/step_s"] for r in _rows(d, "timing.jsonl")) for d, _ in _flow_runs(cls, flow)]
+    return min(meds), max(meds)
+
+
+def f_step0_table() -> str:
+    """Per flow and class: mean step-0 k3 KL / mean |p_trainer - p_sampler| / runs passing."""
+    cs = classes()
+    lines = ["| flow | " + " | ".join(cs) + " |", "|---|" + "---|" * len(cs)]
+    for f in flows(cs[0]):
+        cells = []
+        for c in cs:
+            runs = _flow_runs(c, f)
+            ok = sum(s["verdict"] == "pass" for _, s in runs)
+            cells.append(f"{_num(step0(c, f, 'kl_k3'))} / {_num(step0(c, f, 'prob_diff/mean'))} / {ok} of {len(runs)}")
+        lines.append(f"| {f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def f_cost_table() -> str:
+    """Per flow and class: the range over the flow's runs of their median step time."""
+    cs = classes()
+    lines = ["| flow | " + " | ".join(cs) + " |", "|---|" + "---|" * len(cs)]
+    for f in flows(cs[0]):
+        lines.append(f"| {f} | " + " | ".join(_span(*step_time(c, f), ".2f") + " s" for c in cs) + " |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- what reference.json records
+def _reference(cls: str) -> dict:
+    path = REFERENCE_ROOT / cls / "reference.json"
+    if not path.is_file():
+        raise ValueError(f"no {path}")
+    return json.loads(path.read_text())
+
+
+def f_wall(cls: str, grid: str) -> str:
+    """The recorded wall time of the job that made a committed grid: "22 min 29 s"."""
+    t = (_reference(cls).get("jobs") or {}).get(grid, {}).get("wall_time_s")
+    if t is None:
+        raise ValueError(f"{cls}/reference.json records no wall time for {grid}")
+    m, sec = divmod(round(t), 60)
+    return f"{m} min {sec} s"
+
+
+def f_made_at(cls: str) -> str:
+    """The commit a class's reference was made at (reference.json ``git_sha``), short."""
+    return _reference(cls)["git_sha"][:7]
+
+
+# ---------------------------------------------------------------------------- any committed grid, by cell
+# A cell is named by its grid's folder under results/reference/ and a filter on the run's config:
+# "cpu-avx2-emulated/collapse-search" and "regime=stress,precision=bf16_fp8rollout" (dotted fields, e.g.
+# algo.ppo_ref=sampler; a run without the field counts as regime=base, like suite/analysis/collapse.py).
+@lru_cache(maxsize=None)
+def _grid(path: str) -> tuple:
+    from suite.analysis.runs import load_runs
+
+    return tuple(r for r in load_runs(REFERENCE_ROOT / path) if r.verdict != "incomplete")
+
+
+def _field(run, dotted: str):
+    node = run.config or {}
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return "base" if node is None and dotted == "regime" else node
+
+
+def cell(path: str, filt: str) -> list:
+    """The complete runs of a committed grid whose config matches every ``field=value`` of ``filt``."""
+    want = dict(kv.split("=", 1) for kv in filt.split(",") if kv)
+    runs = [r for r in _grid(path) if all(str(_field(r, k)) == v for k, v in want.items())]
+    if not runs:
+        raise ValueError(f"{path}: no complete run with {filt}")
+    return sorted(runs, key=lambda r: r.seed)
+
+
+def _finals(path: str, filt: str) -> list[float]:
+    return [r.summary["accuracy/final"] for r in cell(path, filt)]
+
+
+def f_final(path: str, filt: str, spec: str = ".3f") -> str:
+    """Mean over seeds of a cell's final accuracy; spec "%" gives percent with one decimal."""
+    m = statistics.fmean(_finals(path, filt))
+    return f"{m * 100:.1f}%" if spec == "%" else format(m, spec)
+
+
+def f_final_range(path: str, filt: str, field: str, values: str) -> str:
+    """The range of the cells' mean final accuracies over ``field`` = each of ``values``, in percent: "44-54%"."""
+    v = [statistics.fmean(_finals(path, f"{filt},{field}={x}")) * 100 for x in values.split("+")]
+    return _span(min(v), max(v), ".0f") + "%"
+
+
+def f_seeds(path: str, filt: str) -> str:
+    """Each seed's final accuracy, in seed order: "0.002, 0.023, 0.000"."""
+    return ", ".join(f"{x:.3f}" for x in _finals(path, filt))
+
+
+def f_gap(path: str, filt: str, ref: str, spec: str = ".3f") -> str:
+    """Mean final accuracy of a cell minus a reference cell's, with its 95% percentile-bootstrap CI over seeds
+    (suite/analysis/collapse.py ``gap_ci``, the estimator of the reports)."""
+    from suite.analysis import collapse
+
+    gap = collapse.gap_ci(_finals(path, filt), _finals(path, ref))
+    if gap is None:
+        raise ValueError(f"{path}: too few seeds for a gap between {filt} and {ref}")
+    return "{} [{}, {}]".format(*(format(g, "+" + spec.lstrip("+")) for g in gap))
+
+
+def f_runs(paths: str) -> str:
+    """Complete runs in the committed grids listed ("+"-separated)."""
+    return str(sum(len(_grid(p)) for p in paths.split("+")))
+
+
+def f_gap_clipped(path: str, filt: str) -> str:
+    """Mean over seeds of the share of tokens PPO's clip zeroes at step 1 on the precision gap alone
+    (hypothesis H1; suite/analysis/hypotheses.py ``mechanism_table``), in percent."""
+    from suite.analysis.hypotheses import _mech
+
+    # runs older than mechanism.jsonl logged it in metrics.jsonl (ppo/clip_frac_gap), as the report reads it
+    fr = [_mech(r)[0]["mech/gap_clip_frac"] if _mech(r) else (r.metrics[0] if r.metrics else {}).get("ppo/clip_frac_gap")
+          for r in cell(path, filt)]
+    fr = [x for x in fr if x is not None]
+    if not fr:
+        raise ValueError(f"{path}: no mechanism.jsonl in {filt}")
+    return f"{statistics.fmean(fr) * 100:.2f}%"
+
+
+def f_half_ess(path: str, filt: str) -> str:
+    """Response length at which the sequence IS weights' ESS would halve, ln 2 / ln(1 + chi2_tok) from the step-1
+    token chi2 (hypothesis H2; suite/analysis/hypotheses.py ``length_table``), mean over seeds, 2 significant digits."""
+    import math
+
+    from suite.analysis.hypotheses import step1
+
+    t = [math.log(2.0) / math.log1p(x["tok"]) for x in map(step1, cell(path, filt)) if x["tok"]]
+    if not t:
+        raise ValueError(f"{path}: no token chi2 at step 1 in {filt}")
+    return f"{float(f'{statistics.fmean(t):.2g}'):,.0f}"
+
+
+# ---------------------------------------------------------------------------- the code: tiers and grids
+@lru_cache(maxsize=None)
+def policy_parameters(tier: str) -> int:
+    """Parameters of the embedded policy a tier builds: the model suite/rl/policy.py builds for the tier's
+    task and architecture (built here, untrained, and counted)."""
+    from suite.rl import config
+    from suite.rl.data import policy_spec
+    from suite.rl.policy import build_model, build_tokenizer, build_word_tokenizer, max_positions
+    from suite.tasks.registry import get_task
+
+    cfg = config.load([f"tier={tier}"])
+    task = get_task(cfg.task)
+    n_pos = max_positions(task)
+    tok = (build_word_tokenizer(task.vocab, max(256, n_pos)) if hasattr(task, "vocab")
+           else build_tokenizer(task.alphabet, max_len=max(256, n_pos)))
+    return sum(p.numel() for p in build_model(policy_spec(cfg), vocab_size=len(tok), max_len=n_pos).parameters())
+
+
+def f_params(tier: str) -> str:
+    return _count(policy_parameters(tier))
+
+
+def f_grids() -> str:
+    """Every named grid, in the order of suite/experiments/grids.py."""
+    from suite.experiments.grids import GRIDS
+
+    return ", ".join(f"`{g}`" for g in GRIDS)
+
+
+def f_grid_count() -> str:
+    from suite.experiments.grids import GRIDS
+
+    return str(len(GRIDS))
+
+
+def _values(v: list) -> str:
+    return ", ".join(map(str, v))
+
+
+def f_grids_table() -> str:
+    """One row per grid: runs with today's flows and algorithms, its axes, its fixed overrides, its doc."""
+    from suite.experiments import grids
+
+    lines = ["| grid | runs | axes | fixed | what |", "|---|---|---|---|---|"]
+    for name in grids.GRIDS:
+        g = grids.get(name)
+        n = len(list(itertools.product(*g["axes"].values())))
+        axes = " x ".join(f"`{k}` {_values(v)}" for k, v in g["axes"].items())
+        fixed = " ".join(f"`{o}`" for o in g["overrides"])
+        doc = g["doc"].replace("|", "\\|")  # a bar in a doc would end the table cell
+        lines.append(f"| `{name}` | {n} | {axes} | {fixed} | {doc} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- names, filling, checking
+FIGURES = {
+    "verdicts": f_verdicts, "misses": f_misses, "miss-flows": f_miss_flows, "miss-margin": f_miss_margin,
+    "flows-failing-everywhere": f_flows_failing_everywhere, "step0": f_step0, "ratio": f_ratio,
+    "ratio-range": f_ratio_range, "order": f_order, "zero-steps": f_zero_steps, "zero-classes": f_zero_classes,
+    "perfectible": f_perfectible, "step0-table": f_step0_table, "cost-table": f_cost_table,
+    "final": f_final, "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs,
+    "gap-clipped": f_gap_clipped, "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids, "grid-count": f_grid_count,
+    "grids-table": f_grids_table,
+}
+
+
+def figure(name: str) -> str:
+    """The text of span ``NAME:ARG:...``; ValueError naming the span when the name or its arguments are wrong."""
+    head, *args = name.split(":")
+    fn = FIGURES.get(head)
+    if fn is None:
+        from suite.names import did_you_mean
+
+        raise ValueError(f"generated:{name}: unknown figure '{head}'.{did_you_mean(head, FIGURES)}")
+    try:
+        return fn(*args)
+    except TypeError as e:
+        raise ValueError(f"generated:{name}: wrong arguments for '{head}' ({e})") from None
+
+
+def _render(name: str) -> str:
+    """A multi-line figure (a table) sits on its own lines between the markers."""
+    text = figure(name)
+    return f"\n{text}\n" if "\n" in text else text
+
+
+def fill(text: str) -> str:
+    """``text`` with every span's content replaced by what the data give."""
+    return SPAN.sub(lambda m: f"<!-- generated:{m['name']} -->{_render(m['name'])}<!-- /generated -->", text)
+
+
+def disagreements(path: Path, text: str | None = None) -> list[str]:
+    """One line per span of the document whose text differs from the data's: where, what it says, what is true."""
+    text = path.read_text(encoding="utf-8") if text is None else text
+    out = []
+    for m in SPAN.finditer(text):
+        want = _render(m["name"])
+        if m["text"] != want:
+            line = text.count("\n", 0, m.start()) + 1
+            where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+            out.append(f"{where}:{line}: generated:{m['name']} says {m['text'].strip()!r}, "
+                       f"the data give {want.strip()!r}")
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """``--write``: refill every document; no argument: check them (exit 1 and one line per disagreement)."""
+    if argv not in ([], ["--write"]):
+        print("usage: python -m suite.experiments.docfigures [--write]", file=sys.stderr)
+        return 2
+    bad = []
+    for path in documents():
+        text = path.read_text(encoding="utf-8")
+        if argv == ["--write"]:
+            new = fill(text)
+            if new != text:
+                atomic_write_text(path, new)
+                print(f"rewrote {path.relative_to(REPO)}")
+        else:
+            bad += disagreements(path, text)
+    for line in bad:
+        print(line)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,43 @@
+"""``suite doctor``: the machine acceptance table runs here (the CPU) with every row passing, and a failing check
+is a failing row and exit code 1, never the end of the table."""
+
+import json
+import os
+import subprocess
+import sys
+
+from suite.experiments import doctor
+
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def test_doctor_passes_on_this_machine(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "suite.cli", "doctor", f"out={tmp_path}"], env=ENV,
+                       capture_output=True, text=True, timeout=900)
+    rows = json.loads((tmp_path / "doctor.json").read_text())["rows"]
+    failed = [r for r in rows if not r["ok"]]
+    assert p.returncode == 0 and not failed, (failed, p.stdout[-2000:], p.stderr[-2000:])
+    from suite.numerics.precision import FLOWS
+
+    checks = {r["check"] for r in rows}
+    assert {f"placement {f}" for f in FLOWS} | {f"dtypes {f}" for f in FLOWS} <= checks
+    assert {"mismatch order", "mismatch fp8 unified", "fp8 gemm", "fp16 overflow", "fsdp2 = plain",
+            "kill + resume"} <= checks
+    order = next(r for r in rows if r["check"] == "mismatch order")["measured"]
+    assert order.startswith("exact 0.00e+00 < fp32")  # the measured values are in the table, in order
+    assert "suite doctor: " in p.stdout and f"{len(rows)}/{len(rows)} pass" in p.stdout
+
+
+def test_a_failing_check_is_a_failing_row_and_exit_1(tmp_path, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    monkeypatch.setattr(doctor, "_setup", lambda out, console: (None, None, None))
+    monkeypatch.setattr(doctor, "check_flows", lambda *a: [doctor.Row("placement fp32", True, "ok", "ok")])
+    monkeypatch.setattr(doctor, "check_fsdp_and_resume", broken)
+    monkeypatch.setattr(doctor, "check_fp16_overflow", lambda model: [doctor.Row("fp16 overflow", True, "ok", "ok")])
+    assert doctor.main([f"out={tmp_path}"]) == 1
+    rows = json.loads((tmp_path / "doctor.json").read_text())["rows"]
+    assert [(r["check"], r["ok"]) for r in rows] == [("placement fp32", True), ("fp8 gemm", True),
+                                                     ("fp16 overflow", True), ("runs", False)]
+    assert "illegal memory access" in rows[-1]["measured"]

@@ -1,0 +1,153 @@
+"""Device bugs caught without a GPU. The ``meta`` device refuses to mix with CPU tensors exactly as CUDA does
+("Tensor on device cpu is not on the expected device meta!"), so a trainer put there fails where a GPU run would.
+"""
+
+import pytest
+import torch
+
+from suite import dist
+from suite.numerics import engine as engine_mod
+from suite.numerics.precision import FLOWS, resolve
+from suite.numerics.trainer import Trainer
+from suite.rl import config
+from suite.rl.policy import PolicySpec, build_model
+
+# The flows whose trainer runs the sampler's code (the replayed decode loop, the unified forward): autocast has no
+# meta backend, so the HF-module flows are covered on CUDA by `suite doctor`'s placement rows instead.
+ENGINE_CODE_FLOWS = [n for n, f in FLOWS.items() if f.exact or f.unified]
+
+
+@pytest.mark.parametrize("flow", ENGINE_CODE_FLOWS)
+def test_a_trainer_off_the_cpu_scores_a_cpu_batch_on_its_device(flow):
+    """The run hands the trainer CPU ids/attention/targets (the rollout's); every flow moves them to the rank's
+    device in one place, and the replay engine of the exact flow is built there (its inv_freq and eos too)."""
+    assert flow in ("exact", "fp8", "bf16_unified", "fp16_unified")
+    model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
+    trainer = Trainer(model, resolve(flow), "native", config.load(["tier=smoke"]).optim,
+                      world=dist.World(device="meta"))
+    ids = torch.randint(3, 20, (2, 8))
+    logp, ent = trainer.logprobs(ids, torch.ones_like(ids), 3, ids[:, -3:], 1.0)
+    assert logp.device.type == "meta" and logp.shape == (2, 3) and ent.shape == (2, 3)
+    assert trainer.observe()["param_device"] == "meta"
+    engine = trainer.replay or trainer.unified
+    assert engine.inv_freq.device.type == "meta" and engine.eos.device.type == "meta"
+
+
+def test_sampling_on_a_device_with_a_cpu_generator(monkeypatch):
+    """Evaluation and the benchmarks seed a CPU torch.Generator; CUDA's multinomial refuses a generator of another
+    device. The sampler then draws the uniforms on the generator's device and samples by inverse CDF on the
+    probabilities' device; on one device it keeps torch.multinomial (the CPU numbers of the references)."""
+    real = torch.multinomial
+
+    def strict(probs, n, generator=None):  # what CUDA does with a generator of another device
+        if generator is not None and generator.device != probs.device:
+            raise RuntimeError(f"Expected a '{probs.device.type}' device type for generator")
+        return real(probs, n, generator=generator)
+
+    monkeypatch.setattr(torch, "multinomial", strict)
+    logp = torch.log_softmax(torch.randn(4, 11, generator=torch.Generator().manual_seed(0)), -1)
+    tok = engine_mod._sample(logp.to("meta"), 1.0, torch.Generator().manual_seed(1))
+    assert tok.device.type == "meta" and tok.shape == (4,)
+    # same device: unchanged, the multinomial draw of the committed references
+    a = engine_mod._sample(logp, 1.0, torch.Generator().manual_seed(1))
+    assert torch.equal(a, real(logp.exp(), 1, generator=torch.Generator().manual_seed(1))[:, 0])
+    # the cross-device path is the inverse CDF of the generator's uniforms: the same tokens on the CPU
+    u = torch.rand(4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(engine_mod._sample(logp, 1.0, u), _inverse_cdf(logp, u))
+
+
+def _inverse_cdf(logp, u):
+    cdf = logp.exp().double().cumsum(-1)
+    return torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True)[:, 0].clamp(max=logp.shape[-1] - 1)
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_a_run_closes_its_sampler_and_builds_no_second_one_for_the_kl_reference(tmp_path, monkeypatch, fail):
+    """A sweep's cells run one after another in one process: each run shuts its sampler down (a vLLM engine holds
+    its GPU memory until then), whether it finishes or dies; the KL reference is a trainer, never a second engine."""
+    from suite.rl import train
+
+    built, closed, real = [], [], train.build_engines
+
+    def spy(cfg, model, world=None):
+        trainer, engine, backends = real(cfg, model, world)
+        built.append(engine)
+        engine.close = lambda: closed.append(engine)
+        if fail:
+            engine.sync = lambda weights: (_ for _ in ()).throw(RuntimeError("CUDA out of memory"))
+        return trainer, engine, backends
+
+    monkeypatch.setattr(train, "build_engines", spy)
+    cfg = config.load(["tier=smoke", "steps=1", "algo.kl_coef=0.01", f"out={tmp_path}"])
+    if fail:
+        with pytest.raises(RuntimeError, match="out of memory"):
+            train.run(cfg)
+    else:
+        train.run(cfg)
+    assert len(built) == 1 and closed == built
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_fp8_gemm_fallback_catches_either_error_and_says_so(monkeypatch, error):
+    """Builds whose row-wise _scaled_mm cannot emit fp32 raise a RuntimeError or a ValueError (sm89, CUDA < 12.9
+    wheels): either way the GEMM is computed emulated, a warning says why, and gemm_path (env.json) records it."""
+    from suite.numerics import fp8
+
+    def refuse(*a, **k):
+        raise error("Only bf16 high precision output types are supported for row-wise scaling.")
+
+    monkeypatch.setattr(fp8, "_has_fp8_tensor_cores", lambda t: True)
+    monkeypatch.setattr(fp8, "_fp8_gemm_cuda", refuse)
+    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
+    monkeypatch.setattr(fp8, "_FALLBACK_REASON", {})
+    g = torch.Generator().manual_seed(0)
+    (qa, sa), (qb, sb) = fp8.quantize_groupwise(torch.randn(16, 128, generator=g)), \
+        fp8.quantize_groupwise(torch.randn(32, 128, generator=g))
+    with pytest.warns(RuntimeWarning, match=f"raised {error.__name__}.*emulated"):
+        out = fp8._gemm(qa, sa, qb, sb)
+    assert torch.equal(out, fp8._fp8_gemm_emulated(qa, sa, qb, sb))
+    assert fp8.gemm_path("cpu") == {"path": "emulated", "reason": f"torch._scaled_mm raised {error.__name__}: "
+                                    "Only bf16 high precision output types are supported for row-wise scaling."}
+
+
+@pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vllm(-cpu) not installed")
+def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_chunk_after_chunk(monkeypatch):
+    """Sleep mode (GPU only: vLLM's CPU worker ignores it, so this drives the engine's logic with a recording LLM):
+    a chunked evaluation samples its second chunk after the first put the engine to sleep, and a weight sync wakes
+    the weights, loads, then wakes the KV cache (vLLM's RL order, verl's rollout), freeing the trainer's cache first."""
+    from types import SimpleNamespace
+
+    from suite.numerics import vllm_engine
+
+    calls = []
+
+    class LLM:
+        def sleep(self, level):
+            calls.append(f"sleep{level}")
+
+        def wake_up(self, tags=None):
+            calls.append(f"wake {','.join(tags or ['all'])}")
+
+        def collective_rpc(self, name, kwargs):
+            calls.append(name)
+
+        def reset_prefix_cache(self):
+            calls.append("reset_prefix_cache")
+
+        def generate(self, prompts, params, use_tqdm):
+            calls.append("generate")
+            out = SimpleNamespace(token_ids=[5, 2], logprobs=[{5: SimpleNamespace(logprob=-0.1)},
+                                                               {2: SimpleNamespace(logprob=-0.2)}], finish_reason="stop")
+            return [SimpleNamespace(outputs=[out], request_id=str(i)) for i in range(len(prompts))]
+
+    monkeypatch.setattr(vllm_engine, "_free_cached_device_memory", lambda: calls.append("empty_cache"))
+    eng = object.__new__(vllm_engine.VllmEngine)
+    eng.llm, eng.sleep_mode, eng.asleep, eng.dtype, eng.eos, eng.n_syncs = LLM(), True, False, torch.float32, [2], 0
+    for _ in range(2):  # two evaluation chunks
+        eng.generate([[1, 3]], 4, 1.0, 1.0, torch.Generator().manual_seed(0))
+    assert calls == ["generate", "sleep1", "empty_cache", "wake weights", "empty_cache", "wake kv_cache",
+                     "generate", "sleep1"]
+    calls.clear()
+    eng.sync({"w": torch.zeros(2)})
+    assert calls == ["empty_cache", "wake weights", "reload_weights", "reset_prefix_cache", "empty_cache",
+                     "wake kv_cache"] and not eng.asleep
