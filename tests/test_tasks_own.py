@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -39,6 +40,23 @@ def test_a_folder_on_the_include_path_or_in_the_env_var_adds_its_tasks_to_the_li
     monkeypatch.setenv(registry.TASKS_PATH_ENV, str(own))
     assert "my_math" in registry.task_names()
     assert config.load(["task=my_letters", "tier=smoke"]).sampling.max_new_tokens == 16  # the task's smoke tier
+
+
+def test_a_run_records_its_task_folder_and_its_rerun_command_finds_the_task_without_the_environment(own, monkeypatch):
+    """A folder given by $SUITE_TASKS_PATH is recorded in the config (not in its hash), so that the rerun command the
+    report prints composes the same config in a shell that lacks the variable."""
+    from suite.rl import provenance
+    from suite.results import config_hash
+
+    monkeypatch.setenv(registry.TASKS_PATH_ENV, str(own))
+    cfg = config.to_dict(config.load(["task=my_math", "tier=smoke"]))
+    assert cfg["include_path"] == str(own.resolve())
+    monkeypatch.delenv(registry.TASKS_PATH_ENV)
+    assert config_hash(cfg) == config_hash({**cfg, "include_path": "/elsewhere"})  # where, not what
+    command = provenance.rerun_command(cfg)
+    assert any(a.startswith("include_path=") and str(own.resolve()) in a for a in shlex.split(command)), command
+    check = provenance.check(cfg, config_hash(cfg))
+    assert str(check).startswith("yes"), str(check)
 
 
 def test_the_own_reward_function_scores_with_verls_signature(own):

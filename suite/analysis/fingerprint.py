@@ -106,6 +106,8 @@ def cli(args: list[str], console: Console) -> int:
     from suite.rl import config as cfgmod
 
     cfgmod.load(overrides("fp32", gemm, Path("runs")))  # bad gemm: refused before compute
+    if write:  # so is a destination inside the installed packages (suite/locations.py)
+        refuse_installed(REFERENCE_ROOT, "suite fingerprint --write")
     got = compute(gemm, console=console)
     cls = got["machine_class"]
     table = Table("flow", "sha256 of metrics.jsonl", "last step k3 KL", title=f"numerics fingerprint, {machine.label(cls)}")
@@ -116,7 +118,6 @@ def cli(args: list[str], console: Console) -> int:
         console.print(f"invariant: {i['name']}: {'n/a' if i['ok'] is None else 'holds' if i['ok'] else 'BROKEN'} "
                       f"({i['detail']})", highlight=False)
     if write:
-        refuse_installed(path_for(cls["id"]), "suite fingerprint --write")
         atomic_write_json(path_for(cls["id"]), got)
         console.print(f"written to {path_for(cls['id'])}: commit it", highlight=False)
         return 0

@@ -43,14 +43,14 @@ def algorithms() -> list[tuple[str, str]]:
     return [(n, in_words(a)) for n, a in ALGORITHMS.items()]
 
 
-def tasks() -> list[tuple[str, str]]:
-    """Each task on the task path (the suite's tasks/, then the folders of $SUITE_TASKS_PATH): its kind, the first
-    sentence of its task file's header (else of its summary or description), and where a task of the user's own
-    lives."""
+def tasks(include: str | None = None) -> list[tuple[str, str]]:
+    """Each task on the task path (the suite's tasks/, then the folders of ``include`` and $SUITE_TASKS_PATH): its
+    kind, the first sentence of its task file's header (else of its summary or description), and where a task of
+    the user's own lives."""
     from suite.tasks.registry import list_tasks
 
     out = []
-    for row in list_tasks():
+    for row in list_tasks(include):
         path = Path(row["file"])
         about = _header_comment(path) or _first_sentence(row["summary"])
         where = "" if row["builtin"] else f" [{path}]"
@@ -113,11 +113,12 @@ ABOUT = {"tasks": "tasks (task=NAME; your own: include_path=DIR or $SUITE_TASKS_
                     "the command line wins)"}
 
 
-def lines(what: str) -> list[str]:
-    """``suite ls WHAT``: a title line, then one line per entry, names aligned."""
+def lines(what: str, include: str | None = None) -> list[str]:
+    """``suite ls WHAT``: a title line, then one line per entry, names aligned (``include``: task folders of the
+    user's own, for the task list)."""
     from suite.names import lookup
 
-    rows = lookup("ls", what, LISTS)()
+    rows = lookup("ls", what, LISTS)(include) if what == "tasks" and include else lookup("ls", what, LISTS)()
     width = max((len(n) for n, _ in rows), default=0)
     return [f"{ABOUT[what]}:", *(f"  {n:<{width}}  {d}" for n, d in rows)]
 

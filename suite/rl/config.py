@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import warnings
 from typing import Any
 
@@ -139,10 +140,13 @@ def resolve(cfg: RunConfig) -> RunConfig:
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim), sampling=dataclasses.replace(cfg.sampling),
                               perfectible=dataclasses.replace(cfg.perfectible), policy=dataclasses.replace(cfg.policy),
                               vllm=dataclasses.replace(cfg.vllm), eval=dataclasses.replace(cfg.eval))
-    if cfg.include_path:  # absolute, so ranks and sweep workers started elsewhere find the same folders
-        from suite.tasks.registry import absolute_path
+    # The task folders, absolute, so that ranks and sweep workers started elsewhere find the same ones; those of
+    # $SUITE_TASKS_PATH are recorded too, so that a run's config.json says where its task file was and its rerun
+    # command finds it without the environment.
+    from suite.tasks.registry import TASKS_PATH_ENV, absolute_path
 
-        cfg.include_path = absolute_path(cfg.include_path)
+    include = os.pathsep.join(p for p in (cfg.include_path, os.environ.get(TASKS_PATH_ENV)) if p)
+    cfg.include_path = absolute_path(include) if include.strip(os.pathsep + " ") else None
     tier = TIERS[cfg.tier]
     _apply_regime(cfg)
     if cfg.task is None:

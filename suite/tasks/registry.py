@@ -132,8 +132,9 @@ def search_path(include: str | None = None) -> tuple[Path, ...]:
 
 
 def absolute_path(include: str) -> str:
-    """``include`` with each folder made absolute (whether it exists is checked on use)."""
-    return os.pathsep.join(str(Path(p.strip()).expanduser().resolve()) for p in include.split(os.pathsep) if p.strip())
+    """``include`` with each folder made absolute, each once (whether it exists is checked on use)."""
+    dirs = (str(Path(p.strip()).expanduser().resolve()) for p in include.split(os.pathsep) if p.strip())
+    return os.pathsep.join(dict.fromkeys(dirs))
 
 
 def task_files(include: str | None = None) -> dict[str, Path]:
