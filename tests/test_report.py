@@ -203,6 +203,12 @@ def test_golden_report_tables(golden):
     assert f"environment git_sha differs between runs: {SHA} (9 runs); {'2' * 40} (arith__grpo__fp32__s3)" in md
     assert "config tier differs" not in md and "packages.torch differs" not in md
     assert "Published sanity test" not in md  # no sanity_r1d runs
+    # What each algorithm computed, from the runs' own config: grpo says it is not verl's and TRL's GRPO.
+    from suite.rl.algo_table import ALGORITHMS, in_words
+
+    for name in ("grpo", "grpo_token_tis"):
+        assert f"| {name} | {in_words(ALGORITHMS[name])} |" in md
+    assert "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std" in md
 
 
 def test_rerun_commands_reproduce_config_hashes(golden):

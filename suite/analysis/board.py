@@ -119,6 +119,22 @@ def _aggregate(values) -> dict:
     return stats.iqm_interval(x) or {"iqm": None, "lo": None, "hi": None, "n": 0}
 
 
+def algorithm_words(cfg: dict) -> dict | None:
+    """What the run's algorithm computes, with the ``algo.*`` knobs it recorded (suite/rl/algo_table.py): ``words``
+    for the entry page, ``elsewhere`` (shown on the board next to the name) when verl and TRL mean other settings
+    by that name. None when the name is not in today's table."""
+    from suite.rl.algo_table import ALGORITHMS, ROW_KNOBS, elsewhere, get_algorithm, in_words
+
+    if cfg.get("algorithm") not in ALGORITHMS:
+        return None
+    knobs = {k: v for k, v in (cfg.get("algo") or {}).items() if k in ROW_KNOBS and v is not None}
+    try:
+        row = get_algorithm(cfg["algorithm"], **knobs)
+    except ValueError:
+        return None
+    return {"words": in_words(row), "elsewhere": elsewhere(row)}
+
+
 def entry(runs: list[dict], root: Path = REFERENCE_ROOT) -> dict:
     """One entry from the records of its seeds (sorted by seed)."""
     runs = sorted(runs, key=lambda r: r["seed"])
@@ -131,6 +147,7 @@ def entry(runs: list[dict], root: Path = REFERENCE_ROOT) -> dict:
     return {
         "id": first["group"], "board": first["setting"], "class_id": first["class_id"],
         "task": first["task"], "algorithm": first["algorithm"], "precision": first["precision"],
+        "algorithm_meaning": algorithm_words(first["config"]),
         "flow": first["config"]["precision"], "model": first["model"], "tier": first["tier"],
         "framework": first["framework"], "hardware": sorted({r["hardware"] for r in runs}),
         "seeds": len(runs), "seed_list": [r["seed"] for r in runs],
