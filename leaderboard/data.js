@@ -5,6 +5,13 @@ window.LEADERBOARD = {
  "changelog": [
   {
    "changes": [
+    "An algorithm whose name verl and TRL use for other settings says so next to its name (grpo: not verl's and TRL's GRPO, with the knobs that make it theirs), and each entry page says what its algorithm computes."
+   ],
+   "date": "2026-11-25",
+   "version": "2.1"
+  },
+  {
+   "changes": [
     "One board per machine class (a selector; the class with the most reproducible entries first), each saying above its tables what it measures and how that differs from the published sanity test.",
     "Ranks only recipes with at least 3 seeds, by the IQM of final training accuracy with stratified-bootstrap intervals; probability of improvement over the fp16 baseline of the same recipe (rliable, arXiv 2108.13264). Entries with fewer seeds are listed unranked with the reason and the command that fills them.",
     "Controls (exact, the unified controls, injected noise) shown as controls; entries that no longer reproduce with today's code (reference.json numerics_changed_since) shown apart.",
@@ -32,6 +39,10 @@ window.LEADERBOARD = {
      "controls": [
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -735,6 +746,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": "control of the trainer's numerics (the trainer runs the sampler's pure-bf16 code on the full sequence (mismatch only from GEMM shapes and accumulation order))",
@@ -2709,6 +2724,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": "control of the trainer's numerics (the trainer runs the sampler's pure-fp16 code on the full sequence, with dynamic loss scaling)",
@@ -4683,6 +4702,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -6654,6 +6677,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -7362,6 +7389,10 @@ window.LEADERBOARD = {
      "ranked": [
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -9333,6 +9364,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -11304,6 +11339,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -13271,6 +13310,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -15301,6 +15344,10 @@ window.LEADERBOARD = {
      "unranked": [
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -16004,6 +16051,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -16707,6 +16758,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -17410,6 +17465,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -18113,6 +18172,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -18816,6 +18879,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -19519,6 +19586,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -20222,6 +20293,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -20925,6 +21000,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -21628,6 +21707,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -22331,6 +22414,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -23034,6 +23121,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -23737,6 +23828,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -24440,6 +24535,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -25143,6 +25242,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -25846,6 +25949,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -26549,6 +26656,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "7c5c6058bc8ef98e",
        "class_id": "cpu-amx-native",
        "control": null,
@@ -27267,6 +27378,10 @@ window.LEADERBOARD = {
      "controls": [
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -27970,6 +28085,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -28673,6 +28792,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -29439,6 +29562,10 @@ window.LEADERBOARD = {
      "unranked": [
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -30142,6 +30269,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -30845,6 +30976,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -31548,6 +31683,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -32251,6 +32390,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -32954,6 +33097,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -33657,6 +33804,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -34360,6 +34511,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -35063,6 +35218,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -35766,6 +35925,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -36469,6 +36632,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -37172,6 +37339,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -37875,6 +38046,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -38578,6 +38753,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -39281,6 +39460,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -39984,6 +40167,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -40687,6 +40874,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -41390,6 +41581,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -42093,6 +42288,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -42796,6 +42995,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -43499,6 +43702,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "b0c3aae39fa4e974",
        "class_id": "cpu-amx-emulated",
        "control": null,
@@ -44217,6 +44424,10 @@ window.LEADERBOARD = {
      "controls": [
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -44917,6 +45128,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -45617,6 +45832,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
@@ -46379,6 +46598,10 @@ window.LEADERBOARD = {
      "stale": [
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -47079,6 +47302,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -47779,6 +48006,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -48479,6 +48710,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -49179,6 +49414,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -49879,6 +50118,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -50579,6 +50822,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -51279,6 +51526,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -51979,6 +52230,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -52679,6 +52934,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -53379,6 +53638,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -54079,6 +54342,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -54779,6 +55046,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -55479,6 +55750,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -56179,6 +56454,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -56879,6 +57158,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -57579,6 +57862,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo_token_tis",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -58279,6 +58566,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -58979,6 +59270,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -59679,6 +59974,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "grpo",
+       "algorithm_meaning": {
+        "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -60379,6 +60678,10 @@ window.LEADERBOARD = {
       },
       {
        "algorithm": "pg_seq_is",
+       "algorithm_meaning": {
+        "elsewhere": "",
+        "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
+       },
        "board": "f9dcb094ce600572",
        "class_id": "cpu-avx2-emulated",
        "control": null,
@@ -61187,5 +61490,5 @@ window.LEADERBOARD = {
   "results/reference/cpu-amx-native/trainer-controls"
  ],
  "verdict_rule": "acc_t = trailing mean of reward/mean over w = min(5, steps_done) steps; peak = max_t acc_t; final = mean of reward/mean over the last W = min(max(5, total_steps // 10), steps_done) steps; initial = reward/mean of the first step. incomplete: an error was recorded or steps_done < total_steps. pass: peak > threshold and final >= threshold - 0.05. collapse: otherwise, final <= peak - 0.25 or final < initial - 0.1 (fell far from its best or below where it started). unstable: otherwise (completed without passing and without collapsing: never held the pass threshold).",
- "version": "2.0"
+ "version": "2.1"
 };

@@ -170,6 +170,11 @@ def cmd_grids(args: list[str]) -> int:
         table.add_row(row["grid"], str(row["cells"]), axes, f"{','.join(map(str, row['steps']))} ({row['tiers'][0]})",
                       *times)
     console.print(table)
+    if not classes:  # an installed suite reads references from ./results/reference or SUITE_REFERENCE_ROOT
+        from suite.locations import where_to_get_references
+
+        console.print(f"no wall times: no committed reference under {REFERENCE_ROOT}; {where_to_get_references()}",
+                      highlight=False)
     regimes = Table("regime", "sets", "what it tests", title="regimes (regime=NAME, on top of the tier)")
     for name, r in REGIMES.items():
         regimes.add_row(name, " ".join(f"{k}={v}" for k, v in r["set"].items()) or "-", r["doc"])
@@ -353,16 +358,21 @@ def cmd_ls(args: list[str]) -> int:
     """suite ls tasks|flows|algorithms|grids|regimes|tiers|models|recipes: list the names a field takes, with what each means.
 
     One line per entry, read from the registry itself (the task files, the precision table, the algorithm
-    table, ...); ``suite ls`` alone lists every list."""
+    table, ...); ``suite ls`` alone lists every list. ``suite ls tasks include_path=DIR`` adds the task files
+    of your own folder(s), as ``suite run`` finds them (docs/own_task.md)."""
     from suite.experiments import listing
 
     if args and args[0] in ("-h", "--help"):
         print(command_help(cmd_ls))
         return 0
+    include = [a.split("=", 1)[1] for a in args if a.startswith("include_path=")]
+    args = [a for a in args if not a.startswith("include_path=")]
+    if include and args != ["tasks"]:
+        raise ValueError("include_path= goes with the task list only: suite ls tasks include_path=DIR")
     if len(args) > 1:
         raise ValueError(f"suite ls takes one list name (got {' '.join(args)!r}); lists: {', '.join(listing.LISTS)}")
     for i, what in enumerate(args or listing.LISTS):
-        print(("\n" if i else "") + "\n".join(listing.lines(what)))
+        print(("\n" if i else "") + "\n".join(listing.lines(what, include[-1] if include else None)))
     return 0
 
 

@@ -40,6 +40,8 @@ import tempfile
 from importlib import metadata
 from pathlib import Path
 
+from suite.locations import reference_root
+
 SCHEMA_VERSION = 1
 
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "env.json")
@@ -51,14 +53,15 @@ TRACKED_PACKAGES = (
 )
 
 # Keys of a run's config that say where results go (and which trackers mirror them), over how many ranks,
-# and how memory and time are traded (options tested to leave every number as it is),
+# and how memory and time are traded (options tested to leave every number as it is), where task files are found,
 # not what runs;
 # they do not enter `config_hash`, so the same experiment written to two places, or resumed with
 # another world size (suite/dist.py), hashes the same.
 LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger", "reward_workers", "keep_last", "gradient_checkpointing",
-                 "logprob_chunk")
+                 "logprob_chunk", "include_path")
 # Committed reference results, one folder per machine class (suite/analysis/reproduce.py); runs never write there.
-REFERENCE_ROOT = Path(__file__).resolve().parents[1] / "results" / "reference"
+# The clone's results/reference, SUITE_REFERENCE_ROOT, or ./results/reference for an installed wheel (suite/locations.py).
+REFERENCE_ROOT = reference_root()
 
 PEAK_WINDOW = 5  # w: steps in the trailing moving average used for peak and first pass
 MIN_FINAL_WINDOW = 5  # W = max(5, total_steps // 10): the final-accuracy window

@@ -443,3 +443,24 @@ def test_good_override_returns_new_entry_and_leaves_table_alone():
     with pytest.raises(dataclasses.FrozenInstanceError):
         a.C = 5.0  # type: ignore[misc]
     assert isinstance(a, Algorithm)
+
+
+def test_a_name_verl_and_trl_use_for_other_settings_says_so_and_the_knobs_that_make_it_theirs():
+    """`algorithm=grpo` is the sanity test's Dr.GRPO with clip-higher; a verl or TRL user reading "grpo" means their
+    defaults: std-normalised advantage, a symmetric clip 0.2 (verl's clip_ratio, TRL's epsilon) and token-mean
+    aggregation. Every listing (suite ls, --help, the report) prints ``in_words``: it must say so, name the knobs,
+    and those knobs must give exactly their settings, after which the warning goes away."""
+    from suite.rl.algo_table import elsewhere, in_words
+
+    for name in ("grpo", "grpo_token_tis", "grpo_seq_tis", "grpo_seq_mis"):
+        words = in_words(ALGORITHMS[name])
+        assert "NOT verl's and TRL's GRPO" in words, words
+        knobs = dict(kv.split("=", 1) for kv in words.split("(theirs: ")[1].rstrip(")").split()[1:])
+        theirs = get_algorithm(name, **{k.removeprefix("algo."): float(v) if k.startswith("algo.clip") else v
+                                         for k, v in knobs.items()})
+        assert (theirs.advantage, theirs.clip_low, theirs.clip_high, theirs.agg) == ("std", 0.2, 0.2, "token-mean")
+        assert theirs.correction == ALGORITHMS[name].correction and elsewhere(theirs) == ""
+    # Names no other framework uses for other settings carry no warning; dapo says what it leaves out.
+    for name in ("grpo_vanilla", "dr_grpo", "gspo", "pg_seq_is"):
+        assert "NOT" not in in_words(ALGORITHMS[name]), name
+    assert "without DAPO's dynamic sampling and overlong reward shaping" in in_words(ALGORITHMS["dapo"])

@@ -172,9 +172,9 @@ def _registries():
     from suite.numerics.flows import FLOWS
     from suite.rl import schema
     from suite.rl.algo_table import ALGORITHMS
-    from suite.tasks.registry import REGISTRY
+    from suite.tasks.registry import task_names
 
-    return {"precision": FLOWS, "algorithm": ALGORITHMS, "task": REGISTRY, "tier": schema.TIERS,
+    return {"precision": FLOWS, "algorithm": ALGORITHMS, "task": task_names(), "tier": schema.TIERS,
             "regime": schema.REGIMES, "engine": schema.ENGINES}
 
 
@@ -207,13 +207,14 @@ def test_run_help_lists_the_allowed_values_of_every_registry_field_and_recipe(ca
 
 @pytest.mark.parametrize("what, table", [
     ("flows", "suite.numerics.flows:FLOWS"), ("algorithms", "suite.rl.algo_table:ALGORITHMS"),
-    ("tasks", "suite.tasks.registry:REGISTRY"), ("grids", "suite.experiments.grids:GRIDS"),
+    ("tasks", "suite.tasks.registry:task_names"), ("grids", "suite.experiments.grids:GRIDS"),
     ("regimes", "suite.rl.schema:REGIMES"), ("tiers", "suite.rl.schema:TIERS"), ("models", "suite.rl.models:PRESETS")])
 def test_ls_lists_every_registry_entry_with_a_description(what, table, capsys):
     import importlib
 
     module, name = table.split(":")
     entries = getattr(importlib.import_module(module), name)
+    entries = entries() if callable(entries) else entries
     assert cli.main(["ls", what]) == 0
     rows = {ln.split()[0]: ln.split(None, 1)[1] for ln in capsys.readouterr().out.splitlines()[1:]}
     assert set(entries) <= set(rows) and all(len(rows[e]) > 10 for e in entries)
@@ -226,6 +227,9 @@ def test_ls_algorithms_says_what_each_name_computes(capsys):
     assert "Dr.GRPO advantage and loss (r - mean, no std" in rows["grpo"] and "[0.8, 1.28] (clip-higher)" in rows["grpo"]
     assert "GRPO advantage and loss ((r - mean) / std" in rows["grpo_vanilla"] and "[0.8, 1.2];" in rows["grpo_vanilla"]
     assert "token TIS C=3" in rows["grpo_token_tis"] and "no IS correction" in rows["dapo"]
+    # ... and a name verl and TRL use for other settings says so, with the knobs that give theirs.
+    assert "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 " \
+           "algo.agg=token-mean)" in rows["grpo"]
 
 
 def test_ls_without_a_name_lists_every_list_and_refuses_an_unknown_one(capsys):
@@ -238,14 +242,13 @@ def test_ls_without_a_name_lists_every_list_and_refuses_an_unknown_one(capsys):
     assert "Did you mean 'flows'" in capsys.readouterr().err
 
 
-def test_ls_recipes_lists_the_recipe_files_or_says_where_they_are(monkeypatch, tmp_path, capsys):
-    from suite.experiments import listing
+def test_ls_recipes_lists_the_suites_recipes_by_the_name_recipe_takes(capsys):
+    from suite.rl import config
 
     assert cli.main(["ls", "recipes"]) == 0
-    assert "recipes/dapo_clip_higher.yaml  A DAPO-style recipe" in capsys.readouterr().out
-    monkeypatch.setattr(listing, "RECIPE_DIR", tmp_path / "recipes")  # an installed wheel has no recipes/
-    assert cli.main(["ls", "recipes"]) == 2
-    assert "ship with a source checkout" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert re.search(r"^  dapo_loss +DAPO's loss", out, re.M), out
+    assert config.load(["tier=smoke", "recipe=dapo_loss"]).algorithm == "dapo"  # the name listed is the name taken
 
 
 # ---- other tools' habits --------------------------------------------------------------------------

@@ -144,3 +144,14 @@ def test_an_unsourced_reported_entry_is_refused(tmp_path):
     path.write_text("- {id: x, source: s, url: 'https://a', quote: q, kind: result, precision: p, measures: m, compare: c}\n")
     with pytest.raises(ValueError, match="lacks where"):
         reported.load(path)
+
+
+def test_an_entry_says_what_its_algorithm_computes_with_the_knobs_it_recorded():
+    """The leaderboard shows grpo as "not verl's and TRL's GRPO" (docs/algorithms.md) unless the run set the knobs
+    that make it theirs; a name today's table lacks gets nothing rather than a guess."""
+    plain = board.algorithm_words({"algorithm": "grpo", "algo": {"C": None, "agg": None}})
+    assert plain["elsewhere"].startswith("NOT verl's and TRL's GRPO") and "clip-higher" in plain["words"]
+    theirs = board.algorithm_words({"algorithm": "grpo", "algo": {"advantage": "std", "clip_high": 0.2,
+                                                                  "agg": "token-mean"}})
+    assert theirs["elsewhere"] == "" and "[0.8, 1.2]" in theirs["words"]
+    assert board.algorithm_words({"algorithm": "ppo_from_elsewhere"}) is None

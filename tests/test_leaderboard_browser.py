@@ -57,6 +57,10 @@ def test_class_selector_shows_one_board_per_class(two_classes, page):
     assert rows(page, "ranked") == ["fp16"] and rows(page, "controls") == ["exact"] and rows(page, "unranked") == ["bf16"]
     assert page.locator('table[data-section="ranked"] td.num').first.inner_text() == "1"
     assert "n=3" in page.locator('table[data-section="ranked"]').inner_text()
+    # grpo is the sanity test's, not verl's and TRL's GRPO: said next to the name, with the knobs in the tooltip.
+    warn = page.locator('table[data-section="ranked"] .badge.namewarn')
+    assert warn.inner_text() == "not verl's and TRL's GRPO"
+    assert "algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean" in warn.get_attribute("title")
 
     page.select_option("#class-select", "cpu-avx2-emulated")
     page.locator('#class-view[data-class="cpu-avx2-emulated"]').wait_for()

@@ -46,6 +46,10 @@ def test_the_wheel_builds_without_warnings_and_carries_every_file_the_checkout_t
                              check=True).stdout.split()
     missing = [f for f in tracked if f not in names and not f.endswith(".pyc")]
     assert not missing, f"files under suite/ the wheel lacks: {missing}"
+    # The top-level tasks/ and recipes/ travel inside the package (setup.py), found there by suite/locations.py.
+    shipped = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "tasks", "recipes"], cwd=REPO,
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert shipped and not [f for f in shipped if f"suite/_shipped/{f}" not in names]
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
     meta = zipfile.ZipFile(whl).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
     assert "License-Expression: Apache-2.0" in meta
@@ -81,13 +85,44 @@ def test_a_wheel_installed_outside_the_checkout_runs_a_smoke_run(wheel, tmp_path
              "and not r.specifier.contains(m.version(r.name), prereleases=True)]; print(bad); assert not bad")
     subprocess.run([py, "-c", check], check=True, cwd=tmp_path, env=env)
 
-    proc = subprocess.run([venv / "bin" / "suite", "run", "tier=smoke", "steps=2", "out=runs"], cwd=tmp_path,
+    # The suite's own tasks and recipes come from the wheel; references are looked for under the current directory.
+    check = ("from suite.tasks.registry import task_names, TASK_DIR; from suite.rl import recipe, config; "
+             "from suite.results import REFERENCE_ROOT; import pathlib; "
+             "assert TASK_DIR.parts[-2:] == ('_shipped', 'tasks') and 'arith3' in task_names(), TASK_DIR; "
+             "assert config.load(['tier=smoke', 'recipe=dapo_loss']).algorithm == 'dapo'; "
+             "assert REFERENCE_ROOT == pathlib.Path.cwd() / 'results' / 'reference', REFERENCE_ROOT")
+    subprocess.run([py, "-c", check], check=True, cwd=tmp_path, env=env)
+
+    def installed_files() -> set[Path]:  # what pip put there; Python's own bytecode caches aside
+        return {p for p in site.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+
+    before = installed_files()
+    suite_cmd = venv / "bin" / "suite"
+    proc = subprocess.run([suite_cmd, "run", "tier=smoke", "steps=2", "out=runs"], cwd=tmp_path,
                           env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = (tmp_path / "runs").glob("*/*__s0")
     for name in ("config.json", "metrics.jsonl", "timing.jsonl", "summary.json", "env.json"):
         assert (run_dir / name).is_file(), name
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
+
+    # A task of the user's own, from a folder of theirs, listed and run by the installed suite (docs/own_task.md).
+    own = shutil.copytree(REPO / "examples" / "own_task", tmp_path / "my_tasks")
+    proc = subprocess.run([suite_cmd, "ls", "tasks", "include_path=my_tasks"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, check=True)
+    assert f"[{own / 'my_letters.yaml'}]" in proc.stdout and "arith3" in proc.stdout, proc.stdout
+    proc = subprocess.run([suite_cmd, "run", "task=my_letters", "include_path=my_tasks", "tier=smoke", "steps=2",
+                           "out=runs"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert (tmp_path / "runs" / "default" / "my_letters__grpo__fp32__s0" / "summary.json").is_file()
+
+    # Without references the commands that read them say where to get them; a write into site-packages is refused.
+    proc = subprocess.run([suite_cmd, "grids"], cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    assert "SUITE_REFERENCE_ROOT=/path/to/clone/results/reference" in " ".join(proc.stdout.split()), proc.stdout
+    proc = subprocess.run([suite_cmd, "fingerprint", "--write"], cwd=tmp_path, capture_output=True, text=True,
+                          env={**env, "SUITE_REFERENCE_ROOT": str(site / "results" / "reference")})
+    assert proc.returncode == 2 and "is inside the installed packages" in proc.stderr, proc.stdout + proc.stderr
+    assert installed_files() == before, sorted(map(str, installed_files() ^ before))
 
 
 def test_the_cache_defaults_to_the_users_cache_directory(monkeypatch, tmp_path):

@@ -136,3 +136,18 @@ def test_bad_recipe_files_are_refused_with_one_line(tmp_path, capsys):
     bad.write_text("- a list\n")
     assert cli.main(["run", "tier=smoke", f"recipe={bad}"]) == 2
     assert "must hold a mapping" in capsys.readouterr().err
+
+
+def test_the_shipped_dapo_recipe_is_dapos_loss_and_is_found_by_name_from_any_directory(tmp_path, monkeypatch):
+    """recipes/dapo_loss.yaml: DAPO's advantage (divided by the group std), token-level loss and clip-higher
+    0.2/0.28 (arXiv 2503.14476 Sec. 3.1, 3.3), no KL; `recipe=dapo_loss` finds it wherever the command runs."""
+    from suite.rl import recipe
+
+    monkeypatch.chdir(tmp_path)  # no recipes/ folder here: the suite's own is found by name
+    assert "dapo_loss" in recipe.shipped_recipes()
+    for value in ("dapo_loss", "recipes/dapo_loss.yaml"):
+        algo = recipe.algorithm(config.load(["tier=smoke", f"recipe={value}"]))
+        assert (algo.advantage, algo.agg, algo.clip_low, algo.clip_high, algo.correction) == \
+            ("std", "token-mean", 0.2, 0.28, "none")
+    with pytest.raises(ValueError, match="Did you mean 'dapo_loss'"):
+        config.load(["tier=smoke", "recipe=dapo_los"])

@@ -203,6 +203,12 @@ def test_golden_report_tables(golden):
     assert f"environment git_sha differs between runs: {SHA} (9 runs); {'2' * 40} (arith__grpo__fp32__s3)" in md
     assert "config tier differs" not in md and "packages.torch differs" not in md
     assert "Published sanity test" not in md  # no sanity_r1d runs
+    # What each algorithm computed, from the runs' own config: grpo says it is not verl's and TRL's GRPO.
+    from suite.rl.algo_table import ALGORITHMS, in_words
+
+    for name in ("grpo", "grpo_token_tis"):
+        assert f"| {name} | {in_words(ALGORITHMS[name])} |" in md
+    assert "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std" in md
 
 
 def test_rerun_commands_reproduce_config_hashes(golden):
@@ -272,7 +278,7 @@ def test_nested_runs_and_sanity_comparison(tmp_path):
     assert "| FP16, PG-Seq-IS | ~99%, fast and stable | pg_seq_is/fp16 | 1 pass | 1.000 (n=1) | yes |" in md
     assert "| FP16, other algorithms | all FP16 algorithms nearly coincide (~99%) | grpo_token_tis/fp16 | 1 unstable | 0.600 (n=1) | no |" in md
     assert "| BF16, GSPO | grad norm NaN after ~1,200 steps (VeRL) | not run | - | - | - |" in md
-    # The task is registered (suite/tasks/task_files/sanity_r1d.yaml): its rerun command recomposes the recorded config.
+    # The task is registered (tasks/sanity_r1d.yaml): its rerun command recomposes the recorded config.
     assert "| sanity/sanity_r1d__grpo__bf16__s0 | " in md and "cannot compose today" not in md
 
 

@@ -9,7 +9,7 @@ boards, boards into machine classes. Pure functions of the records and the commi
 - **Board**: one machine class and one *setting*, the config without the axes a board compares
   (algorithm, precision flow, fp32 head, injected noise, seed). Its header says what is measured: task,
   policy and its size, steps and batch, the verdict rule, the class, and how it differs from the published
-  sanity test (arXiv 2510.26788, whose recipe is suite/tasks/task_files/sanity_r1d.yaml's full tier).
+  sanity test (arXiv 2510.26788, whose recipe is tasks/sanity_r1d.yaml's full tier).
 - **Sections of a board**: `ranked` (recipes with at least MIN_SEEDS seeds that reproduce or were not
   checked), `unranked` (recipes with fewer seeds, each saying why and how to fill it), `controls` (`exact`,
   the unified controls, injected noise: diagnostics, never ranked as recipes) and `stale` (entries that
@@ -119,6 +119,22 @@ def _aggregate(values) -> dict:
     return stats.iqm_interval(x) or {"iqm": None, "lo": None, "hi": None, "n": 0}
 
 
+def algorithm_words(cfg: dict) -> dict | None:
+    """What the run's algorithm computes, with the ``algo.*`` knobs it recorded (suite/rl/algo_table.py): ``words``
+    for the entry page, ``elsewhere`` (shown on the board next to the name) when verl and TRL mean other settings
+    by that name. None when the name is not in today's table."""
+    from suite.rl.algo_table import ALGORITHMS, ROW_KNOBS, elsewhere, get_algorithm, in_words
+
+    if cfg.get("algorithm") not in ALGORITHMS:
+        return None
+    knobs = {k: v for k, v in (cfg.get("algo") or {}).items() if k in ROW_KNOBS and v is not None}
+    try:
+        row = get_algorithm(cfg["algorithm"], **knobs)
+    except ValueError:
+        return None
+    return {"words": in_words(row), "elsewhere": elsewhere(row)}
+
+
 def entry(runs: list[dict], root: Path = REFERENCE_ROOT) -> dict:
     """One entry from the records of its seeds (sorted by seed)."""
     runs = sorted(runs, key=lambda r: r["seed"])
@@ -131,6 +147,7 @@ def entry(runs: list[dict], root: Path = REFERENCE_ROOT) -> dict:
     return {
         "id": first["group"], "board": first["setting"], "class_id": first["class_id"],
         "task": first["task"], "algorithm": first["algorithm"], "precision": first["precision"],
+        "algorithm_meaning": algorithm_words(first["config"]),
         "flow": first["config"]["precision"], "model": first["model"], "tier": first["tier"],
         "framework": first["framework"], "hardware": sorted({r["hardware"] for r in runs}),
         "seeds": len(runs), "seed_list": [r["seed"] for r in runs],

@@ -23,7 +23,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from suite.analysis.reproduce import REFERENCE_ROOT, invariants
+from suite.analysis.reproduce import REFERENCE_ROOT, invariants, known_classes
+from suite.locations import refuse_installed, where_to_get_references
 from suite.numerics import machine
 from suite.results import atomic_write_json, read_jsonl
 
@@ -105,6 +106,8 @@ def cli(args: list[str], console: Console) -> int:
     from suite.rl import config as cfgmod
 
     cfgmod.load(overrides("fp32", gemm, Path("runs")))  # bad gemm: refused before compute
+    if write:  # so is a destination inside the installed packages (suite/locations.py)
+        refuse_installed(REFERENCE_ROOT, "suite fingerprint --write")
     got = compute(gemm, console=console)
     cls = got["machine_class"]
     table = Table("flow", "sha256 of metrics.jsonl", "last step k3 KL", title=f"numerics fingerprint, {machine.label(cls)}")
@@ -120,8 +123,9 @@ def cli(args: list[str], console: Console) -> int:
         return 0
     want = load(cls["id"])
     if want is None:
-        console.print(f"no committed fingerprint for machine class {cls['id']}: invariants only "
-                      f"(`suite fingerprint --write` on this class makes one)", highlight=False)
+        hint = "" if known_classes() else f"; {where_to_get_references()}"
+        console.print(f"no committed fingerprint for machine class {cls['id']} under {REFERENCE_ROOT}: invariants only "
+                      f"(`suite fingerprint --write` on this class makes one){hint}", highlight=False)
         return 0 if all(i["ok"] is not False for i in got["invariants"]) else 1
     problems = compare(got, want)
     for p in problems:

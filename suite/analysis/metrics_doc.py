@@ -10,10 +10,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from suite.locations import CHECKOUT, refuse_installed
 from suite.numerics import peers
 from suite.results import atomic_write_text
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+# The clone's docs/metrics.md; an installed suite has no docs/ of its own, so ./docs/metrics.md.
+DOC = (CHECKOUT or Path.cwd()) / "docs" / "metrics.md"
 COLUMNS = ("verl", "TRL", "slime", "prime-rl", "Oat")
 
 INTRO = """\
@@ -89,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = p.parse_args(argv)
     text = render()
     if ns.write:
-        atomic_write_text(DOC, text)
+        atomic_write_text(refuse_installed(DOC, "metrics_doc --write"), text)
     elif ns.check:
         if not DOC.is_file() or DOC.read_text() != text:
             print(f"{DOC} is out of date: run python -m suite.analysis.metrics_doc --write", file=sys.stderr)

@@ -12,6 +12,7 @@ from pathlib import Path
 from suite.analysis.outcomes import outcome_markdown
 from suite.analysis.report import write_report
 from suite.analysis.reproduce import _env, _summary
+from suite.locations import refuse_installed
 from suite.results import (
     REFERENCE_ROOT,
     atomic_write_json,
@@ -42,7 +43,7 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     if unfinished:
         raise ValueError(f"{root}: incomplete runs cannot be a reference: {', '.join(unfinished[:5])}")
     cls = json.loads(classes.pop())
-    dest = Path(ref_root) / cls["id"] / grid
+    dest = refuse_installed(Path(ref_root) / cls["id"] / grid, "suite reference")
     tmp = dest.with_name(f".{grid}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for d in dirs:

@@ -46,6 +46,27 @@ def _series(runs: list[Run], key: str) -> list[dict]:
     return out
 
 
+def algorithm_rows(runs: list[Run]) -> list[list[str]]:
+    """What each algorithm of the suite's runs computed (suite/rl/algo_table.py ``in_words``, with the ``algo.*``
+    knobs each run recorded), one row per name and meaning, so that ``grpo`` is never read as verl's or TRL's GRPO;
+    none for runs imported from another framework (they name their own loss)."""
+    from suite.rl.algo_table import ALGORITHMS, ROW_KNOBS, get_algorithm, in_words
+
+    said: dict[str, list[str]] = {}
+    for r in runs:
+        if r.framework != bundle.SUITE or r.algorithm not in ALGORITHMS:
+            continue
+        knobs = {k: v for k, v in ((r.config or {}).get("algo") or {}).items()
+                 if k in ROW_KNOBS and v is not None}
+        try:
+            words = in_words(get_algorithm(r.algorithm, **knobs))
+        except ValueError as e:  # a knob today's table refuses: say so rather than guess
+            words = f"not describable with today's table ({e})"
+        if words not in said.setdefault(r.algorithm, []):
+            said[r.algorithm].append(words)
+    return [[name, w] for name, words in sorted(said.items()) for w in words]
+
+
 def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     """Every section of the report, drawing the figures into `fig_dir` on the way."""
     from suite.analysis import figures
@@ -74,6 +95,9 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
               f"{', '.join(map(str, sorted({r.seed for r in runs})))}. {len(bad)} run(s) incomplete or failed. "
               "Every number below is computed from the run directories alone (suite report)."),
         ("p", machine_sentence(runs)),
+        *([("table", ["Algorithm", "What it computes here"], names,
+                    "A name another framework uses may mean other settings here: suite ls algorithms, "
+                    "docs/algorithms.md.")] if (names := algorithm_rows(runs)) else []),
     ]
     if warnings:
         doc += [("h", "Warnings", "warnings"), ("warn", warnings)]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from suite.locations import where_to_get_references
 from suite.numerics import machine
 from suite.results import (
     REFERENCE_ROOT,
@@ -165,9 +166,10 @@ def statement(doc: dict) -> str:
                 + (f"; broken: {'; '.join(i['name'] + ' (' + i['detail'] + ')' for i in broke)}" if broke else "") + ".")
     if not doc["reference"]:
         others = ", ".join(doc["known_classes"]) or "none"
-        return (f"No committed reference for machine class {cls.get('id', 'unknown')} (references exist for: {others}), "
-                f"so nothing here can be compared value by value. {inv_text} Every other number (the values, the "
-                "perfectible set, whether unified fp8 is exactly 0) depends on the hardware.")
+        where = "" if doc["known_classes"] else f" ({where_to_get_references()})"
+        return (f"No committed reference for machine class {cls.get('id', 'unknown')} (references exist for: {others}"
+                f"{where}), so nothing here can be compared value by value. {inv_text} Every other number (the values, "
+                "the perfectible set, whether unified fp8 is exactly 0) depends on the hardware.")
     rows = doc["rows"]
     with_ref = [r for r in rows if r["reference"]]
     same = sum(r["metrics"] == "identical" for r in with_ref)

@@ -59,7 +59,7 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
 
     model_dir, data_dir = prepare_data(cfg, Console(quiet=True))
     model, tok = load_policy(model_dir)
-    task = get_task(cfg.task)
+    task = get_task(cfg.task, None, cfg.include_path)
     items = task.split("train", cfg.prompts_per_step)
     prompts = [prompt_ids(tok, it) for it in items for _ in range(cfg.samples_per_prompt)]
     n_new = cfg.sampling.max_new_tokens

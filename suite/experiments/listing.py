@@ -11,8 +11,6 @@ import inspect
 import re
 from pathlib import Path
 
-RECIPE_DIR = Path(__file__).resolve().parents[2] / "recipes"  # a source checkout's recipes/ (docs/recipes.md)
-
 
 def _first_sentence(text: str) -> str:
     """The first sentence of ``text`` (whitespace collapsed): up to the first period followed by a space
@@ -45,15 +43,18 @@ def algorithms() -> list[tuple[str, str]]:
     return [(n, in_words(a)) for n, a in ALGORITHMS.items()]
 
 
-def tasks() -> list[tuple[str, str]]:
-    """Each task with its kind and the first sentence of its task file's header (else of its description)."""
-    from suite.tasks.registry import REGISTRY, TASK_DIR, task_spec
+def tasks(include: str | None = None) -> list[tuple[str, str]]:
+    """Each task on the task path (the suite's tasks/, then the folders of ``include`` and $SUITE_TASKS_PATH): its
+    kind, the first sentence of its task file's header (else of its summary or description), and where a task of
+    the user's own lives."""
+    from suite.tasks.registry import list_tasks
 
     out = []
-    for name, cls in REGISTRY.items():
-        path = TASK_DIR / f"{name}.yaml"
-        about = (_header_comment(path) if path.is_file() else "") or _first_sentence(task_spec(name).get("description", ""))
-        out.append((name, f"{'dataset' if getattr(cls, 'takes_data', False) else 'generated'}: {about}"))
+    for row in list_tasks(include):
+        path = Path(row["file"])
+        about = _header_comment(path) or _first_sentence(row["summary"])
+        where = "" if row["builtin"] else f" [{path}]"
+        out.append((row["name"], f"{'dataset' if row['kind'] == 'dataset' else 'generated'}: {about}{where}"))
     return out
 
 
@@ -94,29 +95,30 @@ def models() -> list[tuple[str, str]]:
 
 
 def recipes() -> list[tuple[str, str]]:
-    """The recipe files of a source checkout's recipes/ (``recipe=recipes/NAME.yaml``)."""
-    if not RECIPE_DIR.is_dir():
-        raise ValueError(f"no recipes folder at {RECIPE_DIR}: recipe files ship with a source checkout "
-                         "(git clone), and any YAML of config fields is a recipe (docs/recipes.md)")
-    return [(str(p.relative_to(RECIPE_DIR.parent)), _header_comment(p)) for p in sorted(RECIPE_DIR.glob("*.yaml"))]
+    """The suite's own recipe files (``recipe=NAME``; the clone's recipes/, or the wheel's copy)."""
+    from suite.locations import shipped_dir
+
+    return [(p.stem, _header_comment(p)) for p in sorted(shipped_dir("recipes").glob("*.yaml"))]
 
 
 LISTS = {"tasks": tasks, "flows": flows, "algorithms": algorithms, "grids": grids, "regimes": regimes,
          "tiers": tiers, "models": models, "recipes": recipes}
 # What each list is, and the field or command that takes its names.
-ABOUT = {"tasks": "tasks (task=NAME)", "flows": "precision flows (precision=NAME)",
+ABOUT = {"tasks": "tasks (task=NAME; your own: include_path=DIR or $SUITE_TASKS_PATH, docs/own_task.md)", "flows": "precision flows (precision=NAME)",
          "algorithms": "algorithms (algorithm=NAME): the loss each name computes (suite/rl/algo_table.py)",
          "grids": "grids (suite sweep grid=NAME; suite grids adds wall times)",
          "regimes": "regimes (regime=NAME, on top of the tier)", "tiers": "tiers (tier=NAME: the scale dial)",
          "models": "base models (model=NAME, or a local HF model directory)",
-         "recipes": "recipe files (recipe=PATH: config fields applied first, the command line wins)"}
+         "recipes": "the suite's recipe files (recipe=NAME, or recipe=PATH for your own: config fields applied first, "
+                    "the command line wins)"}
 
 
-def lines(what: str) -> list[str]:
-    """``suite ls WHAT``: a title line, then one line per entry, names aligned."""
+def lines(what: str, include: str | None = None) -> list[str]:
+    """``suite ls WHAT``: a title line, then one line per entry, names aligned (``include``: task folders of the
+    user's own, for the task list)."""
     from suite.names import lookup
 
-    rows = lookup("ls", what, LISTS)()
+    rows = lookup("ls", what, LISTS)(include) if what == "tasks" and include else lookup("ls", what, LISTS)()
     width = max((len(n) for n, _ in rows), default=0)
     return [f"{ABOUT[what]}:", *(f"  {n:<{width}}  {d}" for n, d in rows)]
 

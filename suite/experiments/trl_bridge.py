@@ -370,7 +370,7 @@ def run(cfg, console=None) -> Path:
     model_dir, data_dir = prepare_data(cfg, console or make_console())
     items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
     model, tok = load_policy(model_dir)
-    task = get_task(cfg.task, cfg.data)
+    task = get_task(cfg.task, cfg.data, cfg.include_path)
     meta = {"task": cfg.task, "algorithm": cfg.algorithm, "precision": cfg.precision, "seed": cfg.seed,
             "threshold": cfg.threshold, "tier": cfg.tier, "model": cfg.model, "policy": dataclasses.asdict(cfg.policy),
             "recipe": {"suite_config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("out", "name")}},

@@ -128,6 +128,10 @@ ALGORITHMS: dict[str, Algorithm] = {
 }
 
 
+# The row fields a config may override (``algo.C=...``, suite/rl/recipe.py AlgoConfig).
+ROW_KNOBS = ("C", "clip_low", "clip_high", "agg", "advantage")
+
+
 def get_algorithm(name: str, **overrides) -> Algorithm:
     """The table entry `name`, with dataclass fields replaced by `overrides` (validated)."""
     if name not in ALGORITHMS:
@@ -165,4 +169,34 @@ def in_words(a: Algorithm) -> str:
     clip = f"[{1 - a.clip_low:g}, {1 + a.clip_high:g}]" + (" (clip-higher)" if a.clip_high > a.clip_low else "")
     surrogate = {"ppo": f"PPO-clip {clip}", "pg": "policy gradient -A log pi (no PPO clip)",
                  "gspo": f"GSPO sequence-ratio clip {clip}"}[a.surrogate]
-    return f"{adv_loss}; {surrogate}; {_CORRECTION_WORDS[a.correction].format(C=a.C)}"
+    words = f"{adv_loss}; {surrogate}; {_CORRECTION_WORDS[a.correction].format(C=a.C)}"
+    return f"{words}; {note}" if (note := elsewhere(a)) else words
+
+
+# ---------------------------------------------------------------------------- the same name elsewhere
+# Names this table shares with verl and TRL, and the settings their defaults run under that name (the flag-by-flag
+# mapping is docs/algorithms.md): verl adv_estimator=grpo with norm_adv_by_std_in_grpo=True, clip_ratio=0.2,
+# loss_agg_mode=token-mean; TRL GRPOConfig scale_rewards="group", epsilon=0.2, loss_type="dapo" (token-mean). DAPO
+# (arXiv 2503.14476) is a loss plus dynamic sampling and overlong reward shaping, which the suite does not have.
+ELSEWHERE: dict[str, tuple[str, dict, str]] = {
+    "grpo": ("verl's and TRL's GRPO", {"advantage": "std", "clip_low": 0.2, "clip_high": 0.2, "agg": "token-mean"}, ""),
+    "dapo": ("DAPO as published and in verl's recipe", {"advantage": "std", "clip_low": 0.2, "clip_high": 0.28,
+                                                         "agg": "token-mean"},
+             "the loss only, without DAPO's dynamic sampling and overlong reward shaping"),
+}
+_KNOB = {"advantage": "algo.advantage", "clip_low": "algo.clip_low", "clip_high": "algo.clip_high", "agg": "algo.agg"}
+
+
+def elsewhere(a: Algorithm) -> str:
+    """What separates row ``a`` from what verl and TRL run under the same name ("" when nothing does), with the
+    ``algo.*`` knobs that make it theirs. The name compared is the row's without its correction suffix
+    (grpo_seq_tis is grpo with seq TIS), so an overridden row that matches theirs carries no warning."""
+    base = a.name.removesuffix(f"_{a.correction}") if a.correction != "none" else a.name
+    if base not in ELSEWHERE:
+        return ""
+    whose, theirs, scope = ELSEWHERE[base]
+    knobs = [f"{_KNOB[k]}={v:g}" if isinstance(v, float) else f"{_KNOB[k]}={v}"
+             for k, v in theirs.items() if getattr(a, k) != v]
+    if knobs:
+        return f"NOT {whose} (theirs: algorithm={a.name} {' '.join(knobs)})"
+    return f"{whose}: {scope}" if scope else ""

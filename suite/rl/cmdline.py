@@ -35,9 +35,9 @@ def choices() -> dict[str, list[str]]:
     from suite.rl.algo_table import ADVANTAGE_MODES, AGG_MODES, ALGORITHMS
     from suite.rl.models import EMBEDDED, PRESETS
     from suite.rl.schema import ENGINES, GEMMS, REGIMES, TIERS
-    from suite.tasks.registry import REGISTRY
+    from suite.tasks.registry import task_names
 
-    return {"task": list(REGISTRY), "precision": list(FLOWS), "algorithm": list(ALGORITHMS), "tier": list(TIERS),
+    return {"task": task_names(), "precision": list(FLOWS), "algorithm": list(ALGORITHMS), "tier": list(TIERS),
             "regime": list(REGIMES), "engine": list(ENGINES), "gemm": list(GEMMS), "model": [EMBEDDED, *PRESETS],
             "logger": list(loggers.BACKENDS), "optim.schedule": list(recipe.SCHEDULES),
             "algo.advantage": list(ADVANTAGE_MODES), "algo.agg": list(AGG_MODES),

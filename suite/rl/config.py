@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import warnings
 from typing import Any
 
@@ -139,6 +140,13 @@ def resolve(cfg: RunConfig) -> RunConfig:
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim), sampling=dataclasses.replace(cfg.sampling),
                               perfectible=dataclasses.replace(cfg.perfectible), policy=dataclasses.replace(cfg.policy),
                               vllm=dataclasses.replace(cfg.vllm), eval=dataclasses.replace(cfg.eval))
+    # The task folders, absolute, so that ranks and sweep workers started elsewhere find the same ones; those of
+    # $SUITE_TASKS_PATH are recorded too, so that a run's config.json says where its task file was and its rerun
+    # command finds it without the environment.
+    from suite.tasks.registry import TASKS_PATH_ENV, absolute_path
+
+    include = os.pathsep.join(p for p in (cfg.include_path, os.environ.get(TASKS_PATH_ENV)) if p)
+    cfg.include_path = absolute_path(include) if include.strip(os.pathsep + " ") else None
     tier = TIERS[cfg.tier]
     _apply_regime(cfg)
     if cfg.task is None:
@@ -160,10 +168,9 @@ def resolve(cfg: RunConfig) -> RunConfig:
     if cfg.sampling.max_new_tokens is None:
         from suite.tasks.registry import get_task, task_spec
 
-        _choice("task", cfg.task, _task_names())
-        budget = (task_spec(cfg.task).get("sampling") or {}).get("max_new_tokens")
+        budget = (task_spec(cfg.task, cfg.include_path).get("sampling") or {}).get("max_new_tokens")
         if budget is None:  # a generated task: its reference trace plus slack
-            task = get_task(cfg.task)
+            task = get_task(cfg.task, None, cfg.include_path)
             budget = len(task.trace(task.split("train", 1)[0])) + 8
         cfg.sampling.max_new_tokens = int(budget)
     from suite.rl.models import check_recipe
@@ -208,17 +215,20 @@ def _apply_regime(cfg: RunConfig) -> None:
 def _apply_task_tier(cfg: RunConfig) -> None:
     """A task file may set recipe values per tier (``tiers: {full: {...}}``): the published
     hyperparameters of sanity_r1d are its full tier. Applied like a regime, before the global tier."""
-    from suite.tasks.registry import task_spec
+    from suite.tasks.registry import task_file_of, task_spec
 
-    _choice("task", cfg.task, _task_names())
-    _fill_defaults(cfg, (task_spec(cfg.task).get("tiers") or {}).get(cfg.tier) or {},
-                   f"suite/tasks/task_files/{cfg.task}.yaml tiers.{cfg.tier}")
+    spec = task_spec(cfg.task, cfg.include_path)  # an unknown name or a malformed task file: refused here
+    where = task_file_of(cfg.task, cfg.include_path)
+    for tier in spec.get("tiers") or {}:
+        if tier not in TIERS:
+            raise unknown(f"{where}: tiers", tier, TIERS)
+    _fill_defaults(cfg, (spec.get("tiers") or {}).get(cfg.tier) or {}, f"{where} tiers.{cfg.tier}")
 
 
-def _task_names():
-    from suite.tasks.registry import REGISTRY
+def _task_names(cfg):
+    from suite.tasks.registry import task_names
 
-    return list(REGISTRY)
+    return task_names(cfg.include_path)
 
 
 def validate(cfg: RunConfig) -> RunConfig:
@@ -227,7 +237,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     from suite.numerics.precision import FLOWS, gemm_backend
     from suite.rl.algo_table import ALGORITHMS
 
-    _choice("task", cfg.task, _task_names())
+    _choice("task", cfg.task, _task_names(cfg))
     _choice("precision", cfg.precision, FLOWS)
     _choice("algorithm", cfg.algorithm, ALGORITHMS)
     _choice("tier", cfg.tier, TIERS)
@@ -353,11 +363,14 @@ def _check_extras(cfg: RunConfig) -> None:
     naming the extra, when they are not installed."""
     import importlib.util
 
-    from suite.tasks.registry import REGISTRY
+    from suite.tasks.registry import task_spec
 
     needs = []
-    if getattr(REGISTRY[cfg.task], "takes_data", False):  # the dataset tasks: rows via datasets, math-verify grading
-        needs += [("task", cfg.task, "datasets", "math"), ("task", cfg.task, "math_verify", "math")]
+    spec = task_spec(cfg.task, cfg.include_path)
+    if spec["kind"] == "dataset":  # the dataset tasks: rows via datasets, math-verify grading of \boxed answers
+        needs.append(("task", cfg.task, "datasets", "math"))
+        if spec["reward"]["kind"] == "boxed":
+            needs.append(("task", cfg.task, "math_verify", "math"))
     if cfg.transfer:
         needs.append(("transfer", cfg.transfer, "lm_eval", "transfer"))
     for field_name, value, module, extra in needs:

@@ -87,8 +87,8 @@ def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
     """
     from suite.rl import models
 
-    task = get_task(cfg.task, cfg.data)
-    spec = task_spec(cfg.task)
+    task = get_task(cfg.task, cfg.data, cfg.include_path)
+    spec = task_spec(cfg.task, cfg.include_path)
     if cfg.policy.path or cfg.model != models.EMBEDDED:
         model_dir = models.model_dir(cfg.policy.path or cfg.model)
         if not (model_dir / "config.json").exists():
@@ -125,7 +125,7 @@ def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
 
 def eval_settings(cfg, task) -> dict:
     """Resolved held-out evaluation: splits, prompts, samples (mean@n), temperature, top-p."""
-    e, spec = cfg.eval, getattr(task, "eval", None) or task_spec(cfg.task).get("eval") or {}
+    e, spec = cfg.eval, getattr(task, "eval", None) or task_spec(cfg.task, cfg.include_path).get("eval") or {}
     splits = e.splits or spec.get("splits") or ["test"]
     return {"splits": list(splits), "prompts": e.prompts or (None if hasattr(task, "source") else 128),
             "samples": e.samples or int(spec.get("n", 1)),

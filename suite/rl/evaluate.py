@@ -10,7 +10,7 @@ versions and data, lm-eval's version and the back end, so a grid of runs on one 
 the base once.
 
 Groups:
-- ``embedded`` (the tiny policy and its arith tasks): six lm-eval tasks in ``suite/tasks/task_files/lm_eval/``,
+- ``embedded`` (the tiny policy and its arith tasks): six lm-eval tasks in ``suite/tasks/lm_eval_files/``,
   two per group, whose data the suite writes into its cache (nothing from a hub). They only use
   the policy's alphabet "0123456789+=,#" (anything else would become <pad>). Measured on the main
   job's policy and runs: docs/transfer.md.
@@ -291,7 +291,8 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
     # One task set per training task (embedded data follow the task's digits).
     tms: dict[tuple, tuple] = {}
     for r in runs:
-        task = get_task(r["cfg"].get("task") or (r["env"].get("task") or {}).get("name"))
+        task = get_task(r["cfg"].get("task") or (r["env"].get("task") or {}).get("name"), None,
+                        r["cfg"].get("include_path"))
         kind = groups if groups != "auto" else ("embedded" if hasattr(task, "digits") else "paper")
         key = (kind, task.name if kind == "embedded" else "")
         if key not in tms:

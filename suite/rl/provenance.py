@@ -47,6 +47,8 @@ def rerun_overrides(cfg: dict) -> list[str]:
     from suite.rl import config as cfgmod
 
     base = [f"{k}={hydra_value(cfg[k])}" for k in AXES if k in cfg]
+    if cfg.get("include_path"):  # a task of the user's own composes only with its folder on the task path
+        base.append(f"include_path={hydra_value(cfg['include_path'])}")
     try:
         default = flatten(cfgmod.to_dict(cfgmod.load(base)))
     except Exception:  # noqa: BLE001 -- e.g. a task not registered today: spell out every field
@@ -54,7 +56,7 @@ def rerun_overrides(cfg: dict) -> list[str]:
     flat = flatten(cfg)
     # `out` is where the run was written, not what it computes: a rerun goes to today's default (runs/).
     return base + [f"{k}={hydra_value(v)}" for k, v in sorted(flat.items())
-                   if k not in (*AXES, "out") and (k not in default or not _same(v, default[k]))]
+                   if k not in (*AXES, "out", "include_path") and (k not in default or not _same(v, default[k]))]
 
 
 def rerun_command(cfg: dict) -> str:

@@ -6,8 +6,9 @@ the config hash and the run directory's config.json. The algorithm knobs default
 of the algorithm's row in suite/rl/algos.py", and the new terms to off, so a config that sets none of
 them computes exactly what it computed before they existed.
 
-A recipe file (``suite run recipe=my_recipe.yaml``) is a YAML mapping of config fields, nested or
-dotted; it is applied first and the command line wins. Its path is not part of the config: the
+A recipe file (``suite run recipe=my_recipe.yaml``, or ``recipe=NAME`` for one of the suite's own in
+``recipes/``, shipped in the wheel) is a YAML mapping of config fields, nested or dotted; it is applied first
+and the command line wins. Its path is not part of the config: the
 fields it resolves to are.
 """
 
@@ -59,9 +60,9 @@ class AlgoConfig:
 def algorithm(cfg):
     """The algorithm row of ``cfg.algorithm`` with the ``algo.*`` knobs the config sets (ValueError names the
     field when a value is refused)."""
-    from suite.rl.algo_table import get_algorithm
+    from suite.rl.algo_table import ROW_KNOBS, get_algorithm
 
-    knobs = {k: getattr(cfg.algo, k) for k in ("C", "clip_low", "clip_high", "agg", "advantage")}
+    knobs = {k: getattr(cfg.algo, k) for k in ROW_KNOBS}
     overrides = {k: v for k, v in knobs.items() if v is not None}
     try:
         return get_algorithm(cfg.algorithm, **overrides)
@@ -124,8 +125,34 @@ def expand(overrides: list[str]) -> list[str]:
         return list(overrides)
     if len(recipes) > 1:
         raise ValueError("recipe: give one recipe file (merge them into one YAML)")
-    path = Path(recipes[0].split("=", 1)[1])
+    path = find_recipe(recipes[0].split("=", 1)[1])
     return recipe_overrides(path) + [o for o in overrides if o not in recipes]
+
+
+def shipped_recipes() -> list[str]:
+    """The names of the suite's own recipe files (``recipes/NAME.yaml``, in the clone or the wheel)."""
+    from suite.locations import shipped_dir
+
+    return sorted(p.stem for p in shipped_dir("recipes").glob("*.yaml"))
+
+
+def find_recipe(value: str) -> Path:
+    """The recipe file ``value`` names: a path that exists, else one of the suite's own recipes by name or as
+    ``recipes/NAME.yaml`` (so an installed wheel finds them from any directory). ValueError lists them."""
+    from suite.locations import shipped_dir
+
+    path = Path(value).expanduser()
+    if path.is_file():
+        return path
+    own = shipped_dir("recipes") / (path.name if path.suffix in (".yaml", ".yml") else f"{path.name}.yaml")
+    if (path.parent in (Path("."), Path("recipes"))) and own.is_file():
+        return own
+    from suite.names import did_you_mean
+
+    names = shipped_recipes()
+    raise ValueError(f"recipe: cannot read {path}: no such file, and no recipe of the suite is called so."
+                     f"{did_you_mean(path.stem, names)} The suite's recipes: {', '.join(names)} "
+                     f"(recipe=NAME; files in {shipped_dir('recipes')})")
 
 
 def recipe_overrides(path: Path) -> list[str]:

@@ -145,7 +145,12 @@ class EvalConfig:
 @dataclass
 class RunConfig:
     task: Optional[str] = None
-    """Task name (files in suite/tasks/task_files/, registry in suite/tasks/registry.py). None: the tier's task."""
+    """Task name: a file NAME.yaml on the task path (include_path, then $SUITE_TASKS_PATH, then the suite's tasks/;
+    suite/tasks/registry.py, docs/own_task.md). None: the tier's task."""
+    include_path: Optional[str] = None
+    """Folder(s) of your own task files (NAME.yaml), searched before the suite's tasks/, as lm-eval's
+    --include_path; several separated by ':' (os.pathsep). Also read from $SUITE_TASKS_PATH. Not part of the config
+    hash: the task's name and version say what runs."""
     model: Optional[str] = None
     """Base model (None: the task tier's, else embedded): embedded (the tiny Llama the suite builds), a preset (r1d-1.5b, qwen2.5-math-1.5b, qwen3-1.7b;
     suite/rl/models.py), or a local HF model directory."""
@@ -158,7 +163,8 @@ class RunConfig:
     """Compute the output head in fp32 in the sampler and the trainer together (ScaleRL, MiniMax-M1)."""
     algorithm: str = "grpo"
     """Algorithm: one row of the table in suite/rl/algo_table.py. What each name computes is listed under
-    Algorithms below and by ``suite ls algorithms``: a name another framework uses may mean other settings here."""
+    Algorithms below and by ``suite ls algorithms``. grpo is the sanity test's Dr.GRPO with clip-higher 0.2/0.28,
+    NOT what verl or TRL run as GRPO: theirs is grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean."""
     seed: int = 0
     """Seed of the RL run (data order, sampling). The policy and the task have their own seeds."""
     tier: str = "small"

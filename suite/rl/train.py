@@ -213,7 +213,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
     torch.set_num_threads(cfg.threads)
     if not world.main:
         console = Console(quiet=True)
-    flow, algo, task = resolve(cfg.precision), recipe.algorithm(cfg), get_task(cfg.task, cfg.data)
+    flow, algo, task = resolve(cfg.precision), recipe.algorithm(cfg), get_task(cfg.task, cfg.data, cfg.include_path)
     cfg_dict = cfgmod.to_dict(cfg)
     run_dir = Path(cfg.out) / cfg.name / run_dir_name(cfg.task, cfg.algorithm, cfg.precision, cfg.seed)
     summary_path = run_dir / "summary.json"

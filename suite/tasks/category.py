@@ -38,7 +38,7 @@ SEP = "="  # ends the prompt: the response starts after it
 
 
 class CategoryTask:
-    """One word of each prompt label's category (``suite/tasks/task_files/category.yaml``)."""
+    """One word of each prompt label's category (``tasks/category.yaml``)."""
 
     def __init__(self, spec: dict):
         self.spec = spec

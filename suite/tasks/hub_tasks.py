@@ -1,12 +1,15 @@
-"""Math tasks read from the Hugging Face hub or from a local copy: ``sanity_r1d``, ``math``, ``gsm8k``.
+"""Math tasks whose rows come from files: ``sanity_r1d``, ``math``, ``gsm8k``, and the user's own.
 
-Each task file in ``suite/tasks/task_files/`` names, per split, a hub repo and the files inside it; the rows are
-read with ``datasets.load_dataset`` and turned into ``Item``s by one small function per row
-format (``verl``: the published sanity-test schema; ``math``: problem/solution[/answer];
-``gsm8k``: question/answer). Where the rows come from is one string, ``data``:
+Each task file of kind ``dataset`` (``tasks/*.yaml``, or a folder on the task path) names, per split, the
+files of a hub repo or local files (relative to the task file); the rows are read with
+``datasets.load_dataset`` and turned into ``Item``s by one small function per row format (``verl``: the
+published sanity-test schema, verl's own; ``math``: problem/solution[/answer]; ``gsm8k``: question/answer).
+The reward is the suite's math reward (``boxed``, ``gsm8k``: suite/tasks/math_reward.py) or the task's own
+``reward.function``, called as verl calls a custom reward: ``fn(data_source, solution_str, ground_truth,
+extra_info)``. Where the rows come from is one string, ``data``:
 
-- ``None``: the hub (``load_dataset(repo, data_files=...)``; honours ``HF_HUB_OFFLINE``, so an
-  offline machine uses the local HF cache or fails at once);
+- ``None``: the files the task file names (hub ones with ``load_dataset(repo, data_files=...)``, which
+  honours ``HF_HUB_OFFLINE``, so an offline machine uses the local HF cache or fails at once);
 - a directory: a snapshot of the repo(s), the same relative file layout;
 - a ``.parquet``/``.jsonl`` file: the train split only;
 - ``"train=A.parquet,test=B.jsonl"``: files (or globs) per split.
@@ -27,6 +30,7 @@ from pathlib import Path
 from suite.names import unknown
 from suite.tasks import math_reward
 from suite.tasks.item import Item
+from suite.tasks.spec import REWARD_KINDS, load_function
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +43,8 @@ class DataError(ValueError):
 # Each maps one dataset row to (id, prompt, answer, messages, reference body), or None to drop it.
 
 def _verl_row(row: dict, index: int, stem: str, suffix: str):
-    """VeRL schema (sail/Sanity-Test-R1D-1.5B): the messages are given, the suffix is already in them."""
+    """VeRL schema (sail/Sanity-Test-R1D-1.5B, verl's data_preprocess output): the messages are given, the suffix
+    is already in them; ``data_source`` and ``extra_info`` go to a task's own reward function."""
     messages = tuple((str(m["role"]), str(m["content"])) for m in row["prompt"])
     user = [c for r, c in messages if r == "user"] or [messages[-1][1]]
     truth = row["reward_model"]["ground_truth"]
@@ -80,7 +85,7 @@ def _offline() -> bool:
 def _sources(task: str, splits: dict, data: str | None) -> dict[str, list[tuple[str | None, str]]]:
     """split -> [(hub repo or None for a local path, file or glob)]. Local paths are checked here."""
     if data is None:
-        return {s: [(v["repo"], f) for f in v["files"]] for s, v in splits.items()}
+        return {s: [(v.get("repo"), f) for f in v["files"]] for s, v in splits.items()}
     if "=" in data:  # "train=A,test=B"
         out = {}
         for part in data.split(","):
@@ -154,7 +159,7 @@ def _first_line(e: Exception) -> str:
 # ---------------------------------------------------------------------------- the task
 
 class HubTask:
-    """A math task whose items come from a dataset (``suite/tasks/task_files/{sanity_r1d,math,gsm8k}.yaml``).
+    """A math task whose items come from a dataset (``tasks/{sanity_r1d,math,gsm8k}.yaml``, or the user's own).
 
     Public surface, besides ``split``/``trace``/``reward`` (the task protocol of suite/tasks/registry.py):
     ``eval`` (the task file's evaluation settings: splits, metric, n, temperature, top_p),
@@ -172,9 +177,10 @@ class HubTask:
         if self.format not in FORMATS:
             raise unknown(f"task {self.name}: format", self.format, FORMATS)
         reward = spec.get("reward") or {}
-        self.reward_kind = str(reward.get("kind", "boxed"))
-        if self.reward_kind not in ("boxed", "gsm8k"):
-            raise unknown(f"task {self.name}: reward.kind", self.reward_kind, ("boxed", "gsm8k"))
+        self.reward_kind = str(reward.get("kind", "function" if "function" in reward else "boxed"))
+        if self.reward_kind not in REWARD_KINDS:
+            raise unknown(f"task {self.name}: reward.kind", self.reward_kind, REWARD_KINDS)
+        self._reward_fn = load_function(reward["function"], self.name) if self.reward_kind == "function" else None
         self.require_think = bool(reward.get("require_think", False))
         self.timeout = float(reward.get("timeout", math_reward.DEFAULT_TIMEOUT))
         self.eval = dict(spec.get("eval") or {})
@@ -187,9 +193,11 @@ class HubTask:
         suffix = str(spec.get("prompt_suffix") or "")
         sources = _sources(self.name, spec["splits"], data)
         hint = "a directory with " + ", ".join(dict.fromkeys(f for v in spec["splits"].values() for f in v["files"]))
-        self.source = data if data is not None else ", ".join(sorted({v["repo"] for v in spec["splits"].values()}))
+        self.source = data if data is not None else ", ".join(sorted({v.get("repo") or f for v in spec["splits"].values()
+                                                                       for f in v["files"]}))
         self._items: dict[str, list] = {}
         self._traces: dict[str, str] = {}
+        self._row_info: dict[str, tuple] = {}  # id -> (data_source, extra_info) of verl rows, for a reward function
         self.dropped: dict[str, int] = {}
         rows_by_file: dict[tuple, list[dict]] = {}  # `test` reuses the aime files
         prompts: dict[str, str] = {}  # id -> prompt: ids name prompts across splits
@@ -208,6 +216,8 @@ class HubTask:
                     if prompts.setdefault(id_, prompt) != prompt:
                         raise DataError(f"task {self.name}: two different prompts share the id '{id_}' ({file})")
                     items.append(Item(id=id_, prompt=prompt, answer=answer, messages=messages))
+                    if self._reward_fn is not None:
+                        self._row_info[id_] = (str(row.get("data_source") or self.name), row.get("extra_info") or {})
                     self._traces[id_] = self._format_trace(body, answer)
             if dropped:
                 log.warning("task %s: split %s: dropped %d rows without a ground truth", self.name, split, dropped)
@@ -243,9 +253,24 @@ class HubTask:
     def reward(self, item, response: str, truncated: bool) -> float:
         """The task's rule-based reward (suite/tasks/math_reward.py); never blocks longer than ``timeout``
         (plus a worker restart after a timeout)."""
+        if self.reward_kind == "function":
+            return self._own_reward(item, response, truncated)
         if self.reward_kind == "gsm8k":
             return math_reward.gsm8k_reward(response, item.answer, truncated, self.require_think)
         return math_reward.boxed_reward(response, item.answer, truncated, self.timeout, self.require_think)
+
+    def _own_reward(self, item, response: str, truncated: bool) -> float:
+        """The task's ``reward.function`` with verl's custom-reward signature; a truncated response scores 0
+        without a call, as in every task of the suite. A dict return is read at ``score`` (verl allows both)."""
+        if truncated:
+            return 0.0
+        data_source, extra_info = self._row_info.get(item.id, (self.name, {}))
+        out = self._reward_fn(data_source, response, item.answer, extra_info)
+        score = out.get("score") if isinstance(out, dict) else out
+        if isinstance(score, bool) or not isinstance(score, (int, float)):
+            raise TypeError(f"task {self.name}: reward.function returned {out!r}; it must return a number "
+                            "(or a dict with a numeric 'score')")
+        return float(score)
 
     def reward_stats(self) -> dict:
         """Cumulative symbolic-check counters (timeouts, refused, crashes, symbolic) of this process."""

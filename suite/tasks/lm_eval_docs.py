@@ -1,18 +1,17 @@
 """The documents of the embedded transfer tasks: six lm-eval tasks over the arith family's alphabet
 ("0123456789+=,#"), two per transfer group, generated from a task's held-out split and a seeded RNG
-(nothing from a hub). Their lm-eval YAMLs are in suite/tasks/task_files/lm_eval/; suite/rl/evaluate.py
+(nothing from a hub). Their lm-eval YAMLs are in suite/tasks/lm_eval_files/; suite/rl/evaluate.py
 writes the documents into the cache and runs lm-eval on them (docs/transfer.md).
 """
 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import yaml
 
-from suite.tasks.registry import TASK_DIR
-
-LM_EVAL_TASKS = TASK_DIR / "lm_eval"
+LM_EVAL_TASKS = Path(__file__).resolve().parent / "lm_eval_files"
 GENERATOR_VERSION = 1  # bump when a generator below changes its documents
 
 

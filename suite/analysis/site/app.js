@@ -196,7 +196,12 @@
   }
 
   function recipeCell(e) {
-    return el("a", { href: "#/entry/" + encodeURIComponent(e.id), class: "entry-link", text: e.algorithm });
+    var link = el("a", { href: "#/entry/" + encodeURIComponent(e.id), class: "entry-link", text: e.algorithm });
+    // A name verl and TRL use for other settings says so next to the name (suite/rl/algo_table.py elsewhere()).
+    var m = e.algorithm_meaning, note = m && m.elsewhere;
+    if (!note || note.indexOf("NOT ") !== 0) return link;
+    return el("span", {}, [link, " ", el("span", { class: "badge namewarn", title: note,
+      text: "not " + note.slice(4).split(" (")[0] })]);
   }
 
   var COLS = {
@@ -344,6 +349,9 @@
       el("span", { class: "fw", text: e.framework })]));
     root.appendChild(el("p", { class: "muted" }, ["task ", el("code", { text: e.task }), ", machine class ", el("code", { text: hit.c.id }),
       ", entry ", el("code", { text: e.id })]));
+    if (e.algorithm_meaning) {
+      root.appendChild(el("p", { class: "algo-words" }, [el("strong", { text: "Algorithm " + e.algorithm + ": " }), e.algorithm_meaning.words]));
+    }
     var place = e.rank !== null ? "ranked #" + e.rank + (e.reproduction.status === "stale" ? " among the entries that no longer reproduce" : "") : "not ranked: " + e.why;
     root.appendChild(el("p", { class: "placing" }, [el("strong", { text: "Standing: " }), place, " ", statusBadge(e)]));
     root.appendChild(el("p", { class: "muted small", text: "Reproduction: " + e.reproduction.why }));
