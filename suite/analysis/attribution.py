@@ -116,7 +116,7 @@ def table_markdown(summary: dict, title: str) -> str:
 def waterfall(summary: dict, stem: Path, title: str, metrics=("k3", "out_0.9_1.1")) -> list[str]:
     """Waterfall per metric: base, then each source's one-on effect and the interaction stacked up to the full stack;
     the whiskers are the effects' 95% intervals."""
-    from suite.analysis.figures import DPI, save  # noqa: F401 -- matplotlib set up there (Agg backend)
+    from suite.analysis.figures import save  # sets matplotlib up first (Agg backend, the report style)
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.6 * len(metrics), 3.8), squeeze=False)

@@ -36,7 +36,6 @@ import copy
 import itertools
 import tempfile
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import torch
 
