@@ -250,6 +250,44 @@ def cmd_mismatch(args: list[str]) -> int:
     return bench.mismatch_main(args)
 
 
+def cmd_attribute(args: list[str]) -> int:
+    """suite attribute [key=value ...] [--batches N] [--seeds N] [--sources a,b] [--top-p P] [--out DIR]: the mismatch of a stack by source.
+
+    On the same batches, from a matched pair (the trainer replaying the sampler's own decode loop: mismatch 0)
+    each source switched on alone, and from the full stack each switched off alone, with the interaction:
+    per source its effect and share of k3 KL, mean |dp|, the token-multiplicative error and the fraction of
+    ratios outside [0.9, 1.1], with bootstrap intervals over batches x seeds; a table and a waterfall figure
+    (docs/attribution.md). Sources: kernels, fp8_weights (FP8-rollout flows), kv_fp8, top_p, staleness,
+    micro_batch. key=value are run-config fields (precision=bf16, engine=vllm, tier=...).
+
+      --batches N   prompt batches of the run's size (default 4)
+      --seeds N     sampling seeds per batch (default 2)
+      --sources     a subset of the flow's stack (default: all of it)
+      --top-p P     the nucleus of the top_p source (default 0.8, TRL issue 7269's setting)
+      --out DIR     default <out>/attribute/<precision>__<engine>"""
+    from suite.analysis import attribution
+
+    return attribution.cli(args)
+
+
+def cmd_gate(args: list[str]) -> int:
+    """suite gate [key=value ...] [--calibrate] [--flows a,b] [--batches N] [--seeds N] [--band FILE] [--ledger FILE]: a CI gate on step-0 mismatch.
+
+    Measures each flow's step-0 mismatch on a fixed probe (the config's policy, its first perfectible prompts,
+    fixed seeds) and compares it with a band (mean + 3 sd over batches x seeds) calibrated with --calibrate and
+    stored with the torch, vLLM and transformers versions and the machine class; exit 1 outside it. Published
+    framework thresholds are printed beside it. Each calibration and check is appended to a ledger keyed by
+    those versions and the machine class (docs/attribution.md).
+
+      --calibrate   measure --batches x --seeds times per flow and write the band (default: every main flow)
+      --flows       flows to calibrate or check (default: those of the band file)
+      --band FILE   default results/gate/<machine class>__<tier>.json
+      --ledger FILE default ledger.jsonl next to the band"""
+    from suite.experiments import gate
+
+    return gate.main(args)
+
+
 def cmd_report(args: list[str]) -> int:
     """suite report RESULTS_DIR [--out DIR]: write the reproducibility report of a results directory.
 
@@ -377,7 +415,7 @@ def cmd_ls(args: list[str]) -> int:
 
 
 COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "table": cmd_table, "bench": cmd_bench,
-            "mismatch": cmd_mismatch, "sweep": cmd_sweep, "grids": cmd_grids, "ls": cmd_ls,
+            "mismatch": cmd_mismatch, "attribute": cmd_attribute, "gate": cmd_gate, "sweep": cmd_sweep, "grids": cmd_grids, "ls": cmd_ls,
             "bench-memory": cmd_bench_memory, "report": cmd_report, "hypotheses": cmd_hypotheses,
             "leaderboard": cmd_leaderboard, "submit": cmd_submit, "transfer": cmd_transfer, "reference": cmd_reference,
             "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import,

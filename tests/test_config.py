@@ -16,7 +16,11 @@ from suite.rl import config
     (["tier=huge"], "tier", "allowed: smoke, small, full"),
     (["samples_per_prompt=1"], "samples_per_prompt", "must be >= 2"),
     (["updates_per_step=3"], "updates_per_step", "must divide"),
-    (["sampling.top_p=0.9"], "sampling.top_p", "must be 1.0 for training"),
+    (["sampling.top_p=0"], "sampling.top_p", "(0, 1]"),
+    (["sampling.top_k=-1"], "sampling.top_k", "must be >= 0"),
+    (["sampling.truncation=renormalize"], "sampling.truncation", "none, renormalise"),
+    (["kv_cache=fp4"], "kv_cache", "auto, fp8"),
+    (["staleness=-1"], "staleness", "must be >= 0"),
     (["eval.top_p=0"], "eval.top_p", "(0, 1]"),
     # Non-finite numbers and zero counts: refused here, not as a crash mid-run (ZeroDivisionError, NaN loss).
     (["optim.lr=inf"], "optim.lr", "must be a finite number"),
@@ -48,7 +52,7 @@ def test_bad_config_names_the_field(overrides, field, words):
     assert words.lower() in msg.lower(), msg
 
 
-@pytest.mark.parametrize("override", ["optim.lr=inf", "updates_per_step=0", "precision=[bf16", "sampling.top_p=0.5"])
+@pytest.mark.parametrize("override", ["optim.lr=inf", "updates_per_step=0", "precision=[bf16", "sampling.top_p=1.5"])
 def test_cli_refuses_bad_input_with_one_line_and_exit_2(override, tmp_path, capsys):
     from suite import cli
 

@@ -30,8 +30,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from suite.numerics import moe
-from suite.numerics.fp8 import fp8_linear, fp8_linear_inference, quantize_blockwise
+from suite.numerics import moe, truncation
+from suite.numerics.fp8 import fake_quant_kv, fp8_linear, fp8_linear_inference, quantize_blockwise
 from suite.numerics.perturbation import NoiseStream, Perturbation, perturb
 from suite.numerics.precision import lowp_attention, lowp_linear
 
@@ -50,6 +50,13 @@ class Rollout:
     logprobs: torch.Tensor  # (B, R) fp32 sampler log-probs of the sampled tokens, 0 off-mask
     truncated: list[bool]  # True when max_new_tokens was hit before EOS (finish reason "length")
     routes: torch.Tensor | None = None  # MoE: (B, P+R, L, k) experts of every position (left-padded prompt + response)
+    # Truncated sampling (top-k / top-p; suite/numerics/truncation.py): the kept ids (B, R, K), -1 padded, and the
+    # kept mass (B, R) of the full distribution; None without truncation. logprobs are then renormalised over them.
+    kept: torch.Tensor | None = None
+    kept_mass: torch.Tensor | None = None
+    # The sampler's full fp32 log-distribution (B, R, V), only when asked (generate(keep_dist=True)): the
+    # full-vocabulary divergences of `suite attribute` and `suite gate`.
+    dist: torch.Tensor | None = None
 
     @property
     def finish_reasons(self) -> list[str]:
@@ -74,11 +81,14 @@ class Rollout:
 
         def pad(t, value):
             return F.pad(t, (0, R - t.shape[1]), value=value)
+        kept = parts[0].kept is not None
         return Rollout(prompt_ids=[x for p in parts for x in p.prompt_ids],
                        tokens=torch.cat([pad(p.tokens, PAD) for p in parts]),
                        mask=torch.cat([pad(p.mask, 0.0) for p in parts]),
                        logprobs=torch.cat([pad(p.logprobs, 0.0) for p in parts]),
-                       truncated=[x for p in parts for x in p.truncated])
+                       truncated=[x for p in parts for x in p.truncated],
+                       kept=truncation.pad_kept([p.kept for p in parts], R) if kept else None,
+                       kept_mass=torch.cat([pad(p.kept_mass, 1.0) for p in parts]) if kept else None)
 
 
 def eos_ids(config) -> list[int]:
@@ -105,8 +115,11 @@ class TorchEngine:
 
     def __init__(self, config, dtype: torch.dtype, backend: str = "native", device: str = "cpu",
                  lm_head_fp32: bool = False, functional_cache: bool = False, quant: str | None = None,
-                 perturbation: Perturbation | None = None):
+                 perturbation: Perturbation | None = None, kv_quant: str | None = None):
         self.cfg = config
+        # kv_quant="fp8": every K and V is stored in (and read back from) an FP8 E4M3 cache with one scale per
+        # tensor, as vLLM's kv_cache_dtype="fp8" (fp8.fake_quant_kv); the weights and activations keep ``dtype``.
+        self.kv_quant = kv_quant
         # A synthetic mismatch added to the sampled distribution only (dose-response runs; perturbation.py).
         self.perturbation = perturbation or Perturbation()
         # Mixture of experts (Mixtral layout): experts per token; routes to replay in score_full (B, S, L, k).
@@ -246,6 +259,8 @@ class TorchEngine:
                 k = _rms_norm(k, self.w[p + "self_attn.k_norm.weight"], self.eps)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
+            if self.kv_quant == "fp8":  # what attention reads is what the cache holds, the new token's K/V included
+                k, v = fake_quant_kv(k), fake_quant_kv(v)
             if self.functional_cache:
                 kc, vc = cache[i]
                 cache[i] = (kc, vc) = (k, v) if kc is None else (torch.cat([kc, k], 2), torch.cat([vc, v], 2))
@@ -289,8 +304,12 @@ class TorchEngine:
     # ---- sampling ------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | torch.Tensor) -> Rollout:
+                 generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False) -> Rollout:
         """Sample one response per prompt (prompts are left padded into one batch).
+
+        Truncated sampling (``top_p < 1`` or ``top_k > 0``): the token is drawn from the kept set, and the
+        recorded log-prob is renormalised over it, as vLLM's processed log-probs are; the kept ids and the kept
+        mass are recorded (suite/numerics/truncation.py). ``keep_dist``: also record the full log-distribution.
 
         ``generator``: a torch.Generator (one stream for the batch: the tokens depend on the batch
         composition), or a (B,) tensor of per-sequence seeds (``sequence_seeds``): sequence b then
@@ -305,6 +324,8 @@ class TorchEngine:
         mask = torch.zeros(B, max_new_tokens, device=dev)
         done = torch.zeros(B, dtype=torch.bool, device=dev)
         logits, cache, valid, last_pos = self._start(ids, valid_prompt, max_new_tokens)
+        trunc = truncation.active(top_p, top_k)
+        kept, masses, dists = [], [], []
         routes = None
         if self.top_k:  # the experts each position ran through, (B, P + N, L, k); -1 where no forward ran (last token)
             routes = torch.full((B, P + max_new_tokens, self.cfg.num_hidden_layers, self.top_k), -1, dtype=torch.long)
@@ -315,10 +336,20 @@ class TorchEngine:
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
             if self.perturbation.active:  # the sampler draws from, and records, the perturbed distribution
                 logp = perturb(logp, self.perturbation, z.next(B) if z is not None else None)
-            tok = _sample(logp, top_p, generator if noise is None else noise[:, t])
+            keep = truncation.keep_mask(logp, top_p, top_k) if trunc else None
+            tok = _sample(logp, keep, generator if noise is None else noise[:, t])
             live = ~done
             tokens[:, t] = torch.where(live, tok, PAD)
-            logps[:, t] = torch.where(live, logp.gather(1, tok[:, None])[:, 0], 0.0)
+            if trunc:
+                ids_t = truncation.kept_ids(keep)
+                lp, log_mass = truncation.renormalised(logp, tok, ids_t)
+                kept.append(torch.where(live[:, None], ids_t, -1).cpu())
+                masses.append(torch.where(live, log_mass.exp(), 1.0).cpu())
+            else:
+                lp = logp.gather(1, tok[:, None])[:, 0]
+            if keep_dist:
+                dists.append(logp.cpu())
+            logps[:, t] = torch.where(live, lp, 0.0)
             mask[:, t] = live.float()
             done |= torch.isin(tok, self.eos)
             if bool(done.all()) or t == max_new_tokens - 1:
@@ -329,7 +360,10 @@ class TorchEngine:
                 routes[:, P + t] = torch.stack(self.routes_seen, 2)[:, 0].cpu()
         return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens[:, : t + 1].cpu(),
                        mask=mask[:, : t + 1].cpu(), logprobs=logps[:, : t + 1].cpu(), truncated=(~done).tolist(),
-                       routes=None if routes is None else routes[:, : P + t + 1])
+                       routes=None if routes is None else routes[:, : P + t + 1],
+                       kept=truncation.stack_kept(kept) if trunc else None,
+                       kept_mass=torch.stack(masses, 1) if trunc else None,
+                       dist=torch.stack(dists, 1) if keep_dist else None)
 
     def training_weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Weights for a differentiable forward from the trainer's fp32 masters (casts kept in the
@@ -359,7 +393,7 @@ class TorchEngine:
 
     def score_full(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
                    temperature: float, weights: dict[str, torch.Tensor],
-                   routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   routes: torch.Tensor | None = None, kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies (B, R) from ONE full-sequence pass of this engine's own forward.
 
         The unified FP8 flow's trainer: the sampler's computation is a subgraph of it (same
@@ -382,34 +416,50 @@ class TorchEngine:
             finally:
                 self.functional_cache, self.replay_routes = self_fc, None
             logp_all = torch.log_softmax(logits[:, -n_resp - 1:-1].float() / temperature, dim=-1)
-            return logp_all.gather(-1, targets[..., None])[..., 0], -(logp_all.exp() * logp_all).sum(-1)
+            return _picked(logp_all, targets, kept), -(logp_all.exp() * logp_all).sum(-1)
         finally:
             self._use(saved)
 
     def score(self, ids: torch.Tensor, valid_prompt: torch.Tensor, tokens: torch.Tensor, temperature: float,
-              weights: dict[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              weights: dict[str, torch.Tensor] | None = None, kept: torch.Tensor | None = None,
+              full: bool = False) -> tuple[torch.Tensor, ...]:
         """Log-probs and entropies (B, R) of ``tokens`` by replaying the decode loop, teacher-forced.
 
         The same ops in the same order as ``generate`` on the same batch, so with the same weights
         the result is bitwise the sampler's (the ``exact`` flow). ``weights`` (from
-        ``cast_weights(..., detach=False)``) replace the synced ones, keeping autograd.
+        ``cast_weights(..., detach=False)``) replace the synced ones, keeping autograd. ``kept`` (B, R, K): the
+        sampler's kept ids, renormalised over as ``generate`` does; ``full``: also return the (B, R, V) log-probs.
         """
         saved = self._use(weights)
         try:
             B, P = ids.shape
             R = tokens.shape[1]
             logits, cache, valid, last_pos = self._start(ids, valid_prompt, R)
-            logps, ents = [], []
+            logps, ents, alls = [], [], []
             for t in range(R):
                 logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
-                logps.append(logp.gather(1, tokens[:, t:t + 1])[:, 0])
+                logps.append(_picked(logp, tokens[:, t], None if kept is None else kept[:, t]))
                 ents.append(-(logp.exp() * logp).sum(-1))
+                if full:
+                    alls.append(logp)
                 if t < R - 1:
                     last_pos = last_pos + 1
                     logits = self._forward(tokens[:, t:t + 1], last_pos[:, None], cache, P + t, valid)
-            return torch.stack(logps, 1), torch.stack(ents, 1)
+            out = torch.stack(logps, 1), torch.stack(ents, 1)
+            return (*out, torch.stack(alls, 1)) if full else out
         finally:
             self._use(saved)
+
+
+def _picked(logp_all: torch.Tensor, targets: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
+    """Log-probs of ``targets`` from full log-probs (..., V); renormalised over ``kept`` ids where given, with
+    the function the sampler used (truncation.renormalised), so identical kernels give identical numbers.
+    A row whose kept ids are all -1 (past the end of its response) keeps the full log-prob."""
+    full = logp_all.gather(-1, targets[..., None])[..., 0]
+    if kept is None:
+        return full
+    renorm = truncation.renormalised(logp_all, targets, kept.to(logp_all.device))[0]
+    return torch.where((kept >= 0).any(-1).to(logp_all.device), renorm, full)
 
 
 def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -446,18 +496,17 @@ def uniforms(seeds: torch.Tensor, n: int, device) -> torch.Tensor:
     return torch.stack(rows).to(device)
 
 
-def _sample(logp: torch.Tensor, top_p: float, rng: torch.Generator | torch.Tensor) -> torch.Tensor:
-    """Draw one token per row from exp(logp), optionally restricted to the top-p nucleus.
+def _sample(logp: torch.Tensor, keep: torch.Tensor | None, rng: torch.Generator | torch.Tensor) -> torch.Tensor:
+    """Draw one token per row from exp(logp), optionally restricted to the kept set ``keep`` (B, V) bool
+    (top-k / top-p, truncation.keep_mask).
 
     ``rng``: a generator (torch.multinomial over the batch), or (B,) uniforms u: inverse-CDF
     sampling, token = the first index whose cumulative probability exceeds u x total, computed
     per row in fp64 (a zero-probability token is never drawn).
     """
     probs = logp.exp()
-    if top_p < 1.0:
-        sp, si = probs.sort(dim=-1, descending=True)
-        drop = sp.cumsum(-1) - sp > top_p  # keep the smallest prefix whose mass reaches top_p
-        probs = torch.zeros_like(probs).scatter(-1, si, sp.masked_fill(drop, 0.0))
+    if keep is not None:
+        probs = probs.masked_fill(~keep, 0.0)
     if isinstance(rng, torch.Generator):
         if rng.device == probs.device:
             return torch.multinomial(probs, 1, generator=rng)[:, 0]

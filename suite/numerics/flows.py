@@ -92,6 +92,17 @@ FLOWS: dict[str, Flow] = {
 }
 
 
+# The sampler's KV cache, a knob of its own (config kv_cache): a stack's KV cache precision is chosen apart from its
+# weights' (vLLM's kv_cache_dtype, NeMo-RL's FP8 KV cache gate is 2x its FP8-weights one). name -> the quantiser
+# the built-in engine applies (suite/numerics/fp8.py fake_quant_kv) and the vLLM kv_cache_dtype it maps to.
+KV_CACHE = {"auto": (None, "auto"), "fp8": ("fp8", "fp8")}
+
+
+def kv_quant(choice: str) -> str | None:
+    """The KV quantiser of a ``kv_cache`` choice (None: the cache holds the sampler's dtype)."""
+    return lookup("kv_cache", choice, KV_CACHE)[0]
+
+
 def main_flows() -> list[str]:
     """The flows of the main grids (sanity, precision ablation): every row but the controls."""
     return [n for n, f in FLOWS.items() if not f.control]

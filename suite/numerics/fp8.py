@@ -313,3 +313,13 @@ def fp8_linear_inference(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, b:
     if b is not None:
         y = y + b.float()
     return y.to(out_dtype).reshape(*x.shape[:-1], N)
+
+
+# ---- KV cache ----------------------------------------------------------------------------
+def fake_quant_kv(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """K or V as an FP8 E4M3 KV cache holds it: one scale per tensor, x_hat = e4m3(x / scale) * scale, back in
+    ``x.dtype``. vLLM's ``kv_cache_dtype="fp8"`` with a checkpoint that carries no k/v scales uses scale 1.0
+    (``set_default_quant_scales``, vLLM 0.32), so 1.0 is the default here. The gradient passes straight
+    through (a trainer that runs the sampler's code keeps its graph)."""
+    q = (_to_e4m3(x.float() / scale).float() * scale).to(x.dtype)
+    return x + (q - x).detach() if x.requires_grad else q

@@ -243,3 +243,80 @@ def mechanism_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, 
         if bool(at.any()):
             out[f"mech/entropy/pos_{_bin_name(lo, hi)}"] = float(ent[at].mean())
     return out
+
+
+# ---- diagnostics of issue 30: ratio bands, full-vocabulary divergences, length bias -----------
+# Where practitioners draw their lines (TRL issue 6789 counts tokens outside [0.9, 1.1]; "mean IS weight outside
+# [0.5, 2]" is the usual warning). NeMo-RL's token-multiplicative probability error, mean_t exp|log pi - log mu|,
+# is mismatch/exp_abs_logprob_diff/mean above.
+RATIO_BANDS = ((0.9, 1.1), (0.5, 2.0))
+
+
+def ratio_band_fractions(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """mech/ratio_out/{lo}-{hi}: the fraction of response tokens whose raw ratio pi_t / mu_t lies outside [lo, hi]."""
+    log_ratio, m = _masked_log_ratio(trainer_logp, sampler_logp, mask)
+    tok = log_ratio[m]
+    if tok.numel() == 0:
+        return {f"mech/ratio_out/{lo:g}-{hi:g}": math.nan for lo, hi in RATIO_BANDS}
+    return {f"mech/ratio_out/{lo:g}-{hi:g}": float(((tok < math.log(lo)) | (tok > math.log(hi))).double().mean())
+            for lo, hi in RATIO_BANDS}
+
+
+def distribution_divergence(trainer_dist: Tensor, sampler_dist: Tensor, mask: Tensor) -> dict[str, float]:
+    """Full-vocabulary divergences between the engines' next-token distributions, mean over response tokens.
+
+    trainer_dist, sampler_dist: (B, T, V) log-probabilities (log pi, log mu) over the whole vocabulary, where
+    both are available (the built-in engine's ``keep_dist``, the trainer's ``log_distribution``). Keys:
+      dist/kl_sampler_trainer   KL(mu || pi) = sum_v mu (log mu - log pi): what k1/k3 estimate from sampled tokens
+      dist/kl_trainer_sampler   KL(pi || mu)
+      dist/tv                   total variation 1/2 sum_v |pi - mu|
+    Tokens a side gives probability 0 (-inf log-prob) contribute 0 where the other side's probability is 0 too.
+    """
+    m = mask.bool()
+    if not bool(m.any()):
+        return {k: math.nan for k in ("dist/kl_sampler_trainer", "dist/kl_trainer_sampler", "dist/tv")}
+    lp, lm = trainer_dist.detach().double()[m], sampler_dist.detach().double()[m]  # (N, V)
+    p, q = lp.exp(), lm.exp()
+
+    def kl(a, la, lb):  # sum_v a (la - lb), 0 log 0 = 0
+        return torch.where(a > 0, a * (la - lb), torch.zeros_like(a)).sum(-1)
+    return {"dist/kl_sampler_trainer": float(kl(q, lm, lp).mean()), "dist/kl_trainer_sampler": float(kl(p, lp, lm).mean()),
+            "dist/tv": float(0.5 * (p - q).abs().sum(-1).mean())}
+
+
+# Sequence-level corrections and what each does to a sequence, from its raw weight w = prod_t rho_t (log-space):
+# (name, source, affected(seq_log_ratio, length) -> bool). The suite's own at its C = 3 (suite/rl/algo_table.py);
+# TRL's default vllm_importance_sampling_mode="sequence_mask" with cap 3 (TRL 1.16; TRL issue 4772: with a mean
+# signed per-token gap of 0.012 every sequence longer than ln 3 / 0.012 ~ 92 tokens is masked); verl's
+# rollout_corr defaults (rollout_is_threshold 2.0: sequence truncation; rollout_rs rejection with lower bound
+# 1 / upper; geometric-mean rejection at 1 +- 0.001, the length-normalised alternative).
+SEQUENCE_RULES = (
+    ("suite_seq_tis", "suite grpo_seq_tis / pg_seq_tis, C = 3: w truncated to 3", lambda s, n: s > math.log(3.0)),
+    ("suite_seq_mis", "suite grpo_seq_mis / pg_seq_mis, C = 3: masked when w > 3", lambda s, n: s > math.log(3.0)),
+    ("trl_sequence_mask", "TRL default: sequence_mask, cap 3", lambda s, n: s > math.log(3.0)),
+    ("verl_seq_is", "verl rollout_is=sequence, threshold 2: w truncated to 2", lambda s, n: s > math.log(2.0)),
+    ("verl_seq_rs", "verl rollout_rs=sequence, threshold 2, lower 1/2: rejected outside [1/2, 2]",
+     lambda s, n: s.abs() > math.log(2.0)),
+    ("verl_geo_rs", "verl rollout_rs=geometric, 1 +- 0.001: rejected when exp(mean_t log rho) is outside",
+     lambda s, n: ((s / n) > math.log(1.001)) | ((s / n) < math.log(0.999))),
+)
+
+
+def length_bias(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor) -> dict[str, float]:
+    """mech/lenbias/{rule}/len_{lo-hi}: the fraction of the sequences of each response-length bin (LENGTH_BINS) that
+    each sequence-level correction of SEQUENCE_RULES truncates or masks, on these log-probs; and
+    mech/lenbias/{rule}/all over every sequence. A rule whose fraction grows with length is length-biased."""
+    log_ratio, m = _masked_log_ratio(trainer_logp, sampler_logp, mask)
+    rows = m.any(-1)
+    if not bool(rows.any()):
+        return {}
+    s, n = log_ratio.sum(-1)[rows], m.sum(-1)[rows].double()
+    out = {}
+    for name, _, affected in SEQUENCE_RULES:
+        hit = affected(s, n)
+        out[f"mech/lenbias/{name}/all"] = float(hit.double().mean())
+        for lo, hi in LENGTH_BINS:
+            sel = (n >= lo) & (n <= hi)
+            if bool(sel.any()):
+                out[f"mech/lenbias/{name}/len_{_bin_name(lo, hi)}"] = float(hit[sel].double().mean())
+    return out

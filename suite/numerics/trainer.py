@@ -30,7 +30,7 @@ import math
 import torch
 
 from suite import dist
-from suite.numerics import moe
+from suite.numerics import moe, truncation
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import (
     Flow,
@@ -88,11 +88,17 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _logp_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _logp_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
+                  kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of ``targets`` and the entropy, (B, R) each, from compute-dtype logits (B, R, V): log_softmax
-    in fp32 on the logits divided by the sampling temperature, exactly as the sampler."""
+    in fp32 on the logits divided by the sampling temperature, exactly as the sampler. ``kept`` (B, R, K):
+    the sampler's kept ids (truncated sampling, sampling.truncation=renormalise): the log-prob is renormalised
+    over them (suite/numerics/truncation.py); the entropy stays the full distribution's."""
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, R, V)
-    logp = logp_all.gather(-1, targets[..., None])[..., 0]
+    if kept is not None:
+        logp = truncation.renormalised(logp_all, targets, kept)[0]
+    else:
+        logp = logp_all.gather(-1, targets[..., None])[..., 0]
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
@@ -101,7 +107,8 @@ class Trainer:
     """Holds the fp32 master model (FSDP2-sharded over a world), its optimizer and loss scaler."""
 
     def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False,
-                 world: dist.World | None = None, gradient_checkpointing: bool = False, logprob_chunk: int = 0):
+                 world: dist.World | None = None, gradient_checkpointing: bool = False, logprob_chunk: int = 0,
+                 kv_quant: str | None = None):
         self.world = world or dist.World()
         self.device = torch.device(self.world.device)
         self.model = model.float().to(self.device)
@@ -127,13 +134,17 @@ class Trainer:
                          (lambda x, w: lowp_linear(x, w, None, self.dtype)) if emulated else None)
         # The exact flow (bitwise on-policy, vLLM + TorchTitan style): score with the sampler's
         # own forward, replaying its decode loop, so trainer and sampler run identical kernels.
+        # kv_quant: the sampler's KV cache format (config kv_cache); only the flows that run the sampler's code
+        # apply it, the HF module has no KV cache to quantise (that difference is the source it measures).
         self.replay = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
-                                   functional_cache=True, device=str(self.device)) if flow.exact else None)
+                                   functional_cache=True, device=str(self.device), kv_quant=kv_quant)
+                       if flow.exact else None)
         # The unified flows (Jet-RL's FP8 one, and the bf16/fp16 controls): the trainer's forward runs the
         # sampler's own code (its activation dtype, the same FP8 quantisers) on the full sequence, so the
         # sampler's computation is a subgraph of it; only GEMM shapes differ.
         self.unified = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
-                                    quant=flow.trainer_quant, device=str(self.device)) if flow.unified else None)
+                                    quant=flow.trainer_quant, device=str(self.device), kv_quant=kv_quant)
+                        if flow.unified else None)
         self.logprob_chunk = logprob_chunk
         if gradient_checkpointing:
             if self.replay is not None or self.unified is not None:  # config.validate refuses it first
@@ -229,18 +240,21 @@ class Trainer:
         return seen
 
     def logprobs(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
-                 temperature: float, routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 temperature: float, routes: torch.Tensor | None = None,
+                 kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs (B, R) of ``targets`` (the last ``n_resp`` tokens) and the entropy (B, R).
 
         ids/attn (B, P+R); the logits at position t predict token t+1. log_softmax runs in fp32
         on the compute-dtype logits divided by the sampling temperature, exactly as the sampler.
         ``routes`` (B, P+R, L, k): a mixture of experts runs each position through these experts (routing replay).
+        ``kept`` (B, R, K): the sampler's kept ids, to renormalise over (truncated sampling).
         """
+        kept = None if kept is None else kept.to(self.device)
         if self.routing is None:
-            return self._logprobs(ids, attn, n_resp, targets, temperature, None)
+            return self._logprobs(ids, attn, n_resp, targets, temperature, None, kept)
         self.routing.replay, self.routing.seen = (None if routes is None else routes.to(self.device)), {}
         try:
-            return self._logprobs(ids, attn, n_resp, targets, temperature, routes)
+            return self._logprobs(ids, attn, n_resp, targets, temperature, routes, kept)
         finally:
             self.routing.replay = None
 
@@ -252,30 +266,43 @@ class Trainer:
             return torch.stack(self.unified.routes_seen, 2) if self.unified.routes_seen else None
         return self.routing.chosen(batch)
 
-    def _logprobs(self, ids, attn, n_resp, targets, temperature, routes):
+    def _logprobs(self, ids, attn, n_resp, targets, temperature, routes, kept=None):
         # One place moves a batch to this rank's device, for every flow: the HF module's, the replayed decode
         # loop's (exact) and the sampler code's (unified) forward alike.
         ids, attn, targets = ids.to(self.device), attn.to(self.device), targets.to(self.device)
         if self.replay is not None:
             weights = self.replay.training_weights(dict(self.model.named_parameters()))
-            return self.replay.score(ids[:, :-n_resp], attn[:, :-n_resp].bool(), targets, temperature, weights)
+            return self.replay.score(ids[:, :-n_resp], attn[:, :-n_resp].bool(), targets, temperature, weights, kept)
         if self.unified is not None:
             weights = self.unified.training_weights(dict(self.model.named_parameters()))
             return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights,
-                                           None if routes is None else routes.to(self.device))
+                                           None if routes is None else routes.to(self.device), kept)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
         logits = logits[:, -n_resp - 1:-1]  # (B, R, V)
         if not self.logprob_chunk or self.logprob_chunk >= n_resp:
-            return _logp_entropy(logits, targets, temperature)
+            return _logp_entropy(logits, targets, temperature, kept)
         # Chunks of positions, each recomputed in the backward pass: the fp32 log-softmax of one chunk is alive
         # at a time. Positions are independent, so the values equal the unchunked ones.
         from torch.utils.checkpoint import checkpoint
 
-        parts = [checkpoint(_logp_entropy, logits[:, i:i + self.logprob_chunk], targets[:, i:i + self.logprob_chunk],
-                            temperature, use_reentrant=False) for i in range(0, n_resp, self.logprob_chunk)]
+        c = self.logprob_chunk
+        parts = [checkpoint(_logp_entropy, logits[:, i:i + c], targets[:, i:i + c], temperature,
+                            None if kept is None else kept[:, i:i + c], use_reentrant=False) for i in range(0, n_resp, c)]
         return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
+
+    @torch.no_grad()
+    def log_distribution(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, temperature: float) -> torch.Tensor:
+        """The trainer's full fp32 log-distribution (B, R, V) at each response position (HF module flows): for the
+        full-vocabulary divergences of ``suite attribute`` and ``suite gate`` (mismatch.distribution_divergence)."""
+        if self.replay is not None or self.unified is not None:
+            raise ValueError(f"precision {self.flow.name}: the full distribution is read from the sampler's code")
+        ids, attn = ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(1) - 1).clamp(min=0)
+        with self._autocast():
+            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
+        return torch.log_softmax(logits[:, -n_resp - 1:-1].float() / temperature, dim=-1)
 
     def set_lr(self, lr: float) -> None:
         """The learning rate of the next update (the schedule is a pure function of the update index,

@@ -20,9 +20,16 @@ below exists from 0.21 to 0.33, read from those releases' sources, except the we
 - **sampler log-probs**: ``logprobs_mode="processed_logprobs"`` makes the returned log-prob the
   ``log_softmax`` of the fp32 logits *after* temperature (``v1/sample/sampler.py``: ``sample`` ->
   ``topk_topp_sampler``), the same quantity the built-in engine records and the trainer recomputes.
-  With ``top_p < 1`` vLLM renormalises over the nucleus first, the built-in engine records the
-  log-prob before the cut, and the trainer never applies it, so training refuses ``top_p < 1``
-  (suite/rl/config.py; the published recipe uses 1.0); held-out evaluation may use it (``eval.top_p``).
+- **truncated sampling** (``top_p < 1`` or ``top_k > 0`` in training, ``truncating``): vLLM samples from its
+  kept set, but its processed log-probs are already renormalised and say nothing of the kept mass. So such an
+  engine runs ``logprobs_mode="raw_logprobs"`` and asks for every token's log-prob (``logprobs=-1``,
+  ``max_logprobs=-1``): vLLM's full distribution at each position (raw = before temperature, hence refused
+  with a temperature other than 1), from which suite/numerics/truncation.py derives the kept ids, the kept
+  mass and the renormalised log-prob with the same function as the built-in engine (and checks that vLLM's
+  token is in that kept set).
+- **KV cache**: ``kv_cache_dtype`` from the table's ``KV_CACHE`` (``"fp8"``: E4M3, per-tensor scale 1.0 without
+  checkpoint scales, ``layers/attention/attention.py``; the CPU backend needs AVX-512 or AMX and head sizes
+  divisible by 32).
 - **seeds**: one ``SamplingParams(seed=...)`` per request, drawn from the run's step generator, so a
   run is reproducible and a response does not depend on its neighbours in the batch (vLLM keeps one
   ``torch.Generator`` per seeded request, ``v1/worker/gpu_input_batch.py``).
@@ -111,6 +118,9 @@ def check_supported(cfg) -> None:
         raise ValueError(f"precision: '{cfg.precision}' needs an FP8 sampler, and {where} cannot quantise: "
                          f"{fp8_capable()[1]}. Supported here: {', '.join(supported_flows())}; "
                          f"or use engine=torch (FP8 emulation).")
+    if (cfg.sampling.top_p < 1 or cfg.sampling.top_k > 0) and cfg.sampling.temperature != 1.0:
+        raise ValueError(f"sampling.temperature: truncated sampling with {where} reads vLLM's raw distribution, taken "
+                         "before temperature, so it needs temperature 1 (or use engine=torch).")
     if cfg.lm_head_fp32:
         raise ValueError(f"lm_head_fp32: not supported with {where} (vLLM computes the output head in the model "
                          f"dtype); use engine=torch.")
@@ -205,10 +215,15 @@ def load_weights(llm, weights: list[tuple[str, torch.Tensor]], takes_iterator: b
 class VllmEngine:
     """A vLLM ``LLM`` in this process, configured from the precision table and ``cfg.vllm``."""
 
-    def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0, world=None):
+    def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0, world=None, kv_cache: str = "auto",
+                 truncating: bool = False):
         _set_env()
         from vllm import LLM
 
+        from suite.numerics.flows import KV_CACHE
+
+        self.truncating = truncating
+        self.kv_cache = kv_cache
         self.flow = flow
         self.dtype = flow.sampler_dtype
         self.quant = flow.sampler_quant
@@ -225,7 +240,9 @@ class VllmEngine:
         self.llm = LLM(
             model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,  # ids in, ids out
             dtype=self.dtype, quantization=FP8_METHOD if self.quant == "fp8" else None,
-            logprobs_mode="processed_logprobs", generation_config="vllm",  # vLLM's defaults, not the model's
+            logprobs_mode="raw_logprobs" if truncating else "processed_logprobs",
+            **({"max_logprobs": -1} if truncating else {}), kv_cache_dtype=KV_CACHE[kv_cache][1],
+            generation_config="vllm",  # vLLM's defaults, not the model's
             seed=seed, max_model_len=vcfg.max_model_len, gpu_memory_utilization=vcfg.gpu_memory_fraction,
             kv_cache_memory_bytes=None if kv is None else int(kv * 2**30), enforce_eager=vcfg.enforce_eager,
             tensor_parallel_size=vcfg.tensor_parallel_size, enable_sleep_mode=vcfg.enable_sleep_mode,
@@ -283,28 +300,43 @@ class VllmEngine:
 
     # ---- sampling ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | torch.Tensor) -> Rollout:
+                 generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False) -> Rollout:
         """One response per prompt; temperature 0 is greedy decoding. ``generator``: the batch's generator,
-        or (B,) per-sequence seeds (engine.sequence_seeds), each request's own seeded stream."""
+        or (B,) per-sequence seeds (engine.sequence_seeds), each request's own seeded stream. Truncated sampling
+        and ``keep_dist`` need an engine started with ``truncating`` (every token's log-prob is returned)."""
         from vllm import SamplingParams, TokensPrompt
+
+        from suite.numerics import truncation
 
         if self.asleep:  # e.g. the second chunk of an evaluation: the same weights, slept after the first
             self._wake()
         seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
                  else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
-        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=0, max_tokens=max_new_tokens,
-                                 seed=s, logprobs=0, stop_token_ids=self.eos, detokenize=False) for s in seeds]
+        full = truncation.active(top_p, top_k) or keep_dist
+        if full and not (self.truncating and temperature == 1.0):
+            raise ValueError("engine=vllm: truncated sampling (or the full distribution) needs an engine started with "
+                             "truncating=True and temperature 1 (vLLM's raw log-probs are taken before temperature)")
+        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0,
+                                 max_tokens=max_new_tokens, seed=s, logprobs=-1 if full else 0,
+                                 stop_token_ids=self.eos, detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         B, R = len(prompts), max(len(o.outputs[0].token_ids) for o in outs)
         tokens = torch.full((B, R), PAD, dtype=torch.long)
         logps = torch.zeros(B, R)
         mask = torch.zeros(B, R)
-        truncated = []
+        truncated, dists = [], []
         for b, o in enumerate(outs):
             c = o.outputs[0]
             ids = list(c.token_ids)
-            # logprobs=0 returns the sampled token's (processed) log-prob for every position.
-            lp = [step[t].logprob for step, t in zip(c.logprobs, ids)]
+            if full:  # vLLM's whole distribution at every position (B, R, V)
+                V = max(len(step) for step in c.logprobs)
+                d = torch.full((R, V), -torch.inf)
+                for t, step in enumerate(c.logprobs):
+                    d[t, list(step)] = torch.tensor([x.logprob for x in step.values()])
+                dists.append(d)
+                lp = [0.0] * len(ids)  # filled below from the distribution
+            else:  # logprobs=0 returns the sampled token's (processed) log-prob for every position.
+                lp = [step[t].logprob for step, t in zip(c.logprobs, ids)]
             tokens[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
             logps[b, :len(ids)] = torch.tensor(lp, dtype=torch.float32)
             mask[b, :len(ids)] = 1.0
@@ -314,8 +346,9 @@ class VllmEngine:
         if self.sleep_mode:  # free the device for the trainer until the next sync
             self.llm.sleep(level=1)
             self.asleep = True
-        return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens, mask=mask, logprobs=logps,
+        roll = Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens, mask=mask, logprobs=logps,
                        truncated=truncated)
+        return _from_distribution(roll, torch.stack(dists), top_p, top_k, keep_dist) if full else roll
 
     def close(self) -> None:
         """Shut the engine down and release vLLM's process-wide state, so another can start."""
@@ -326,6 +359,30 @@ class VllmEngine:
             llm.llm_engine.engine_core.shutdown()
             del llm
         cleanup_dist_env_and_memory()
+
+
+def _from_distribution(roll: Rollout, dist: torch.Tensor, top_p: float, top_k: int, keep_dist: bool) -> Rollout:
+    """Log-probs, kept ids and kept mass of a rollout from vLLM's full distribution (B, R, V), with the functions
+    of the built-in engine (suite/numerics/truncation.py); a token outside the kept set means vLLM cut differently."""
+    from suite.numerics import truncation
+
+    m = roll.mask.bool()
+    V = dist.shape[-1]
+    logp = torch.log_softmax(torch.where(m[..., None], dist, torch.zeros(V)), dim=-1)  # pads: a harmless uniform row
+    tok = roll.tokens.clamp(max=V - 1)
+    if truncation.active(top_p, top_k):
+        keep = truncation.keep_mask(logp.view(-1, V), top_p, top_k).view_as(logp)
+        if not bool(keep.gather(-1, tok[..., None])[..., 0][m].all()):
+            raise RuntimeError("engine=vllm: vLLM sampled a token outside the kept set the suite computes for "
+                               f"top_p={top_p}, top_k={top_k} (a different cut rule); the log-probs would be wrong")
+        kept = torch.where(m[..., None], truncation.kept_ids(keep), -1)
+        lp, log_mass = truncation.renormalised(logp, tok, kept)
+        roll.kept, roll.kept_mass = kept, torch.where(m, log_mass.exp(), 1.0)
+    else:
+        lp = logp.gather(-1, tok[..., None])[..., 0]
+    roll.logprobs = torch.where(m, lp, 0.0)
+    roll.dist = logp if keep_dist else None
+    return roll
 
 
 def _free_cached_device_memory() -> None:

@@ -233,8 +233,10 @@ def _task_names(cfg):
 
 def validate(cfg: RunConfig) -> RunConfig:
     """Check a resolved config; raise ValueError naming the first bad field."""
+    from suite.numerics.flows import KV_CACHE
     from suite.numerics.perturbation import KINDS
     from suite.numerics.precision import FLOWS, gemm_backend
+    from suite.numerics.truncation import TRUNCATION
     from suite.rl.algo_table import ALGORITHMS
 
     _choice("task", cfg.task, _task_names(cfg))
@@ -280,9 +282,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("optim.weight_decay", lambda c: c.optim.weight_decay >= 0, "must be >= 0"),
         ("optim.grad_clip", lambda c: c.optim.grad_clip > 0, "must be > 0"),
         ("sampling.temperature", lambda c: c.sampling.temperature > 0, "must be > 0"),
-        ("sampling.top_p", lambda c: c.sampling.top_p == 1.0,
-         "must be 1.0 for training: the trainer scores the full distribution, so a nucleus cut would make the "
-         "sampler's and the trainer's log-probs disagree (held-out evaluation has eval.top_p)"),
+        ("sampling.top_p", lambda c: 0.0 < c.sampling.top_p <= 1.0, "must be in (0, 1] (1: no nucleus cut)"),
+        ("sampling.top_k", lambda c: c.sampling.top_k >= 0, "must be >= 0 (0: no top-k cut)"),
+        ("sampling.truncation", lambda c: c.sampling.truncation in TRUNCATION, f"must be one of {', '.join(TRUNCATION)}"),
+        ("kv_cache", lambda c: c.kv_cache in KV_CACHE, f"must be one of {', '.join(KV_CACHE)}"),
+        ("staleness", lambda c: c.staleness >= 0, "must be >= 0 (0: the sampler holds the current weights)"),
+        ("staleness", lambda c: c.staleness == 0 or c.nproc * c.nnodes == 1,
+         "asynchronous rollouts are not supported sharded (nproc x nnodes must be 1)"),
         ("sampling.max_new_tokens", lambda c: c.sampling.max_new_tokens >= 1, pos[0]),
         ("perfectible.k", lambda c: c.perfectible.k >= 2, "must be >= 2 (a pass rate needs several samples)"),
         ("perfectible.lo", lambda c: 0.0 <= c.perfectible.lo <= 1.0, "must be in [0, 1]"),

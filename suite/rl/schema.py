@@ -34,9 +34,15 @@ class SamplingConfig:
     temperature: float = 1.0
     """Sampling temperature; trainer log-probs are computed at the same temperature."""
     top_p: float = 1.0
-    """Nucleus sampling mass of the rollouts. Must be 1.0 for training: the sampler would record the
-    log-prob before the nucleus cut (built-in engine) or after renormalising (vLLM) while the trainer
-    scores the full distribution, so the three would disagree. Held-out evaluation has eval.top_p."""
+    """Nucleus sampling mass of the rollouts (1.0: off, the published recipe). Below 1 both engines draw from the
+    kept set, record their log-prob renormalised over it (vLLM's processed log-probs), the kept ids and the kept
+    mass; ``truncation`` says what the trainer does about it (suite/numerics/truncation.py)."""
+    top_k: int = 0
+    """Top-k sampling of the rollouts (0: off); applied before top_p, as vLLM does."""
+    truncation: str = "renormalise"
+    """What the trainer does when the rollouts are truncated (top_p < 1 or top_k > 0): renormalise (its log-prob
+    renormalised over the sampler's kept set, the fix of TRL 7269 / vLLM RFC 42259) or none (it scores the whole
+    vocabulary: the common bug, a ratio whose mean is the kept mass). No effect without truncation."""
     max_new_tokens: Optional[int] = None
     """Response budget; a response that hits it is truncated and scores 0. None: task trace length + 8."""
 
@@ -161,6 +167,15 @@ class RunConfig:
     """Precision flow: one row of the table in suite/numerics/flows.py (``suite ls flows``: each engine's dtype)."""
     lm_head_fp32: bool = False
     """Compute the output head in fp32 in the sampler and the trainer together (ScaleRL, MiniMax-M1)."""
+    kv_cache: str = "auto"
+    """The sampler's KV cache, apart from its weights and activations (suite/numerics/flows.py KV_CACHE): auto (the
+    flow's sampler dtype) or fp8 (E4M3 with one scale per tensor, vLLM's kv_cache_dtype="fp8"). The trainer has no
+    KV cache; flows that train through the sampler's code (exact, unified) apply it too."""
+    staleness: int = 0
+    """Rollouts sampled with weights this many RL steps (weight syncs) old, as asynchronous trainers do (prime-rl's
+    async level, AReaL, verl's fully-async mode); 0: synchronous, today's loop. Above 0 each step also logs the
+    split of the mismatch into staleness/numeric/* (trainer vs sampler at the sampling weights) and
+    staleness/lag/* (the trainer now vs the trainer at the sampling weights)."""
     algorithm: str = "grpo"
     """Algorithm: one row of the table in suite/rl/algo_table.py. What each name computes is listed under
     Algorithms below and by ``suite ls algorithms``. grpo is the sanity test's Dr.GRPO with clip-higher 0.2/0.28,

@@ -34,10 +34,13 @@ from rich.progress import (
 from suite import dist, results
 from suite.numerics import flops, fp8, machine, moe
 from suite.numerics.engine import Rollout, TorchEngine, left_pad, sequence_seeds
+from suite.numerics.flows import kv_quant
 from suite.numerics.mismatch import (
+    length_bias,
     mechanism_metrics,
     mismatch_anatomy,
     mismatch_metrics,
+    ratio_band_fractions,
 )
 from suite.numerics.perturbation import Perturbation
 from suite.numerics.precision import gemm_backend, resolve
@@ -51,7 +54,7 @@ from suite.results import (
     run_dir_name,
     truncate_jsonl,
 )
-from suite.rl import checkpoint, data, loggers, perfectible, recipe
+from suite.rl import checkpoint, data, loggers, perfectible, recipe, staleness
 from suite.rl import config as cfgmod
 from suite.rl.algos import (
     compute_advantages,
@@ -172,7 +175,8 @@ def build_trainer(cfg, model, world: dist.World | None = None):
     flow, world = resolve(cfg.precision), world or dist.World()
     backend = gemm_backend(cfg.gemm, flow.trainer_dtype, world.device.split(":")[0])
     return Trainer(model, flow, backend, cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world,
-                   gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk)
+                   gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk,
+                   kv_quant=kv_quant(cfg.kv_cache))
 
 
 def build_engines(cfg, model, world: dist.World | None = None):
@@ -190,10 +194,12 @@ def build_engines(cfg, model, world: dist.World | None = None):
         if not model.name_or_path:
             raise ValueError("engine=vllm: the policy must be loaded from a directory (load_policy), vLLM starts from it")
         backends["sampler"] = "vllm"
-        return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed, world=world), backends
+        return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed, world=world, kv_cache=cfg.kv_cache,
+                                   truncating=cfg.sampling.top_p < 1 or cfg.sampling.top_k > 0), backends
     engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32,
                          functional_cache=flow.exact, quant=flow.sampler_quant, device=world.device,
-                         perturbation=Perturbation(cfg.inject.kind, cfg.inject.scale, cfg.inject.threshold))
+                         perturbation=Perturbation(cfg.inject.kind, cfg.inject.scale, cfg.inject.threshold),
+                         kv_quant=kv_quant(cfg.kv_cache))
     return trainer, engine, backends
 
 
@@ -250,17 +256,23 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         engines.append(engine)  # closed in `finally`: a vLLM engine holds GPU memory until it is shut down
         # The KL reference: the starting policy, frozen, scored with the trainer's numerics (also on resume).
         ref = build_trainer(cfg, load_policy(model_dir)[0], world) if cfg.algo.kl_coef else None
+        # Asynchronous rollouts (staleness k > 0): the weight history, and a scoring-only trainer at the sampling weights
+        history = staleness.WeightHistory(cfg.staleness)
+        then = build_trainer(cfg, load_policy(model_dir)[0], world) if cfg.staleness else None
         start = checkpoint.load(run_dir, trainer, world)
         for name in ("metrics.jsonl", "timing.jsonl", "mechanism.jsonl"):
             if world.main and (run_dir / name).exists():
                 truncate_jsonl(run_dir / name, start)
-        engine.sync(trainer.full_weights())
+        engine.sync(history.push(trainer.full_weights()))
+        if then is not None:
+            then.model.load_state_dict(history.snaps[0])
         observed = trainer.observe()
         if world.main:
             atomic_write_json(run_dir / "env.json", env_info({
                 "machine_class": machine.describe(cfg.gemm, cfg.threads),
                 "precision": flow.describe(), "gemm_backend": backends, "lm_head_fp32": cfg.lm_head_fp32,
                 "engine": cfg.engine, "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
+                **({"kv_cache": cfg.kv_cache} if cfg.kv_cache != "auto" else {}),
                 "trainer_observed": observed, "world": world.describe(),
                 **({"fp8_gemm": fp8.gemm_path(trainer.device)} if "fp8" in (flow.trainer_quant, flow.sampler_quant)
                    else {}),
@@ -290,7 +302,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 batch = [items[i] for i in step_prompts(len(items), step, cfg.prompts_per_step, cfg.seed)]
                 prompts = [prompt_ids(tok, batch[g]) for g in mine for _ in range(G)]
                 mine_roll = engine.generate(prompts, cfg.sampling.max_new_tokens, T, cfg.sampling.top_p,
-                                            sequence_seeds(cfg.seed, step, mine, G))
+                                            sequence_seeds(cfg.seed, step, mine, G), top_k=cfg.sampling.top_k)
                 texts = tok.batch_decode(mine_roll.response_ids(), skip_special_tokens=True)
                 mine_rewards = grade(task, [batch[mine[i // G]] for i in range(len(texts))], texts,
                                      mine_roll.truncated, cfg.reward_workers)
@@ -308,21 +320,30 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 own = torch.arange(B).tensor_split(world.size)[world.rank]
                 # MoE: the sampler's experts, replayed in every trainer forward of this rollout (routing_replay)
                 replay = roll.routes if cfg.routing_replay else None
+                # truncated sampling: the sampler's kept ids, which the trainer renormalises over (sampling.truncation)
+                kept = roll.kept if cfg.sampling.truncation == "renormalise" else None
+
+                def keep(c):
+                    return None if kept is None else kept[c]
                 flips = []  # MoE: share of (position, layer) whose expert set the trainer chose differently
                 with torch.no_grad():  # in micro-batches: (B, R, vocab) fp32 logits of a real model do not fit at once
                     parts = []
                     for c in micro_batches(own, cfg.micro_batch):
                         parts.append(tuple(t.cpu() for t in trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T,
-                                                                             None if replay is None else replay[c])))
+                                                                             None if replay is None else replay[c],
+                                                                             keep(c))))
                         chosen = trainer.chosen_routes(len(c)) if roll.routes is not None else None
                         if chosen is not None:
                             flips.append(moe.flip_fraction(roll.routes[c], chosen, attn[c].bool()))
                     parts = [p for rank_parts in dist.gather_objects(parts, world) for p in rank_parts]
                     old_logp, entropy = torch.cat([a for a, _ in parts]), torch.cat([b for _, b in parts])  # (B, R)
                     if ref is not None:
-                        parts = [ref.logprobs(ids[c], attn[c], R, roll.tokens[c], T)[0].cpu()
+                        parts = [ref.logprobs(ids[c], attn[c], R, roll.tokens[c], T, kept=keep(c))[0].cpu()
                                  for c in micro_batches(own, cfg.micro_batch)]
                         ref_logp = torch.cat([p for rank_parts in dist.gather_objects(parts, world) for p in rank_parts])
+                    if then is not None:  # the trainer's numerics at the sampling weights (one rank: config.validate)
+                        then_logp = torch.cat([then.logprobs(ids[c], attn[c], R, roll.tokens[c], T, kept=keep(c))[0].cpu()
+                                               for c in micro_batches(own, cfg.micro_batch)])
                 t_logp = time.perf_counter()
 
                 # ---- mismatch: sampler (mu) vs trainer (pi) on the same tokens, before any update
@@ -334,7 +355,13 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     row["ppo/clip_frac_gap"] = gap_clip
                 # every run, any algorithm: raw IS weights, lengths, entropy by position, and the share PPO's clip
                 # would zero at the first update with the sampler's denominator (counterfactual under ppo_ref=trainer)
+                if then is not None:
+                    row.update(staleness.split(old_logp, then_logp, roll.logprobs, roll.mask))
                 mech = {"step": step, **mechanism_metrics(old_logp, roll.logprobs, roll.mask, entropy),
+                        **ratio_band_fractions(old_logp, roll.logprobs, roll.mask),
+                        **length_bias(old_logp, roll.logprobs, roll.mask),
+                        **({"mech/kept_mass/mean": float(roll.kept_mass[roll.mask.bool()].mean())}
+                           if roll.kept_mass is not None else {}),
                         **({"mech/gap_clip_frac": gap_clip} if gap_clip is not None else {}),
                         **({"mech/moe/route_flip_frac": float(np.nanmean(flips))} if flips else {})}
 
@@ -351,7 +378,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 for u, mb in enumerate(perm.chunk(cfg.updates_per_step)):
                     def loss_fn(c):
                         logp, ent = trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T,
-                                                     None if replay is None else replay[c])
+                                                     None if replay is None else replay[c], keep(c))
                         loss, metrics = policy_loss(algo, logp, old_d[c], mu_d[c], adv_d[c], mask_d[c],
                                                     norm_len=cfg.sampling.max_new_tokens)
                         loss, extra = regularised_loss(loss, logp, ent, None if ref_d is None else ref_d[c], mask_d[c],
@@ -365,7 +392,9 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                     micro = micro_batches(mb.tensor_split(world.size)[world.rank], cfg.micro_batch)
                     weights = accumulation_weights(micro, roll.mask, algo.agg, whole=mb)
                     updates.append(trainer.step([(functools.partial(loss_fn, c), w) for c, w in zip(micro, weights)]))
-                engine.sync(trainer.full_weights())  # weight sync after the optimizer steps
+                engine.sync(history.push(trainer.full_weights()))  # weight sync after the optimizer steps (k old)
+                if then is not None:
+                    then.model.load_state_dict(history.snaps[0])
                 t_update = time.perf_counter()
 
                 # ---- log (rank 0; every number is the global one)

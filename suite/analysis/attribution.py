@@ -1,0 +1,199 @@
+"""The attribution table and waterfall of ``suite attribute``: pure functions of its rows.
+
+Rows (suite/experiments/attribute.py ``run_probe``): one per (configuration, batch, seed) with the metrics of
+``METRICS``. Per metric and replicate (batch, seed):
+
+    total        = full - base                       (base: the matched pair; with vLLM, "kernels only")
+    on[s]        = (base + s) - base                 one source switched on from the base
+    off[s]       = full - (full - s)                 one source switched off from the full stack
+    interaction  = total - sum_s on[s]               so that sum_s on[s] + interaction = total exactly
+    share[s]     = on[s] / total                     (and interaction / total): the shares sum to 1
+
+Means over replicates with 95% percentile-bootstrap intervals (suite/analysis/stats.py). A source whose ``on``
+and ``off`` differ interacts with the others (e.g. truncation shifts which tokens carry the rounding error).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from suite.analysis.stats import bootstrap_ci
+
+METRIC_LABELS = {"k3": "k3 KL", "dp": "mean |dp|", "tme": "token-mult. error - 1",
+                 "out_0.9_1.1": "frac outside [0.9, 1.1]", "out_0.5_2": "frac outside [0.5, 2]",
+                 "kl_full": "full-vocab KL(mu||pi)", "tv": "full-vocab TV"}
+TABLE_METRICS = ("k3", "dp", "tme", "out_0.9_1.1")  # the issue's four: k3 share, mean |dp|, TME, frac outside
+
+
+def _key(config) -> frozenset:
+    return frozenset(config)
+
+
+def _replicates(rows: list[dict]) -> dict:
+    """{(batch, seed): {config: row}}"""
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r["batch"], r["seed"]), {})[_key(r["config"])] = r
+    return out
+
+
+def _interval(values) -> dict:
+    xs = [float(v) for v in values]
+    ci = bootstrap_ci(xs)
+    return {"mean": float(np.mean(xs)), "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "n": len(xs)}
+
+
+def summarise(rows: list[dict], stack: list[str], base: list[str]) -> dict:
+    """Per metric: base and full values, on/off effects, interaction and shares, each with its interval, and the
+    additivity check (max over replicates of |sum on + interaction - total|, 0 up to float addition)."""
+    reps = _replicates(rows)
+    base_k, full_k = _key(base), _key(stack)
+    free = [s for s in stack if s not in base]
+    out = {"stack": list(stack), "base": list(base), "sources": free, "replicates": len(reps), "metrics": {}}
+    for metric in METRIC_LABELS:
+        per = {"base": [], "full": [], "total": [], "interaction": [], "check": []}
+        on = {s: [] for s in free}
+        off = {s: [] for s in free}
+        share = {s: [] for s in free + ["interaction"]}
+        for cfgs in reps.values():
+            b, f = cfgs[base_k][metric], cfgs[full_k][metric]
+            effects = {s: cfgs[base_k | {s}][metric] - b for s in free}
+            total = f - b
+            inter = total - sum(effects.values())
+            per["base"].append(b)
+            per["full"].append(f)
+            per["total"].append(total)
+            per["interaction"].append(inter)
+            per["check"].append(abs(sum(effects.values()) + inter - total))
+            for s in free:
+                on[s].append(effects[s])
+                off[s].append(f - cfgs[full_k - {s}][metric])
+                share[s].append(effects[s] / total if total else math.nan)
+            share["interaction"].append(inter / total if total else math.nan)
+        out["metrics"][metric] = {
+            **{k: _interval(v) for k, v in per.items() if k != "check"},
+            "on": {s: _interval(v) for s, v in on.items()}, "off": {s: _interval(v) for s, v in off.items()},
+            "share": {s: _interval([x for x in v if math.isfinite(x)] or [math.nan]) for s, v in share.items()},
+            "additivity_error": max(per["check"]),
+        }
+    return out
+
+
+def _fmt(iv: dict, pct: bool = False) -> str:
+    if iv["mean"] is None or not math.isfinite(iv["mean"]):
+        return "-"
+    f = (lambda x: f"{100 * x:.0f}%") if pct else (lambda x: f"{x:.2e}")
+    return f(iv["mean"]) + (f" [{f(iv['lo'])}, {f(iv['hi'])}]" if iv["lo"] is not None else "")
+
+
+def table_markdown(summary: dict, title: str) -> str:
+    """The attribution table: one row per source (on effect and share of k3, then the on effects of mean |dp|,
+    TME - 1 and the fraction outside [0.9, 1.1]), the interaction, base and full stack, and the check line."""
+    m = summary["metrics"]
+    head = ["source", "k3: on", "k3 share", "k3: off", *[f"{METRIC_LABELS[k]}: on" for k in TABLE_METRICS[1:]]]
+    lines = [f"**{title}** ({summary['replicates']} replicates = batches x seeds; mean [95% bootstrap interval])", "",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for s in summary["sources"]:
+        lines.append("| " + " | ".join([s, _fmt(m["k3"]["on"][s]), _fmt(m["k3"]["share"][s], True),
+                                        _fmt(m["k3"]["off"][s]), *[_fmt(m[k]["on"][s]) for k in TABLE_METRICS[1:]]])
+                     + " |")
+    lines.append("| " + " | ".join(["interaction", _fmt(m["k3"]["interaction"]), _fmt(m["k3"]["share"]["interaction"], True),
+                                    "", *[_fmt(m[k]["interaction"]) for k in TABLE_METRICS[1:]]]) + " |")
+    base = " + ".join(summary["base"]) or "matched pair"
+    lines.append("| " + " | ".join([f"base ({base})", _fmt(m["k3"]["base"]), "", "",
+                                    *[_fmt(m[k]["base"]) for k in TABLE_METRICS[1:]]]) + " |")
+    lines.append("| " + " | ".join(["full stack", _fmt(m["k3"]["full"]), "100%", "",
+                                    *[_fmt(m[k]["full"]) for k in TABLE_METRICS[1:]]]) + " |")
+    err = max(m[k]["additivity_error"] for k in m)
+    lines += ["", f"Check: for every metric and replicate, sum of the one-on effects + interaction = full - base "
+                  f"(largest deviation {err:.1e}, float addition)."]
+    return "\n".join(lines)
+
+
+def waterfall(summary: dict, stem: Path, title: str, metrics=("k3", "out_0.9_1.1")) -> list[str]:
+    """Waterfall per metric: base, then each source's one-on effect and the interaction stacked up to the full stack;
+    the whiskers are the effects' 95% intervals."""
+    from suite.analysis.figures import save  # sets matplotlib up first (Agg backend, the report style)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.6 * len(metrics), 3.8), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
+        m = summary["metrics"][metric]
+        names = ["base", *summary["sources"], "interaction", "full stack"]
+        steps = [m["base"], *[m["on"][s] for s in summary["sources"]], m["interaction"]]
+        level, x = 0.0, np.arange(len(names))
+        for i, iv in enumerate(steps):
+            bottom = 0.0 if i == 0 else level
+            color = "0.55" if i == 0 else ("tab:red" if iv["mean"] >= 0 else "tab:green")
+            ax.bar(i, iv["mean"], bottom=bottom, color=color, width=0.7)
+            if i and iv["lo"] is not None:
+                ax.errorbar(i, bottom + iv["mean"], yerr=[[iv["mean"] - iv["lo"]], [iv["hi"] - iv["mean"]]],
+                            color="k", capsize=3, lw=0.8)
+            level = bottom + iv["mean"]
+        ax.bar(len(names) - 1, m["full"]["mean"], color="tab:blue", width=0.7)
+        ax.axhline(0, color="k", lw=0.6)
+        ax.set_xticks(x, names, rotation=35, ha="right")
+        ax.set_title(METRIC_LABELS[metric])
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return save(fig, stem)
+
+
+def cli(args: list[str]) -> int:
+    """``suite attribute [key=value ...] [--batches N] [--seeds N] [--sources a,b] [--top-p P] [--out DIR]``."""
+    import argparse
+    import json
+
+    from rich.console import Console
+
+    from suite.experiments import attribute
+    from suite.numerics import machine
+    from suite.results import atomic_write_json, atomic_write_text
+    from suite.rl import config as cfgmod
+
+    p = argparse.ArgumentParser(prog="suite attribute", add_help=False)
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--sources", default=None)
+    p.add_argument("--top-p", type=float, default=0.8)
+    p.add_argument("--out", type=Path, default=None)
+    ns, overrides = p.parse_known_args(args)
+    if ns.batches < 1 or ns.seeds < 1 or ns.batches * ns.seeds < 2:
+        raise ValueError(f"--batches x --seeds: need at least 2 replicates for an interval (got {ns.batches} x {ns.seeds})")
+    if not 0.0 < ns.top_p < 1.0:
+        raise ValueError(f"--top-p: must be in (0, 1) (got {ns.top_p})")
+    cfg = cfgmod.load(overrides)
+    stack = attribute.stack_of(cfg.precision, cfg.engine)
+    if ns.sources:
+        chosen = ns.sources.split(",")
+        bad = [s for s in chosen if s not in stack]
+        if bad:
+            raise ValueError(f"--sources: {', '.join(bad)} not a source of {cfg.precision}'s stack ({', '.join(stack)})")
+        stack = tuple(s for s in stack if s in chosen or (s == "kernels" and cfg.engine == "vllm"))
+    configs = attribute.configurations(stack, cfg.engine)
+    cls = machine.describe(cfg.gemm, cfg.threads)
+    out = ns.out or Path(cfg.out) / "attribute" / f"{cfg.precision}__{cfg.engine}"
+    console = Console()
+    console.print(f"attribute: {cfg.precision}, engine {cfg.engine}, stack {', '.join(stack)}; {len(configs)} "
+                  f"configurations x {ns.batches} batches x {ns.seeds} seeds on {machine.label(cls)}")
+    probe = attribute.build_probe(cfg, ns.batches, ns.seeds, ns.top_p)
+    factory = (lambda on: attribute.vllm_sampler(probe, on)) if cfg.engine == "vllm" else None
+    rows = attribute.run_probe(probe, configs, factory)
+    base = sorted(configs[0])
+    summary = summarise(rows, list(stack), base)
+    summary.update({"precision": cfg.precision, "engine": cfg.engine, "top_p": ns.top_p, "machine_class": cls,
+                    "batches": ns.batches, "seeds": ns.seeds, "responses_per_batch": len(probe.batches[0])})
+    title = (f"{cfg.precision}, engine {cfg.engine}, {machine.label(cls)}: "
+             f"{len(probe.batches[0])} responses x {ns.batches} batches x {ns.seeds} seeds")
+    md = table_markdown(summary, title)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "rows.json", rows)
+    atomic_write_json(out / "attribution.json", summary)
+    atomic_write_text(out / "attribution.md", md + "\n")
+    waterfall(summary, out / "waterfall", title)
+    console.print(md, markup=False, highlight=False)
+    console.print(f"written to {out} (attribution.md, attribution.json, rows.json, waterfall.png)")
+    return 0 if json.dumps(summary, allow_nan=True) else 1
