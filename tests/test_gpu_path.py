@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from suite import dist
-from suite.numerics import engine as engine_mod
+from suite.numerics import sampling
 from suite.numerics.precision import FLOWS, resolve
 from suite.numerics.trainer import Trainer
 from suite.rl import config
@@ -46,14 +46,14 @@ def test_sampling_on_a_device_with_a_cpu_generator(monkeypatch):
 
     monkeypatch.setattr(torch, "multinomial", strict)
     logp = torch.log_softmax(torch.randn(4, 11, generator=torch.Generator().manual_seed(0)), -1)
-    tok = engine_mod._sample(logp.to("meta"), 1.0, torch.Generator().manual_seed(1))
+    tok = sampling.draw(logp.to("meta"), None, torch.Generator().manual_seed(1))
     assert tok.device.type == "meta" and tok.shape == (4,)
     # same device: unchanged, the multinomial draw of the committed references
-    a = engine_mod._sample(logp, 1.0, torch.Generator().manual_seed(1))
+    a = sampling.draw(logp, None, torch.Generator().manual_seed(1))
     assert torch.equal(a, real(logp.exp(), 1, generator=torch.Generator().manual_seed(1))[:, 0])
     # the cross-device path is the inverse CDF of the generator's uniforms: the same tokens on the CPU
     u = torch.rand(4, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    assert torch.equal(engine_mod._sample(logp, 1.0, u), _inverse_cdf(logp, u))
+    assert torch.equal(sampling.draw(logp, None, u), _inverse_cdf(logp, u))
 
 
 def _inverse_cdf(logp, u):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from suite.numerics import moe
-from suite.numerics.engine import sequence_seeds
+from suite.numerics.sampling import sequence_seeds
 from suite.rl.train import batch_tensors
 
 

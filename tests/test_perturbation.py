@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from suite.numerics.engine import TorchEngine, sequence_seeds
+from suite.numerics.engine import TorchEngine
+from suite.numerics.sampling import sequence_seeds
 from suite.numerics.mismatch import mismatch_metrics
 from suite.numerics.perturbation import Perturbation, perturb
 from suite.rl.train import batch_tensors

@@ -36,10 +36,12 @@ import copy
 import itertools
 import tempfile
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 
-from suite.numerics.engine import TorchEngine, sequence_seeds
+from suite.numerics.engine import TorchEngine
+from suite.numerics.sampling import sequence_seeds
 from suite.numerics.mismatch import distribution_divergence, mismatch_metrics, ratio_band_fractions
 from suite.numerics.precision import gemm_backend, resolve
 
@@ -103,7 +105,7 @@ def _replay_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None)
     e = TorchEngine(probe.model.config, dtype, gemm_backend(probe.cfg.gemm, dtype), functional_cache=True)
     e.sync(weights)
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
-    P, R = ids.shape[1] - roll.tokens.shape[1], roll.tokens.shape[1]
+    P = ids.shape[1] - roll.tokens.shape[1]
     parts = []
     for c in torch.arange(len(ids)).split(rows_per_call or len(ids)):
         lp, _, full = e.score(ids[c, :P], attn[c, :P].bool(), roll.tokens[c], probe.cfg.sampling.temperature, full=True)
@@ -222,3 +224,59 @@ def vllm_sampler(probe: Probe, on: frozenset):
                    kv_cache="fp8" if "kv_fp8" in on else "auto", truncating=True)
     e.sync(probe.theta0)
     return e
+
+
+def cli(args: list[str]) -> int:
+    """``suite attribute [key=value ...] [--batches N] [--seeds N] [--sources a,b] [--top-p P] [--out DIR]``."""
+    import argparse
+
+    from rich.console import Console
+
+    from suite.analysis.attribution import summarise, table_markdown, waterfall
+    from suite.numerics import machine
+    from suite.results import atomic_write_json, atomic_write_text
+    from suite.rl import config as cfgmod
+
+    p = argparse.ArgumentParser(prog="suite attribute", add_help=False)
+    p.add_argument("--batches", type=int, default=4)
+    p.add_argument("--seeds", type=int, default=2)
+    p.add_argument("--sources", default=None)
+    p.add_argument("--top-p", type=float, default=0.8)
+    p.add_argument("--out", type=Path, default=None)
+    ns, overrides = p.parse_known_args(args)
+    if ns.batches < 1 or ns.seeds < 1 or ns.batches * ns.seeds < 2:
+        raise ValueError(f"--batches x --seeds: need at least 2 replicates for an interval (got {ns.batches} x {ns.seeds})")
+    if not 0.0 < ns.top_p < 1.0:
+        raise ValueError(f"--top-p: must be in (0, 1) (got {ns.top_p})")
+    cfg = cfgmod.load(overrides)
+    stack = stack_of(cfg.precision, cfg.engine)
+    if ns.sources:
+        chosen = ns.sources.split(",")
+        bad = [s for s in chosen if s not in stack]
+        if bad:
+            raise ValueError(f"--sources: {', '.join(bad)} not a source of {cfg.precision}'s stack ({', '.join(stack)})")
+        stack = tuple(s for s in stack if s in chosen or (s == "kernels" and cfg.engine == "vllm"))
+    configs = configurations(stack, cfg.engine)
+    cls = machine.describe(cfg.gemm, cfg.threads)
+    out = ns.out or Path(cfg.out) / "attribute" / f"{cfg.precision}__{cfg.engine}"
+    console = Console()
+    console.print(f"attribute: {cfg.precision}, engine {cfg.engine}, stack {', '.join(stack)}; {len(configs)} "
+                  f"configurations x {ns.batches} batches x {ns.seeds} seeds on {machine.label(cls)}")
+    probe = build_probe(cfg, ns.batches, ns.seeds, ns.top_p)
+    factory = (lambda on: vllm_sampler(probe, on)) if cfg.engine == "vllm" else None
+    rows = run_probe(probe, configs, factory)
+    base = sorted(configs[0])
+    summary = summarise(rows, list(stack), base)
+    summary.update({"precision": cfg.precision, "engine": cfg.engine, "top_p": ns.top_p, "machine_class": cls,
+                    "batches": ns.batches, "seeds": ns.seeds, "responses_per_batch": len(probe.batches[0])})
+    title = (f"{cfg.precision}, engine {cfg.engine}, {machine.label(cls)}: "
+             f"{len(probe.batches[0])} responses x {ns.batches} batches x {ns.seeds} seeds")
+    md = table_markdown(summary, title)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "rows.json", rows)
+    atomic_write_json(out / "attribution.json", summary)
+    atomic_write_text(out / "attribution.md", md + "\n")
+    waterfall(summary, out / "waterfall", title)
+    console.print(md, markup=False, highlight=False)
+    console.print(f"written to {out} (attribution.md, attribution.json, rows.json, waterfall.png)")
+    return 0

@@ -69,7 +69,7 @@ def probe_identity(cfg) -> dict:
 def measure(cfg, flow: str, model, prompts, batch: int, seed: int) -> dict[str, float]:
     """One step-0 measurement of ``flow``: its sampler draws ``prompts`` with the per-sequence seeds of (seed,
     batch), its trainer scores them at the same parameters; the GATED metrics."""
-    from suite.numerics.engine import sequence_seeds
+    from suite.numerics.sampling import sequence_seeds
     from suite.rl import config as cfgmod
     from suite.rl.train import batch_tensors, build_engines
 

@@ -17,7 +17,7 @@ renormalised:
   sampler that over-weights (scale > 0) the low-probability tail, where the published mismatch
   concentrates (arXiv 2510.26788 section 3: the largest |pi - mu| sit on low-probability tokens).
 
-``z`` is drawn per sequence from its own seed (as the sampler's tokens are, engine.sequence_seeds),
+``z`` is drawn per sequence from its own seed (as the sampler's tokens are, sampling.sequence_seeds),
 so a sequence's perturbation does not depend on the batch it is sampled in or on the rank.
 """
 

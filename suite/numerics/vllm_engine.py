@@ -302,7 +302,7 @@ class VllmEngine:
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
                  generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False) -> Rollout:
         """One response per prompt; temperature 0 is greedy decoding. ``generator``: the batch's generator,
-        or (B,) per-sequence seeds (engine.sequence_seeds), each request's own seeded stream. Truncated sampling
+        or (B,) per-sequence seeds (sampling.sequence_seeds), each request's own seeded stream. Truncated sampling
         and ``keep_dist`` need an engine started with ``truncating`` (every token's log-prob is returned)."""
         from vllm import SamplingParams, TokensPrompt
 

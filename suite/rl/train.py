@@ -33,7 +33,8 @@ from rich.progress import (
 
 from suite import dist, results
 from suite.numerics import flops, fp8, machine, moe
-from suite.numerics.engine import Rollout, TorchEngine, left_pad, sequence_seeds
+from suite.numerics.engine import Rollout, TorchEngine, left_pad
+from suite.numerics.sampling import sequence_seeds
 from suite.numerics.flows import kv_quant
 from suite.numerics.mismatch import (
     length_bias,
