@@ -50,3 +50,34 @@ def test_matched_pair_is_exact_and_sources_measured_on_the_same_batches():
         assert s["metrics"]["k3"]["on"][src]["mean"] > 0
     # the one-on effects and the interaction add up to the full stack, to float addition of a few numbers
     assert all(m["additivity_error"] <= 8 * math.ulp(max(1.0, abs(m["full"]["mean"]))) for m in s["metrics"].values())
+
+
+def test_the_report_shows_each_attribution_with_its_table_check_and_waterfall(tmp_path):
+    """`suite report` of the attribution folder (and of a results directory holding one): the section carries the
+    hand-computed effects and shares of test_summary_adds_up_by_hand, the check line and the waterfall."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from suite.analysis import report
+
+    def row(cfg, k3, seed):
+        return {"config": sorted(cfg), "batch": 0, "seed": seed, **{k: k3 for k in
+                ("k3", "dp", "tme", "out_0.9_1.1", "out_0.5_2", "kl_full", "tv")}}
+    rows = [row(c, v, seed) for seed in (0, 1) for c, v in (([], 0.0), (["a"], 1.0), (["b"], 2.0), (["a", "b"], 4.0))]
+    s = {**summarise(rows, ["a", "b"], []), "precision": "bf16", "engine": "torch", "batches": 1, "seeds": 2,
+         "responses_per_batch": 8, "machine_class": {"id": "cpu-test", "cpu_model": "CPU", "torch": "2.x", "threads": 1}}
+    where = tmp_path / "res" / "attribute" / "bf16__torch"
+    where.mkdir(parents=True)
+    (where / "attribution.json").write_text(json.dumps(s))
+    md = (report.write_report(tmp_path / "res" / "attribute") / "report.md").read_text()
+    assert "Mismatch by source" in md and "bf16, engine torch, cpu-test (CPU; torch 2.x, 1 thread(s)): 8 responses x 1 batches x 2 seeds" in md
+    assert "| a | 1.00e+00 [1.00e+00, 1.00e+00] | 25% [25%, 25%] | 2.00e+00 [2.00e+00, 2.00e+00] |" in md
+    assert "| interaction | 1.00e+00 [1.00e+00, 1.00e+00] | 25% [25%, 25%] |" in md
+    assert "largest deviation 0.0e+00" in md
+    assert (tmp_path / "res" / "attribute" / "report" / "figures" / "attribution_0.png").is_file()
+    # beside runs: the run report gains the section
+    run = next(Path("tests/fixtures/results-2seeds").rglob("summary.json")).parent
+    shutil.copytree(run, tmp_path / "res" / run.name)
+    md = (report.write_report(tmp_path / "res") / "report.md").read_text()
+    assert "Verdicts per cell" in md and "| b | 2.00e+00 [2.00e+00, 2.00e+00] | 50% [50%, 50%] |" in md

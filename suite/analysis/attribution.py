@@ -89,28 +89,78 @@ def _fmt(iv: dict, pct: bool = False) -> str:
     return f(iv["mean"]) + (f" [{f(iv['lo'])}, {f(iv['hi'])}]" if iv["lo"] is not None else "")
 
 
-def table_markdown(summary: dict, title: str) -> str:
+def table_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     """The attribution table: one row per source (on effect and share of k3, then the on effects of mean |dp|,
-    TME - 1 and the fraction outside [0.9, 1.1]), the interaction, base and full stack, and the check line."""
+    TME - 1 and the fraction outside [0.9, 1.1]), the interaction, base and full stack."""
     m = summary["metrics"]
     head = ["source", "k3: on", "k3 share", "k3: off", *[f"{METRIC_LABELS[k]}: on" for k in TABLE_METRICS[1:]]]
-    lines = [f"**{title}** ({summary['replicates']} replicates = batches x seeds; mean [95% bootstrap interval])", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for s in summary["sources"]:
-        lines.append("| " + " | ".join([s, _fmt(m["k3"]["on"][s]), _fmt(m["k3"]["share"][s], True),
-                                        _fmt(m["k3"]["off"][s]), *[_fmt(m[k]["on"][s]) for k in TABLE_METRICS[1:]]])
-                     + " |")
-    lines.append("| " + " | ".join(["interaction", _fmt(m["k3"]["interaction"]), _fmt(m["k3"]["share"]["interaction"], True),
-                                    "", *[_fmt(m[k]["interaction"]) for k in TABLE_METRICS[1:]]]) + " |")
+    rows = [[s, _fmt(m["k3"]["on"][s]), _fmt(m["k3"]["share"][s], True), _fmt(m["k3"]["off"][s]),
+             *[_fmt(m[k]["on"][s]) for k in TABLE_METRICS[1:]]] for s in summary["sources"]]
+    rows.append(["interaction", _fmt(m["k3"]["interaction"]), _fmt(m["k3"]["share"]["interaction"], True), "",
+                 *[_fmt(m[k]["interaction"]) for k in TABLE_METRICS[1:]]])
     base = " + ".join(summary["base"]) or "matched pair"
-    lines.append("| " + " | ".join([f"base ({base})", _fmt(m["k3"]["base"]), "", "",
-                                    *[_fmt(m[k]["base"]) for k in TABLE_METRICS[1:]]]) + " |")
-    lines.append("| " + " | ".join(["full stack", _fmt(m["k3"]["full"]), "100%", "",
-                                    *[_fmt(m[k]["full"]) for k in TABLE_METRICS[1:]]]) + " |")
-    err = max(m[k]["additivity_error"] for k in m)
-    lines += ["", f"Check: for every metric and replicate, sum of the one-on effects + interaction = full - base "
-                  f"(largest deviation {err:.1e}, float addition)."]
-    return "\n".join(lines)
+    rows.append([f"base ({base})", _fmt(m["k3"]["base"]), "", "", *[_fmt(m[k]["base"]) for k in TABLE_METRICS[1:]]])
+    rows.append(["full stack", _fmt(m["k3"]["full"]), "100%", "", *[_fmt(m[k]["full"]) for k in TABLE_METRICS[1:]]])
+    return head, rows
+
+
+def check_sentence(summary: dict) -> str:
+    err = max(v["additivity_error"] for v in summary["metrics"].values())
+    return (f"Check: for every metric and replicate, sum of the one-on effects + interaction = full - base "
+            f"(largest deviation {err:.1e}, float addition).")
+
+
+def caption(summary: dict) -> str:
+    return f"{summary['replicates']} replicates = batches x seeds; mean [95% bootstrap interval]"
+
+
+def table_markdown(summary: dict, title: str) -> str:
+    """The attribution table as Markdown, with its check line (what ``suite attribute`` prints and writes)."""
+    head, rows = table_rows(summary)
+    lines = [f"**{title}** ({caption(summary)})", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join([*lines, "", check_sentence(summary)])
+
+
+def find(root: Path) -> list[Path]:
+    """The ``attribution.json`` files of ``suite attribute`` in a results directory: its ``attribute/<stack>/``
+    folders (the command's default place), or the directory itself when it is one of them or their parent."""
+    root = Path(root)
+    return sorted({*root.glob("attribution.json"), *root.glob("*/attribution.json"),
+                   *root.glob("attribute/*/attribution.json")})
+
+
+def title_of(summary: dict) -> str:
+    """"bf16, engine torch, <class>: 128 responses x 2 batches x 2 seeds"."""
+    from suite.numerics import machine
+
+    cls = summary.get("machine_class")
+    cls = machine.label(cls) if cls and "id" in cls else "unknown class"
+    return (f"{summary.get('precision')}, engine {summary.get('engine')}, {cls}: {summary.get('responses_per_batch')} "
+            f"responses x {summary.get('batches')} batches x {summary.get('seeds')} seeds")
+
+
+def report_section(paths: list[Path], fig_dir: Path) -> list[tuple]:
+    """The report's section "Mismatch by source": per attribution, its table, check and waterfall."""
+    import json
+
+    doc: list[tuple] = [("h", "Mismatch by source (suite attribute)", "attribution"),
+                        ("p", "On the same batches, each source of the mismatch switched on alone from a matched pair "
+                              "(the trainer replaying the sampler's own decode loop: mismatch exactly 0) and off alone "
+                              "from the full stack; the interaction is what the one-at-a-time effects leave of the "
+                              "total (docs/attribution.md).")]
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    for i, path in enumerate(paths):
+        summary = json.loads(Path(path).read_text(encoding="utf-8"))
+        title = title_of(summary)
+        stem = f"attribution_{i}"
+        waterfall(summary, fig_dir / stem, title)
+        head, rows = table_rows(summary)
+        doc += [("p", f"{title} ({path.parent.name})"), ("table", head, rows, caption(summary)),
+                ("p", check_sentence(summary)),
+                ("fig", stem, "Waterfall: base, each source's one-on effect (whiskers: 95% intervals) and the "
+                              "interaction, stacking up to the full stack.")]
+    return doc
 
 
 def waterfall(summary: dict, stem: Path, title: str, metrics=("k3", "out_0.9_1.1")) -> list[str]:

@@ -28,7 +28,7 @@ from suite.analysis import bundle, render
 from suite.analysis.outcomes import machine_sentence
 from suite.analysis.render import IS_PLOT, MISMATCH_PLOT, ratio_caption
 from suite.analysis.runs import Run, load_runs
-from suite.results import PEAK_WINDOW, VERDICT_RULE
+from suite.results import PEAK_WINDOW, VERDICT_RULE, find_run_dirs
 from suite.rl import provenance
 
 # ---------------------------------------------------------------------------- the document
@@ -69,7 +69,7 @@ def algorithm_rows(runs: list[Run]) -> list[list[str]]:
 
 def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     """Every section of the report, drawing the figures into `fig_dir` on the way."""
-    from suite.analysis import figures
+    from suite.analysis import attribution, figures
 
     flows = render.flow_order(r.precision for r in runs)
     cells = render.group_cells(runs)
@@ -200,6 +200,9 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
         doc += [x for r in bad if r.detail for x in (("p", f"{r.label}: last lines of "
                 f"{'error.txt' if (r.dir / 'error.txt').is_file() else 'log.txt'}"), ("pre", r.detail))]
 
+    if found := attribution.find(root):
+        doc += attribution.report_section(found, fig_dir)
+
     head, rows = render.run_table(runs)
     doc += [("h", "Runs", "runs"), ("table", head, rows, "")]
     if notes:
@@ -244,7 +247,14 @@ def command_of(r: Run) -> str:
 def write_report(results_dir: Path, out: Path | None = None) -> Path:
     """Write the report of `results_dir` to `out` (default `<results_dir>/report/`, replaced atomically) and
     return it."""
+    from suite.analysis import attribution
+
     root = Path(results_dir)
+    found = attribution.find(root) if root.is_dir() else []
+    if found and not find_run_dirs(root):  # `suite report runs/attribute`: the attribution section alone
+        return render.write_folder(Path(out) if out is not None else root / "report", lambda fig_dir: (
+            [("p", f"{len(found)} attribution(s) from {root}."), *attribution.report_section(found, fig_dir)],
+            f"Mismatch by source: {root.resolve().name}"))
     runs = load_runs(root)
 
     def build(fig_dir: Path):

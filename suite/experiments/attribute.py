@@ -232,7 +232,7 @@ def cli(args: list[str]) -> int:
 
     from rich.console import Console
 
-    from suite.analysis.attribution import summarise, table_markdown, waterfall
+    from suite.analysis.attribution import summarise, table_markdown, title_of, waterfall
     from suite.numerics import machine
     from suite.results import atomic_write_json, atomic_write_text
     from suite.rl import config as cfgmod
@@ -269,8 +269,7 @@ def cli(args: list[str]) -> int:
     summary = summarise(rows, list(stack), base)
     summary.update({"precision": cfg.precision, "engine": cfg.engine, "top_p": ns.top_p, "machine_class": cls,
                     "batches": ns.batches, "seeds": ns.seeds, "responses_per_batch": len(probe.batches[0])})
-    title = (f"{cfg.precision}, engine {cfg.engine}, {machine.label(cls)}: "
-             f"{len(probe.batches[0])} responses x {ns.batches} batches x {ns.seeds} seeds")
+    title = title_of(summary)
     md = table_markdown(summary, title)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "rows.json", rows)

@@ -397,6 +397,15 @@ def f_grids_table() -> str:
     return "\n".join(lines)
 
 
+def f_attribution(cls: str, stack: str) -> str:
+    """The attribution table of a committed ``suite attribute`` output (results/reference/<class>/attribute/<stack>/
+    attribution.json), with its title and check line, as the command prints it."""
+    from suite.analysis.attribution import table_markdown, title_of
+
+    summary = json.loads((REFERENCE_ROOT / cls / "attribute" / stack / "attribution.json").read_text())
+    return table_markdown(summary, title_of(summary))
+
+
 # ---------------------------------------------------------------------------- names, filling, checking
 FIGURES = {
     "verdicts": f_verdicts, "misses": f_misses, "miss-flows": f_miss_flows, "miss-margin": f_miss_margin,
@@ -405,7 +414,7 @@ FIGURES = {
     "perfectible": f_perfectible, "step0-table": f_step0_table, "cost-table": f_cost_table,
     "final": f_final, "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs,
     "gap-clipped": f_gap_clipped, "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids, "grid-count": f_grid_count,
-    "grids-table": f_grids_table,
+    "grids-table": f_grids_table, "attribution": f_attribution,
 }
 
 
