@@ -247,7 +247,7 @@ def cmd_gate(args: list[str]) -> int:
 def cmd_report(args: list[str]) -> int:
     """suite report RESULTS_DIR [--out DIR]: write the reproducibility report of a results directory.
 
-      RESULTS_DIR  directory holding run directories (or one level of experiment folders)
+      RESULTS_DIR  directory holding run directories (or up to two levels of experiment folders)
       --out DIR    output folder (default: RESULTS_DIR/report)"""
     from suite.analysis import report
 
@@ -281,7 +281,7 @@ def cmd_submit(args: list[str]) -> int:
 def cmd_leaderboard(args: list[str]) -> int:
     """suite leaderboard RESULTS_DIR... [--out DIR]: build the static leaderboard site.
 
-      RESULTS_DIR...  results directories (run bundles, or one level of experiment folders)
+      RESULTS_DIR...  results directories (run bundles, or up to two levels of experiment folders)
       --out DIR       site folder (default: RESULTS_DIR/leaderboard of the first one)"""
     from suite.analysis import leaderboard
 

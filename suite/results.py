@@ -472,15 +472,14 @@ def _is_run_dir(d: Path) -> bool:
     return bool(RUN_NAME.match(d.name)) and any((d / f).is_file() for f in (*RUN_FILES, "error.txt"))
 
 
-def find_run_dirs(root: Path) -> list[Path]:
-    """Run directories in `root` and one level below it (hidden directories skipped)."""
+def find_run_dirs(root: Path, depth: int = 3) -> list[Path]:
+    """Run directories in `root` and up to two levels below it (hidden directories skipped), in path order: a
+    grid's runs, a grid of experiments (``collapse-search/<regime>/<run>``) and a grid of two knobs
+    (``src-top-p/<regime>/<truncation>/<run>``). A run directory is not searched further."""
     root = Path(root)
-    if not root.is_dir():
+    if not root.is_dir() or depth == 0:
         return []
     out = []
     for d in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if _is_run_dir(d):
-            out.append(d)
-        else:
-            out += [c for c in sorted(d.iterdir()) if c.is_dir() and _is_run_dir(c)]
+        out += [d] if _is_run_dir(d) else find_run_dirs(d, depth - 1)
     return out

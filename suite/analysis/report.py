@@ -3,7 +3,7 @@
 ``suite report RESULTS_DIR [--out DIR]`` writes a self-contained folder (default
 ``RESULTS_DIR/report/``): ``index.html`` and ``report.md`` with the same content, and
 ``figures/*.png`` + ``*.svg``. RESULTS_DIR holds run directories
-(``<task>__<algorithm>__<precision>__s<seed>/``), directly or one level down
+(``<task>__<algorithm>__<precision>__s<seed>/``), directly or up to two levels down
 (``results/<name>/<run>/``). The report contains, in order: warnings (cells that differ in
 more than the grid axes, dirty checkouts, unreadable files, commands that do not reproduce
 a config hash), the verdict table per cell (task, algorithm, precision) over seeds,
@@ -258,6 +258,12 @@ def write_report(results_dir: Path, out: Path | None = None) -> Path:
     runs = load_runs(root)
 
     def build(fig_dir: Path):
+        from suite.analysis import sources
+
+        if axis := sources.source_axis(runs):  # a source grid (src-top-p, src-kv-fp8, src-staleness)
+            head, rows = render.run_table(runs)
+            doc = [*sources.build_document(runs, root, axis), ("h", "Runs", "runs"), ("table", head, rows, "")]
+            return doc, f"Source grid: {root.resolve().name}"
         if len({(r.config or {}).get("regime", "base") for r in runs}) > 1:
             # a collapse search (grid collapse-search): runs differ in their regime, not only the grid axes
             from suite.analysis import collapse
@@ -272,7 +278,7 @@ def cli(args: list[str]) -> int:
     """``suite report RESULTS_DIR [--out DIR]``; bad input raises ValueError (exit code 2 in suite.cli)."""
     p = argparse.ArgumentParser(prog="suite report", description="Reproducibility report of a results directory "
                                 "(HTML + Markdown + figures), computed from the run files alone.")
-    p.add_argument("results_dir", help="directory holding run directories (or one level of experiment folders)")
+    p.add_argument("results_dir", help="directory holding run directories (or up to two levels of experiment folders)")
     p.add_argument("--out", help="output folder (default: RESULTS_DIR/report)")
     ns = p.parse_args(args)
     out = write_report(Path(ns.results_dir), Path(ns.out) if ns.out else None)

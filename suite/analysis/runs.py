@@ -117,12 +117,12 @@ def load_runs(root: Path) -> list[Run]:
     dirs = find_run_dirs(root)
     if not dirs:
         raise ValueError(f"{root}: no run directories found (expected <task>__<algorithm>__<precision>__s<seed>/ "
-                         f"holding config.json/summary.json/metrics.jsonl, directly or one level down)")
+                         f"holding config.json/summary.json/metrics.jsonl, directly or up to two levels down)")
     return [load_bundle(d, root) for d in dirs]
 
 
 def load_summaries(root: Path) -> list[dict]:
-    """summary.json of every run under `root` (nested one level too), with `_dir`; [] when there are none."""
+    """summary.json of every run under `root` (nested up to two levels), with `_dir`; [] when there are none."""
     out = []
     for d in find_run_dirs(root):
         if (d / "summary.json").is_file():

@@ -406,6 +406,19 @@ def f_attribution(cls: str, stack: str) -> str:
     return table_markdown(summary, title_of(summary))
 
 
+def f_source(path: str, part: str) -> str:
+    """A committed source grid (suite/analysis/sources.py): its outcome sentence (part=outcome) or table (part=table)."""
+    from suite.analysis import sources
+
+    runs = list(_grid(path))
+    axis = sources.source_axis(runs)
+    records = sources.rows(runs, axis)
+    if part == "outcome":
+        return sources.outcome(records, axis)
+    head, body = sources.table(records, axis)
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in body)])
+
+
 # ---------------------------------------------------------------------------- names, filling, checking
 FIGURES = {
     "verdicts": f_verdicts, "misses": f_misses, "miss-flows": f_miss_flows, "miss-margin": f_miss_margin,
@@ -414,7 +427,7 @@ FIGURES = {
     "perfectible": f_perfectible, "step0-table": f_step0_table, "cost-table": f_cost_table,
     "final": f_final, "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs,
     "gap-clipped": f_gap_clipped, "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids, "grid-count": f_grid_count,
-    "grids-table": f_grids_table, "attribution": f_attribution,
+    "grids-table": f_grids_table, "attribution": f_attribution, "source": f_source,
 }
 
 
