@@ -104,11 +104,20 @@ def _not_passing(summaries: list[dict]) -> str:
 
 def outcome_markdown(root: Path) -> str:
     """The same table as Markdown (written next to the runs by ``suite main``), led by the mismatch."""
-    head, rows, text = mismatch_lead(root)
-    lines = [f"# Outcomes in `{root}`", "", machine_sentence(load_runs(root)), "", "## Mismatch first", "", text, "",
-             "| " + " | ".join(head) + " |",
-             "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
-    lines += ["", ratio_caption(load_summaries(root)).replace("\n", "  \n")]
+    from suite.analysis import sources
+
+    runs = load_runs(root)
+    lines = [f"# Outcomes in `{root}`", "", machine_sentence(runs), ""]
+    if axis := sources.source_axis(runs):  # a source grid: each source against its control, never pooled
+        records = sources.rows(runs, axis)
+        head, rows = sources.table(records, axis)
+        lines += ["## Source against its control", "", sources.outcome(records, axis), "",
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        head, rows, text = mismatch_lead(root)
+        lines += ["## Mismatch first", "", text, "", "| " + " | ".join(head) + " |",
+                  "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in rows]
+        lines += ["", ratio_caption(load_summaries(root)).replace("\n", "  \n")]
     lines += ["", "## Runs", "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(r) + " |" for r in outcome_rows(root)]
     caption = ratio_caption(load_summaries(root))
