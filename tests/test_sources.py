@@ -24,7 +24,7 @@ def test_a_source_failing_every_seed_beside_a_passing_control_separates_with_its
     assert source["gap"][0] == pytest.approx(0.80 - 0.98)  # mean of the source minus mean of the control
     assert source["gap"][1] <= source["gap"][0] <= source["gap"][2] < 0
     head, body = sources.table([control, source], "kv_cache")
-    assert body[0][2] == "auto (control)" and body[0][6] == "0" and body[1][8] == "yes"
+    assert body[0][2] == "auto (control)" and body[0][6] == "0 / -" and body[1][8] == "yes"
     assert "Separated" in sources.outcome([control, source], "kv_cache")
 
 

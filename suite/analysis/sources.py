@@ -42,23 +42,34 @@ def cells(runs, axis: str) -> dict:
     return out
 
 
+def _mean(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.fmean(xs) if xs else None
+
+
+def _k3(x: float | None) -> str:
+    return "-" if x is None else "0" if x == 0 else f"{x:.2e}"
+
+
 def rows(runs, axis: str) -> list[dict]:
     """One record per (regime, algorithm, value): verdict counts, finals, step-0 k3, and against the control its gap
     [95% CI] and whether the cell separates."""
     control = str(SOURCE_AXES[axis])
     cs = cells(runs, axis)
     out = []
-    for (regime, algo, value), mine in sorted(cs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != control, kv[0][2])):
+    order = sorted(cs.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2] != control, kv[0][2]))
+    for (regime, algo, value), mine in order:
         finals = [r.summary["accuracy/final"] for r in mine]
         ref = cs.get((regime, algo, control), [])
         ref_finals = [r.summary["accuracy/final"] for r in ref]
         is_source = value != control
         k3 = [r.summary.get("mismatch/step0/kl_k3") for r in mine]
+        k3_end = [r.summary.get("mismatch/final/kl_k3") for r in mine]
         out.append({
             "regime": regime, "algorithm": algo, "value": value, "control": not is_source, "seeds": len(mine),
             "verdicts": {v: sum(r.verdict == v for r in mine) for v in ("pass", "unstable", "collapse")},
             "finals": finals, "final_mean": statistics.fmean(finals),
-            "step0_k3": statistics.fmean(x for x in k3 if x is not None) if any(x is not None for x in k3) else None,
+            "step0_k3": _mean(k3), "final_k3": _mean(k3_end),
             "gap": gap_ci(finals, ref_finals) if is_source else None,
             "separated": (is_source and len(mine) >= MIN_SEEDS and len(ref) >= MIN_SEEDS
                           and all(r.verdict != "pass" for r in mine) and all(r.verdict == "pass" for r in ref)),
@@ -68,14 +79,14 @@ def rows(runs, axis: str) -> list[dict]:
 
 def table(records: list[dict], axis: str) -> tuple[list[str], list[list[str]]]:
     head = ["regime", "algorithm", axis, "seeds", "pass / unstable / collapse", "final acc: mean (seeds)",
-            "step-0 k3 KL", "gap vs control [95% CI]", "separated"]
+            "k3 KL: step 0 / final", "gap vs control [95% CI]", "separated"]
     body = []
     for x in records:
         v = x["verdicts"]
         body.append([x["regime"], x["algorithm"], x["value"] + (" (control)" if x["control"] else ""), str(x["seeds"]),
                      f"{v['pass']} / {v['unstable']} / {v['collapse']}",
                      f"{x['final_mean']:.3f} ({', '.join(f'{f:.3f}' for f in x['finals'])})",
-                     "-" if x["step0_k3"] is None else ("0" if x["step0_k3"] == 0 else f"{x['step0_k3']:.2e}"),
+                     f"{_k3(x['step0_k3'])} / {_k3(x['final_k3'])}",
                      "" if x["gap"] is None else "{:+.3f} [{:+.3f}, {:+.3f}]".format(*x["gap"]),
                      "" if x["control"] else ("yes" if x["separated"] else "no")])
     return head, body
@@ -94,7 +105,8 @@ def outcome(records: list[dict], axis: str) -> str:
     text = (f"{runs} complete runs; source {axis} against its control {SOURCE_AXES[axis]}. "
             + (f"Separated (every seed of the source fails, every seed of the control passes): "
                f"{'; '.join(_cell(x) for x in sep)}. " if sep else
-               "No cell separates: in none does the source fail in every seed while its control passes in every seed. "))
+               "No cell separates: in none does the source fail in every seed while its control passes in every "
+               "seed. "))
     if moved:
         text += ("Reward gaps whose 95% CI excludes 0: " + "; ".join(
             "{} {:+.3f} [{:+.3f}, {:+.3f}]".format(_cell(x), *x["gap"]) for x in moved) + ".")
@@ -110,8 +122,9 @@ def build_document(runs, root, axis: str) -> list[tuple]:
     return [("p", outcome(records, axis)),
             ("h", "Source against its control", "sources"),
             ("table", head, body, "Per regime x correction x value of the source knob, over complete seeds: verdict "
-             "counts, mean final accuracy with each seed's, the mean step-0 k3 KL (fp32: the source is the only "
-             "mismatch), and the gap of mean final accuracy to the control with its 95% percentile-bootstrap CI "
-             "(10,000 resamples of seeds within each group). Separated: every seed of the source fails the sanity "
-             f"rule while every seed of the control passes, >= {MIN_SEEDS} seeds each."),
+             "counts, mean final accuracy with each seed's, the mean k3 KL at step 0 and at the last step (fp32: the "
+             "source is the only mismatch; stale weights differ only after the first updates), and the gap of mean "
+             "final accuracy to the control with its 95% percentile-bootstrap CI (10,000 resamples of seeds within "
+             "each group). Separated: every seed of the source fails the sanity rule while every seed of the control "
+             f"passes, >= {MIN_SEEDS} seeds each."),
             ("p", f"Runs from {root}; every number above is computed from the run directories (suite report).")]
