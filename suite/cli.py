@@ -348,6 +348,17 @@ def cmd_doctor(args: list[str]) -> int:
     return doctor.main(args)
 
 
+def cmd_plan(args: list[str]) -> int:
+    """suite plan [key=value ...] [gpu_gib=G]: the predicted peak memory per rank of a run config, itemised.
+
+    The same config fields as suite run (task=sanity_r1d tier=full nproc=8 ...), planned against this machine's
+    device, or against a GPU of G GiB (gpu_gib=79.1: an 80 GB H100) from any machine; exit 1 when it does not fit,
+    with the knobs that would make it fit (suite/rl/plan.py, suite/numerics/memory.py, docs/tasks.md)."""
+    from suite.rl import plan
+
+    return plan.cmd_plan(args)
+
+
 def cmd_ls(args: list[str]) -> int:
     """suite ls tasks|flows|algorithms|grids|regimes|tiers|models|recipes: list the names a field takes, with what each means.
 
@@ -375,7 +386,7 @@ COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "t
             "bench-memory": cmd_bench_memory, "report": cmd_report, "hypotheses": cmd_hypotheses,
             "leaderboard": cmd_leaderboard, "submit": cmd_submit, "transfer": cmd_transfer, "reference": cmd_reference,
             "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import,
-            "doctor": cmd_doctor}
+            "doctor": cmd_doctor, "plan": cmd_plan}
 
 
 # Commands whose key=value arguments are run-config fields (suite/rl/schema.py: RunConfig): their --help lists

@@ -58,7 +58,7 @@ TRACKED_PACKAGES = (
 # they do not enter `config_hash`, so the same experiment written to two places, or resumed with
 # another world size (suite/dist.py), hashes the same.
 LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger", "reward_workers", "keep_last", "gradient_checkpointing",
-                 "logprob_chunk", "include_path")
+                 "logprob_chunk", "include_path", "plan")
 # Committed reference results, one folder per machine class (suite/analysis/reproduce.py); runs never write there.
 # The clone's results/reference, SUITE_REFERENCE_ROOT, or ./results/reference for an installed wheel (suite/locations.py).
 REFERENCE_ROOT = reference_root()

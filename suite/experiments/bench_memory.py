@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -48,6 +49,7 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     trainer = Trainer(model, resolve(precision), "native", cfg.optim, **VARIANTS[variant])
     ids = torch.randint(3, vocab, (batch, prompt + response))
     attn = torch.ones_like(ids)
+    attn[0, 0] = 0  # one left-padded prompt, as in every real batch: the attention then runs with a padding mask
     base = _rss_mb()
     times = []
     for _ in range(steps):
@@ -62,6 +64,65 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     return {"variant": variant, "peak_mb": peak - base, "step_s": statistics.median(times[1:] or times),
             "params": sum(p.numel() for p in model.parameters())}
+
+
+def predicted_mb(variant: str, vocab: int, batch: int, prompt: int, response: int, precision: str, **_) -> float:
+    """The memory plan's prediction of what ``one`` measures: the update's peak over the built model and batch
+    (suite/numerics/memory.py, for the same policy, no sampler), i.e. the plan's peak less the fp32 masters."""
+    from suite.numerics.memory import Arch, Shape, plan
+    from suite.rl import config
+    from suite.rl.plan import arch
+
+    small = config.load(["tier=small"])
+    a = arch(small)
+    a = Arch(a.layers, a.hidden, a.heads, a.kv_heads, a.mlp, vocab)
+    opts = VARIANTS[variant]
+    s = Shape(micro_batch=batch, prompt=prompt, response=response, sampler="none",
+              compute={"fp32": 4, "bf16": 2, "fp16": 2}[precision],
+              checkpointing=opts.get("gradient_checkpointing", False), logprob_chunk=opts.get("logprob_chunk", 0))
+    p = plan(a, s)
+    return (p.peak - p.states[0].bytes) / 2**20
+
+
+# (variant, vocab, batch, prompt, response, precision): the sizes `suite bench-memory --plan` checks the plan at
+PLAN_SIZES = [("baseline", 151936, 8, 32, 128, "bf16"), ("both", 151936, 8, 32, 128, "bf16"),
+              ("baseline", 512, 4, 32, 2048, "bf16"), ("gradient_checkpointing", 512, 4, 32, 2048, "bf16"),
+              ("logprob_chunk", 65536, 2, 32, 384, "fp32")]
+
+
+def plan_check(console, steps: int) -> int:
+    """Predicted vs measured peak of an update at PLAN_SIZES (each in its own process)."""
+    from rich.table import Table
+
+    from suite.numerics import machine
+
+    t = Table("option", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB", "error",
+              title=f"memory plan vs measured peak RSS (fixed mmap threshold: live bytes) of an update (embedded small-tier layers, machine class "
+                    f"{machine.describe('auto', 1)['id']})")
+    for variant, vocab, batch, prompt, response, precision in PLAN_SIZES:
+        sizes = dict(vocab=vocab, batch=batch, prompt=prompt, response=response, steps=steps, precision=precision)
+        got = _measure(variant, sizes, env=LIVE_BYTES)["peak_mb"]
+        want = predicted_mb(variant, **sizes)
+        t.add_row(variant, f"{vocab:,}", f"{batch} x ({prompt} + {response})", precision, f"{want:.0f}", f"{got:.0f}",
+                  f"{(want - got) / got:+.1%}")
+        console.print(f"{variant} V={vocab} B={batch} R={response} {precision}: predicted {want:.0f} MiB, measured {got:.0f}")
+    console.print(t)
+    return 0
+
+
+# glibc keeps freed blocks below its dynamic mmap threshold (up to 32 MiB) in the heap, so the default peak RSS adds
+# the allocator's retention (measured here: up to 1.8x the live bytes for fp32 chunked log-probs). A fixed threshold
+# makes every tensor of 64 KiB or more its own mapping, returned when freed: the peak RSS is then the peak of the live
+# tensors, which is what the plan counts (a GPU's caching allocator adds its own fragmentation on top, as glibc does).
+LIVE_BYTES = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
+def _measure(variant: str, sizes: dict, env: dict | None = None) -> dict:
+    argv = [sys.executable, "-m", "suite.experiments.bench_memory", "--one", variant, *(f"--{k}={v}" for k, v in sizes.items())]
+    out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    if out.returncode != 0:
+        raise RuntimeError(f"variant {variant} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.splitlines()[-1])
 
 
 def reward_pool(workers: int, n: int = 256) -> float:
@@ -100,6 +161,8 @@ def main(args: list[str]) -> int:
     p.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--reward-workers", type=int, default=2)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--plan", action="store_true", help="the memory plan's prediction against the measured peak at "
+                   "several sizes (suite plan; suite/numerics/memory.py)")
     a = p.parse_args(args)
     if a.vocab < 16 or a.batch < 1 or a.response < 1 or a.steps < 1 or a.reward_workers < 1:
         raise ValueError("--vocab >= 16, --batch, --response, --steps and --reward-workers >= 1")
@@ -113,13 +176,11 @@ def main(args: list[str]) -> int:
     from suite.console import make_console
 
     console = make_console()
+    if a.plan:
+        return plan_check(console, a.steps)
     rows = []
     for name in VARIANTS:
-        argv = [sys.executable, "-m", "suite.experiments.bench_memory", "--one", name, *(f"--{k}={v}" for k, v in sizes.items())]
-        out = subprocess.run(argv, capture_output=True, text=True)
-        if out.returncode != 0:
-            raise RuntimeError(f"variant {name} failed:\n{out.stderr[-2000:]}")
-        rows.append(json.loads(out.stdout.splitlines()[-1]))
+        rows.append(_measure(name, sizes))
         console.print(f"{name}: {rows[-1]['peak_mb']:.0f} MiB over the built model, {rows[-1]['step_s']:.2f} s/update")
     base = rows[0]
     t = Table("option", "peak memory of an update (MiB)", "vs baseline", "update time (s)", "vs baseline",

@@ -139,7 +139,8 @@ def resolve(cfg: RunConfig) -> RunConfig:
     _choice("tier", cfg.tier, TIERS)
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim), sampling=dataclasses.replace(cfg.sampling),
                               perfectible=dataclasses.replace(cfg.perfectible), policy=dataclasses.replace(cfg.policy),
-                              vllm=dataclasses.replace(cfg.vllm), eval=dataclasses.replace(cfg.eval))
+                              vllm=dataclasses.replace(cfg.vllm), eval=dataclasses.replace(cfg.eval),
+                              plan=dataclasses.replace(cfg.plan))
     # The task folders, absolute, so that ranks and sweep workers started elsewhere find the same ones; those of
     # $SUITE_TASKS_PATH are recorded too, so that a run's config.json says where its task file was and its rerun
     # command finds it without the environment.
@@ -336,6 +337,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("eval.samples", lambda c: c.eval.samples is None or c.eval.samples >= 1, pos[0]),
         ("eval.temperature", lambda c: c.eval.temperature is None or c.eval.temperature > 0, "must be > 0"),
         ("eval.top_p", lambda c: c.eval.top_p is None or 0.0 < c.eval.top_p <= 1.0, "must be in (0, 1]"),
+        ("plan.prompt_tokens", lambda c: c.plan.prompt_tokens is None or c.plan.prompt_tokens >= 1, pos[0]),
     ]
     for name, ok, why in checks:
         if not ok(cfg):

@@ -32,6 +32,8 @@ class Preset:
     note: str
     recipe: dict[str, Any] = field(default_factory=dict)
     """Published hyper-parameters for this model (config fields; a task's tier and the command line win)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The rest of its config.json's dimensions (the memory plan reads them without the download)."""
 
 
 # What a 1-2B model needs that the embedded policy does not: a learning rate two orders below the toy tiers'
@@ -50,13 +52,19 @@ REAL_MODEL_PARAMS = 100_000_000
 
 # Published models of the sanity test (arXiv 2510.26788: R1-Distill-Qwen-1.5B; Qwen2.5-Math-1.5B
 # and Qwen3-1.7B are the other small bases of that paper's and of Precision-RL's experiments).
+_QWEN2_1_5B = {"num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
+               "attention_bias": True}
 PRESETS: dict[str, Preset] = {
     "r1d-1.5b": Preset("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", "Qwen2ForCausalLM", 1.78, 28, 1536,
-                       "the sanity test's base model; its chat template opens <think>", REAL_MODEL_RECIPE),
+                       "the sanity test's base model; its chat template opens <think>", REAL_MODEL_RECIPE,
+                       {**_QWEN2_1_5B, "tie_word_embeddings": False}),
     "qwen2.5-math-1.5b": Preset("Qwen/Qwen2.5-Math-1.5B", "Qwen2ForCausalLM", 1.54, 28, 1536,
-                                "base (not instruct) math model; 4k context", REAL_MODEL_RECIPE),
+                                "base (not instruct) math model; 4k context", REAL_MODEL_RECIPE,
+                                {**_QWEN2_1_5B, "tie_word_embeddings": True}),
     "qwen3-1.7b": Preset("Qwen/Qwen3-1.7B", "Qwen3ForCausalLM", 2.03, 28, 2048,
-                         "hybrid thinking model (q/k RMSNorm)", REAL_MODEL_RECIPE),
+                         "hybrid thinking model (q/k RMSNorm)", REAL_MODEL_RECIPE,
+                         {"num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "intermediate_size": 6144,
+                          "vocab_size": 151936, "tie_word_embeddings": True}),
 }
 EMBEDDED = "embedded"
 

@@ -149,6 +149,17 @@ class EvalConfig:
 
 
 @dataclass
+class PlanConfig:
+    """The memory plan a run checks before any compute (suite/rl/plan.py; ``suite plan`` prints it)."""
+
+    check: bool = True
+    """Refuse a run whose predicted peak exceeds the device's memory. The plan is an estimate: false skips it."""
+    prompt_tokens: Optional[int] = None
+    """Longest prompt (tokens) the plan pads every row to. None: the task file's sampling.max_prompt_tokens,
+    a generated task's own prompt length, else vllm.max_model_len - max_new_tokens, else 1024."""
+
+
+@dataclass
 class RunConfig:
     task: Optional[str] = None
     """Task name: a file NAME.yaml on the task path (include_path, then $SUITE_TASKS_PATH, then the suite's tasks/;
@@ -253,6 +264,7 @@ class RunConfig:
     vllm: VllmConfig = field(default_factory=VllmConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     inject: InjectConfig = field(default_factory=InjectConfig)
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
 
 # The one scale dial. Model size, prompt counts and budget; the rest of the recipe is shared.

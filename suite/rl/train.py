@@ -55,7 +55,7 @@ from suite.results import (
     run_dir_name,
     truncate_jsonl,
 )
-from suite.rl import checkpoint, data, loggers, perfectible, recipe, staleness
+from suite.rl import checkpoint, data, loggers, perfectible, plan, recipe, staleness
 from suite.rl import config as cfgmod
 from suite.rl.algos import (
     compute_advantages,
@@ -208,7 +208,9 @@ def run(cfg, console: Console | None = None) -> Path:
     """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated.
 
     Under torchrun or srun (suite/dist.py) every rank calls this; rank 0 alone writes the bundle.
+    A config whose memory plan exceeds this rank's device is refused first (suite/rl/plan.py; plan.check=false).
     """
+    plan.check_rank(cfg)
     world = dist.init(cfg.nproc, cfg.nnodes)
     try:
         return _run(cfg, world, console or Console())

@@ -1,0 +1,139 @@
+"""The memory plan (suite/numerics/memory.py, suite/rl/plan.py): its arithmetic by hand, the activations it counts
+against the tensors autograd saves, FSDP2's sharding, and the refusal of a run that does not fit."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from suite.numerics.memory import Arch, Shape, layer_activation, plan, shared_activation, weight_copies
+from suite.rl import config
+from suite.rl import plan as rlplan
+
+TINY = Arch(layers=1, hidden=4, heads=2, kv_heads=1, mlp=8, vocab=10)
+
+
+def test_the_plan_of_a_tiny_config_is_the_hand_computation():
+    s = Shape(micro_batch=1, prompt=2, response=2, compute=2, sampler="none")
+    # Parameters: q, k, v, o = 4 x (4 + 2 + 2 + 4) = 48, SwiGLU 3 x 4 x 8 = 96, two norms 8; embedding + head 2 x 40,
+    # final norm 4.
+    assert (TINY.layer_linear, TINY.layer_params, TINY.root, TINY.params) == (144, 152, 84, 236)
+    # Per token of the layer: norms 2 (2 x 4 x 4 + 4) = 72, five casts 5 x 2 x 4 = 40, q/k/v/out 4 x 2 x 4 = 32,
+    # log-sum-exp 4 x 2 = 8, mask 2 x 4 = 8, SwiGLU 4 x 2 x 8 = 64.
+    assert layer_activation(TINY, s) == 224
+    # Shared: cos/sin 2 x 4 x 2 = 16, boolean mask 4, final norm 36, head input 2 x 4 = 8, ids 8.
+    assert shared_activation(TINY, s) == 72
+    assert weight_copies(TINY, s) == (2 * (144 + 40), 2 * (144 + 40))
+    p = plan(TINY, s)
+    assert [i.bytes for i in p.states] == [4 * 236, 4 * 236, 8 * 236]
+    acts = 4 * (224 + 72)  # 4 tokens
+    assert p.totals == {"trainer forward": 3776 + 368 + acts + 1 * 4 * 10 * 2 + 3 * 4 * 2 * 10,
+                        "trainer backward": 3776 + 368 + acts + 5 * 4 * 2 * 10 + 4 * 40,
+                        "layer backward": 3776 + 368 + acts + 4 * 224}
+    assert (p.peak, p.peak_moment) == (3776 + 368 + acts + 896, "layer backward")
+    # Chunked log-probs: five fp32 chunks of one position, the logits kept, their gradient accumulated.
+    chunked = plan(TINY, dataclasses.replace(s, logprob_chunk=1)).moments["trainer backward"]
+    assert {i.name: i.bytes for i in chunked}["log-softmax (fp32)"] == 5 * 4 * 1 * 10
+    assert {i.name: i.bytes for i in chunked}["logits gradient"] == 2 * 10 * 2
+    # Checkpointed: each layer keeps its fp32 input; a layer is recomputed, its gradients beside it.
+    ck = plan(TINY, dataclasses.replace(s, checkpointing=True))
+    assert ck.totals["layer backward"] == 3776 + 2 * 184 + 4 * (4 * 4 + 72) + 2 * 4 * 224
+
+
+def test_fsdp2_divides_the_states_by_the_world_size():
+    s = Shape(micro_batch=1, prompt=2, response=2, compute=2, sampler="none")
+    one, four = plan(TINY, s), plan(TINY, dataclasses.replace(s, world=4))
+    assert [i.bytes for i in four.states[:3]] == [b // 4 for b in (i.bytes for i in one.states[:3])]
+    fsdp = four.states[3]
+    assert fsdp.name == "FSDP2 unsharded" and fsdp.bytes == 4 * (2 * TINY.root + 3 * TINY.layer_params)
+    assert len(one.states) == 3  # one process: no gathered copies
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_activations_are_what_autograd_saves(precision):
+    """Every tensor the HF decoder saves for its backward (padding mask, autocast on the CPU), counted once per
+    storage, plus the boolean mask the forward holds, equals the plan's activations and rounded weights."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    a = Arch(layers=2, hidden=32, heads=4, kv_heads=2, mlp=48, vocab=64)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=a.vocab, hidden_size=a.hidden, intermediate_size=a.mlp,
+                                         num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                                         num_key_value_heads=a.kv_heads, tie_word_embeddings=False)).float()
+    model.config._attn_implementation = "sdpa"  # as the Trainer sets it
+    B, S = 2, 24
+    ids = torch.randint(3, a.vocab, (B, S))
+    attn = torch.ones_like(ids)
+    attn[0, :3] = 0  # a left-padded prompt
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            saved.setdefault(st.data_ptr(), st.nbytes())
+        return t
+
+    c = 2 if precision == "bf16" else 4
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16, enabled=c == 2):
+        model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0))
+    s = Shape(micro_batch=B, prompt=0, response=S, compute=c)
+    bool_mask = B * S * S  # held by the forward, saved by nothing
+    assert sum(saved.values()) + bool_mask == (a.layers * layer_activation(a, s) + shared_activation(a, s)) * B * S \
+        + weight_copies(a, s)[1]
+
+
+def _smoke(*extra):
+    return config.load(["tier=smoke", *extra])
+
+
+def test_a_config_that_does_not_fit_is_refused_naming_the_knobs():
+    cfg = _smoke()
+    need = rlplan.for_config(cfg, rlplan.Device("cpu", 10**12, "big"))[2].peak
+    small = rlplan.Device("cpu", need - 1, "a small machine")
+    with pytest.raises(ValueError) as e:
+        rlplan.check(cfg, small)
+    msg = str(e.value)
+    for knob in ("micro_batch", "gradient_checkpointing", "logprob_chunk", "vllm.gpu_memory_fraction", "nproc",
+                 "plan.check=false"):
+        assert knob in msg
+    assert rlplan.check(config.load(["tier=smoke", "plan.check=false"]), small).peak == need
+    # CPU ranks of one node share its RAM: two of them need twice the plan of one.
+    two = rlplan.Device("cpu", 2 * need - 1, "RAM")
+    rlplan.check(cfg, rlplan.Device("cpu", need, "RAM"))
+    with pytest.raises(ValueError, match="shared by 2 ranks"):
+        rlplan.check(cfg, two, ranks_per_node=2)
+
+
+def test_suite_run_refuses_before_any_compute(tmp_path, monkeypatch):
+    from suite.rl import data, train
+
+    cfg = _smoke(f"out={tmp_path}")
+    monkeypatch.setattr(rlplan, "this_device", lambda local_rank=0: rlplan.Device("cpu", 1, "one byte"))
+
+    def no_compute(*a, **k):
+        raise AssertionError("compute started")
+
+    monkeypatch.setattr(data, "prepare_data", no_compute)
+    monkeypatch.setattr(train.dist, "init", no_compute)
+    with pytest.raises(ValueError, match="memory plan"):
+        train.run(cfg)
+    assert not any(tmp_path.iterdir())  # no run directory either
+
+
+def test_suite_plan_prints_the_published_recipe_on_a_gpu(capsys):
+    from suite.cli import main
+
+    code = main(["plan", "task=sanity_r1d", "tier=full", "engine=vllm", "precision=fp16", "--gpu", "79.1"])
+    out = capsys.readouterr().out
+    assert "peak per rank" in out and "fp32 master weights" in out and "vLLM" in out
+    assert code in (0, 1)  # 1: does not fit, with the knobs printed
+    if code:
+        assert "fits with" in out
+
+
+def test_the_plan_reads_a_preset_without_downloading():
+    a = rlplan.arch(_smoke("model=r1d-1.5b", "task=sanity_r1d", "optim.lr=1e-6"))
+    assert abs(a.params / 1e9 - 1.78) < 0.01 and not a.tied  # the published parameter count, untied head
