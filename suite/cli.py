@@ -186,7 +186,7 @@ def cmd_bench_memory(args: list[str]) -> int:
 
     An update with gradient_checkpointing and logprob_chunk on and off, and the reward pool's speed-up. Options:
     --vocab N, --batch B, --prompt P, --response R, --steps S, --precision fp32|bf16|fp16, --reward-workers K
-    (suite bench-memory --help gives their defaults)."""
+    (suite bench-memory --help gives their defaults); --plan: suite plan's predictions vs measured peaks (docs/tasks.md)."""
     from suite.experiments import bench_memory
 
     return bench_memory.main(args)
@@ -351,9 +351,9 @@ def cmd_doctor(args: list[str]) -> int:
 def cmd_plan(args: list[str]) -> int:
     """suite plan [key=value ...] [gpu_gib=G]: the predicted peak memory per rank of a run config, itemised.
 
-    The same config fields as suite run (task=sanity_r1d tier=full nproc=8 ...), planned against this machine's
-    device, or against a GPU of G GiB (gpu_gib=79.1: an 80 GB H100) from any machine; exit 1 when it does not fit,
-    with the knobs that would make it fit (suite/rl/plan.py, suite/numerics/memory.py, docs/tasks.md)."""
+    suite run's config fields (task=sanity_r1d tier=full nproc=8 ...), planned against this machine's
+    device or a GPU of G GiB (gpu_gib=79.1: an 80 GB H100); exit 1 when it does not fit, naming the knobs that
+    would make it fit (suite/rl/plan.py, suite/numerics/memory.py, docs/tasks.md)."""
     from suite.rl import plan
 
     return plan.cmd_plan(args)

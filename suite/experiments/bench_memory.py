@@ -6,7 +6,8 @@ update peaks. Each variant runs in its own process (the peak resident set only g
 build the model and a batch, time ``steps`` updates (log-probs and entropy of the responses, a loss, the
 backward pass, the optimizer step), and report the process's peak RSS minus the RSS after the model was
 built: the memory the update itself needed. The reward pool is timed on the math reward (math-verify
-worker processes) with 1 and ``reward_workers`` workers.
+worker processes) with 1 and ``reward_workers`` workers. ``--plan`` instead compares the memory plan
+(suite/numerics/memory.py) with the measured peak at PLAN_SIZES, glibc's mmap threshold fixed (``LIVE_BYTES``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,17 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps: int, precision: str) -> dict:
+def _widths(hidden: int) -> dict:
+    """The small tier's layers, at ``hidden`` (0: the tier's width) with the SwiGLU widened in proportion."""
+    from suite.rl import config
+
+    small = config.load(["tier=small"]).policy
+    h = hidden or small.hidden
+    return dict(hidden=h, layers=small.layers, heads=small.heads, kv_heads=small.kv_heads, mlp=small.mlp * h // small.hidden)
+
+
+def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps: int, precision: str,
+        hidden: int = 0) -> dict:
     """One variant in this process: {peak_mb (over the built model), step_s (median)}."""
     import torch
 
@@ -41,9 +52,7 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    small = config.load(["tier=small"]).policy
-    spec = PolicySpec(hidden=small.hidden, layers=small.layers, heads=small.heads, kv_heads=small.kv_heads,
-                      mlp=small.mlp)
+    spec = PolicySpec(**_widths(hidden))
     model = build_model(spec, vocab_size=vocab, max_len=prompt + response + 8)
     cfg = config.load(["tier=small", f"precision={precision}"])
     trainer = Trainer(model, resolve(precision), "native", cfg.optim, **VARIANTS[variant])
@@ -66,16 +75,13 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
             "params": sum(p.numel() for p in model.parameters())}
 
 
-def predicted_mb(variant: str, vocab: int, batch: int, prompt: int, response: int, precision: str, **_) -> float:
+def predicted_mb(variant: str, vocab: int, batch: int, prompt: int, response: int, precision: str, hidden: int = 0,
+                 **_) -> float:
     """The memory plan's prediction of what ``one`` measures: the update's peak over the built model and batch
     (suite/numerics/memory.py, for the same policy, no sampler), i.e. the plan's peak less the fp32 masters."""
     from suite.numerics.memory import Arch, Shape, plan
-    from suite.rl import config
-    from suite.rl.plan import arch
-
-    small = config.load(["tier=small"])
-    a = arch(small)
-    a = Arch(a.layers, a.hidden, a.heads, a.kv_heads, a.mlp, vocab)
+    w = _widths(hidden)
+    a = Arch(w["layers"], w["hidden"], w["heads"], w["kv_heads"], w["mlp"], vocab)
     opts = VARIANTS[variant]
     s = Shape(micro_batch=batch, prompt=prompt, response=response, sampler="none",
               compute={"fp32": 4, "bf16": 2, "fp16": 2}[precision],
@@ -84,10 +90,12 @@ def predicted_mb(variant: str, vocab: int, batch: int, prompt: int, response: in
     return (p.peak - p.states[0].bytes) / 2**20
 
 
-# (variant, vocab, batch, prompt, response, precision): the sizes `suite bench-memory --plan` checks the plan at
-PLAN_SIZES = [("baseline", 151936, 8, 32, 128, "bf16"), ("both", 151936, 8, 32, 128, "bf16"),
-              ("baseline", 512, 4, 32, 2048, "bf16"), ("gradient_checkpointing", 512, 4, 32, 2048, "bf16"),
-              ("logprob_chunk", 65536, 2, 32, 384, "fp32")]
+# (variant, vocab, batch, prompt, response, precision, hidden): the sizes `suite bench-memory --plan` checks the
+# plan at: the head's peak (a 152k vocabulary), the layers' (2k-token sequences, a small vocabulary), wider layers.
+PLAN_SIZES = [("baseline", 151936, 8, 32, 128, "bf16", 0), ("both", 151936, 8, 32, 128, "bf16", 0),
+              ("baseline", 512, 4, 32, 2048, "bf16", 0), ("gradient_checkpointing", 512, 4, 32, 2048, "bf16", 0),
+              ("logprob_chunk", 65536, 2, 32, 384, "fp32", 0), ("baseline", 4096, 2, 32, 1024, "bf16", 512),
+              ("gradient_checkpointing", 4096, 2, 32, 1024, "fp32", 512)]
 
 
 def plan_check(console, steps: int) -> int:
@@ -96,14 +104,15 @@ def plan_check(console, steps: int) -> int:
 
     from suite.numerics import machine
 
-    t = Table("option", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB", "error",
-              title=f"memory plan vs measured peak RSS (fixed mmap threshold: live bytes) of an update (embedded small-tier layers, machine class "
-                    f"{machine.describe('auto', 1)['id']})")
-    for variant, vocab, batch, prompt, response, precision in PLAN_SIZES:
-        sizes = dict(vocab=vocab, batch=batch, prompt=prompt, response=response, steps=steps, precision=precision)
+    t = Table("option", "hidden", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB", "error",
+              title=f"memory plan vs measured peak RSS over the built model (mmap threshold 64 KiB: live bytes) of an "
+                    f"update, embedded small-tier layers, machine class {machine.describe('auto', 1)['id']}")
+    for variant, vocab, batch, prompt, response, precision, hidden in PLAN_SIZES:
+        sizes = dict(vocab=vocab, batch=batch, prompt=prompt, response=response, steps=steps, precision=precision,
+                     hidden=hidden)
         got = _measure(variant, sizes, env=LIVE_BYTES)["peak_mb"]
         want = predicted_mb(variant, **sizes)
-        t.add_row(variant, f"{vocab:,}", f"{batch} x ({prompt} + {response})", precision, f"{want:.0f}", f"{got:.0f}",
+        t.add_row(variant, str(_widths(hidden)["hidden"]), f"{vocab:,}", f"{batch} x ({prompt} + {response})", precision, f"{want:.0f}", f"{got:.0f}",
                   f"{(want - got) / got:+.1%}")
         console.print(f"{variant} V={vocab} B={batch} R={response} {precision}: predicted {want:.0f} MiB, measured {got:.0f}")
     console.print(t)
@@ -161,6 +170,7 @@ def main(args: list[str]) -> int:
     p.add_argument("--precision", default="bf16", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--reward-workers", type=int, default=2)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--hidden", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--plan", action="store_true", help="the memory plan's prediction against the measured peak at "
                    "several sizes (suite plan; suite/numerics/memory.py)")
     a = p.parse_args(args)
@@ -169,7 +179,7 @@ def main(args: list[str]) -> int:
     sizes = dict(vocab=a.vocab, batch=a.batch, prompt=a.prompt, response=a.response, steps=a.steps,
                  precision=a.precision)
     if a.one:
-        print(json.dumps(one(a.one, **sizes)))
+        print(json.dumps(one(a.one, **sizes, hidden=a.hidden)))
         return 0
     from rich.table import Table
 

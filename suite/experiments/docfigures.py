@@ -419,6 +419,12 @@ def f_source(path: str, part: str) -> str:
     return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in body)])
 
 
+def f_plan(*overrides: str) -> str:
+    """The memory plan of a run config on 1 and 8 H100s, itemised (suite/rl/plan.py ``markdown``)."""
+    from suite.rl.plan import markdown
+    return markdown(list(overrides))
+
+
 # ---------------------------------------------------------------------------- names, filling, checking
 FIGURES = {
     "verdicts": f_verdicts, "misses": f_misses, "miss-flows": f_miss_flows, "miss-margin": f_miss_margin,
@@ -427,7 +433,7 @@ FIGURES = {
     "perfectible": f_perfectible, "step0-table": f_step0_table, "cost-table": f_cost_table,
     "final": f_final, "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs,
     "gap-clipped": f_gap_clipped, "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids, "grid-count": f_grid_count,
-    "grids-table": f_grids_table, "attribution": f_attribution, "source": f_source,
+    "grids-table": f_grids_table, "attribution": f_attribution, "source": f_source, "plan": f_plan,
 }
 
 

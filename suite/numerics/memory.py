@@ -41,10 +41,14 @@ the boolean mask (S bytes per token). Checked exactly against the tensors autogr
 (B S V c), and the fp32 log-softmax and entropy of the R response positions: the backward of ``_logp_entropy``
 holds five fp32 (B, R, V) tensors at once (log-probs and their exp saved, three gradients), the forward three
 beside the logits. With ``logprob_chunk`` = C the five are of one chunk (B, C, V), but the logits stay alive for
-the chunks' recomputation and their gradient accumulates over the chunks (B R V c).
+the chunks' recomputation and their gradient accumulates over the chunks (B R V c). Not counted: each chunk's
+gradient is expanded to the whole (B, R, V) slice before it is added (autograd's slice backward), a transient
+that makes the plan 14% low on the chunked fp32 row of ``suite bench-memory --plan`` (docs/tasks.md).
 
 **The sampler.** vLLM on a GPU takes ``gpu_memory_fraction`` of the device (weights and KV cache); with
-``kv_cache_gib`` (and on CPU) its weights plus that cache. The built-in engine holds its weights in the sampler
+``kv_cache_gib`` (and on CPU) its weights plus that cache. With ``enable_sleep_mode`` it frees both after each
+rollout (level 1: weights offloaded to host RAM, KV cache dropped), so its share counts at sampling only; the
+CUDA context and graph pools of either process are not counted (the plan counts tensors). The built-in engine holds its weights in the sampler
 dtype (plus an fp32 copy when its GEMMs are emulated), a dense KV cache of every sequence it decodes at once
 (2 L K c_s per position) and the prefill's activations.
 
@@ -138,6 +142,7 @@ class Shape:
     sampler_emulated: bool = False  # the built-in engine keeps an fp32 copy of its rounded weights
     gen_batch: int = 1  # sequences the built-in engine decodes at once (rollouts, or evaluation chunks)
     vllm_bytes: int = 0  # vLLM's share (computed by the caller from the device and the config)
+    vllm_asleep: bool = False  # vllm.enable_sleep_mode: the share is alive while sampling only
 
     @property
     def seq(self) -> int:
@@ -221,8 +226,9 @@ def plan(a: Arch, s: Shape) -> Plan:
                            "root gathered for the step; 2 layers gathered, 1 layer's grads before reduce-scatter"))
     if s.kl_reference:
         states.append(Item("KL reference masters", 4 * N // W))
-    if s.sampler == "vllm":
-        states.append(Item("vLLM", s.vllm_bytes, "weights + KV cache"))
+    vllm = Item("vLLM", s.vllm_bytes, "weights + KV cache" + (", asleep during the updates" if s.vllm_asleep else ""))
+    if s.sampler == "vllm" and not s.vllm_asleep:
+        states.append(vllm)
     elif s.sampler == "torch":
         extra = 4 if s.sampler_emulated else 0
         states.append(Item("sampler weights", int(N * s.sampler_bytes) + extra * (a.linear + a.head * (not a.tied)),
@@ -244,6 +250,8 @@ def plan(a: Arch, s: Shape) -> Plan:
     }
     if s.sampler == "torch":
         moments["sampling"] = sampling(a, s)
+    elif s.sampler == "vllm" and s.vllm_asleep:  # awake: the trainer's states and the engine's share
+        moments["sampling"] = [vllm]
     moments = {k: [i for i in v if i is not None] for k, v in moments.items()}
     return Plan(states, moments)
 

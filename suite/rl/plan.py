@@ -46,6 +46,12 @@ def _mem_total() -> int:
     raise ValueError("plan: no MemTotal in /proc/meminfo")
 
 
+# What torch.cuda.get_device_properties(0).total_memory reports on an 80 GB H100 (HBM3, SXM): 79.1 GiB, as in
+# PyTorch's out-of-memory message "GPU 0 has a total capacity of 79.10 GiB" (the rest of the 80 GB is the ECC
+# and firmware reservation). The lent H100s of this project report about 78 GiB (docs/tasks.md).
+H100_GIB = 79.1
+
+
 def gpu(gib_: float) -> Device:
     """A GPU of ``gib_`` GiB (planning for a machine this is not)."""
     return Device("cuda", int(gib_ * GIB), f"a {gib_:g} GiB GPU")
@@ -138,7 +144,8 @@ def shape(cfg, device: Device, world: int | None = None) -> Shape:
                  logits=4 if cfg.lm_head_fp32 else 0, kl_reference=bool(cfg.algo.kl_coef), sampler=cfg.engine,
                  sampler_bytes=sampler_bytes, sampler_act=sdt.itemsize,
                  sampler_emulated=sdt.itemsize < 4 and gemm_backend(cfg.gemm, sdt, dev) == "emulated",
-                 gen_batch=max(rollouts, 256 if cfg.eval.every else 0), vllm_bytes=vllm)
+                 gen_batch=max(rollouts, 256 if cfg.eval.every else 0), vllm_bytes=vllm,
+                 vllm_asleep=cfg.engine == "vllm" and cfg.vllm.enable_sleep_mode)
 
 
 def for_config(cfg, device: Device, world: int | None = None) -> tuple[Arch, Shape, Plan]:
@@ -173,6 +180,9 @@ def fixes(a: Arch, s: Shape, device: Device, budget: int) -> list[str]:
         frac = (budget - rest) / device.bytes
         if frac >= 0.05:
             out.append(f"vllm.gpu_memory_fraction={int(frac * 100) / 100:g} or less")
+        awake = memory.plan(a, dataclasses.replace(s, vllm_asleep=True)).peak
+        if not s.vllm_asleep and awake <= budget:
+            out.append(f"vllm.enable_sleep_mode=true ({gib(awake)} GiB)")
     return out
 
 
@@ -189,7 +199,8 @@ def check(cfg, device: Device | None = None, world: int | None = None, ranks_per
             + f"); largest items: {', '.join(f'{i.name} {gib(i.bytes)}' for i in sorted(p.items(), key=lambda i: -i.bytes)[:3])}. "
             + (f"It fits with: {'; '.join(fit)}. " if fit else "No single knob makes it fit: reduce sampling.max_new_tokens "
                "or use a smaller model. ")
-            + "The knobs: micro_batch, gradient_checkpointing, logprob_chunk, vllm.gpu_memory_fraction, nproc. "
+            + "The knobs: micro_batch, gradient_checkpointing, logprob_chunk, vllm.gpu_memory_fraction, "
+            "vllm.enable_sleep_mode, nproc. "
             "`suite plan` with the same arguments prints every item; plan.check=false runs anyway (the plan is an estimate).")
     return p
 
@@ -211,23 +222,26 @@ def table(p: Plan, a: Arch, s: Shape, device: Device, budget: int, title: str):
 
 
 def cmd_plan(args: list[str]) -> int:
-    """suite plan [key=value ...] [--gpu GIB]: the predicted peak memory per rank of a run config, itemised,
-    against this machine's device (or a GPU of GIB GiB); exit code 1 when it does not fit."""
+    """suite plan [key=value ...] [gpu_gib=G] (suite/cli.py says what it prints)."""
     from suite.console import make_console
     from suite.rl import config
 
-    if "-h" in args or "--help" in args:
-        print(cmd_plan.__doc__)
-        return 0
     device = None
-    if "--gpu" in args:
-        i = args.index("--gpu")
+    for a in [a for a in args if a.startswith("gpu_gib=")]:
         try:
-            device = gpu(float(args[i + 1]))
-        except (IndexError, ValueError):
-            raise ValueError("--gpu: give the GPU's memory in GiB (an 80 GB H100: --gpu 79.1)") from None
-        args = args[:i] + args[i + 2:]
-    cfg = config.load(args)
+            device = gpu(float(a.split("=", 1)[1]))
+        except ValueError:
+            raise ValueError(f"gpu_gib: the GPU's memory in GiB (an 80 GB H100: gpu_gib={H100_GIB}), got {a!r}") from None
+        args = [x for x in args if x != a]
+    if device is None:
+        cfg = config.load(args)
+    else:  # validated as on the GPU machine it plans for (vLLM's sleep mode is refused on CPU)
+        from unittest import mock
+
+        from suite.numerics import vllm_engine
+
+        with mock.patch.object(vllm_engine, "device", lambda: "cuda"):
+            cfg = config.load(args)
     device = device or this_device()
     a, s, p = for_config(cfg, device)
     budget = device.budget(cfg.nproc)
@@ -241,3 +255,36 @@ def cmd_plan(args: list[str]) -> int:
         console.print("fits with: " + ("; ".join(fit) if fit else "no single knob"), highlight=False)
         return 1
     return 0
+
+
+def check_rank(cfg) -> Plan:
+    """``check`` for this process: under torchrun or srun (suite/dist.py) the launcher's world and this rank's
+    device; one plain process otherwise."""
+    from suite import dist
+
+    launched = dist.from_env()
+    return check(cfg, this_device(launched["local_rank"] if launched else 0), world=launched and launched["size"],
+                 ranks_per_node=launched and launched["local_size"])
+
+
+def markdown(overrides: list[str], gib_: float = H100_GIB) -> str:
+    """The plan of a config on 1 and 8 GPUs of ``gib_`` GiB as a markdown table, items of each peak moment (the
+    ``plan`` figure of docs/tasks.md, suite/experiments/docfigures.py)."""
+    from unittest import mock
+
+    from suite.numerics import vllm_engine
+    from suite.rl import config
+
+    device, cols = gpu(gib_), []
+    for n in (1, 8):
+        with mock.patch.object(vllm_engine, "device", lambda: "cuda"):  # validated as on that GPU
+            cfg = config.load([*overrides, f"nproc={n}"])
+        cols.append(for_config(cfg, device)[2])
+    names = list(dict.fromkeys(i.name for p in cols for i in p.items()))
+    lines = [f"| GiB per rank ({cfg.precision}) | 1 x {gib_:g} GiB GPU | 8 x {gib_:g} GiB GPUs (FSDP2) |", "|---|---:|---:|"]
+    for name in names:
+        cells = [next((gib(i.bytes) for i in p.items() if i.name == name), "-") for p in cols]
+        lines.append(f"| {name} | {' | '.join(cells)} |")
+    lines.append(f"| **peak** | **{gib(cols[0].peak)}** ({cols[0].peak_moment}) | **{gib(cols[1].peak)}** "
+                 f"({cols[1].peak_moment}) |")
+    return "\n".join(lines)

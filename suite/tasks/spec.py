@@ -4,7 +4,7 @@ A task file is a YAML mapping (one file per task, ``NAME.yaml``, like lm-eval's 
 task has, and those of each ``kind`` (the code that builds the task, suite/tasks/registry.py ``KINDS``):
 
     name, version, kind            required; ``name`` is the file's stem
-    summary (one line for `suite ls tasks`), description, sampling, eval, tiers
+    summary (one line for `suite ls tasks`), description, sampling (max_new_tokens, max_prompt_tokens), eval, tiers
     arith:    digits, seed, n_test, n_train_max
     category: classes, class_size, labels, seed, n_test, n_train_max, sampling (max_new_tokens)
     dataset:  format, splits; optional prompt_suffix, reward, prefiltered
@@ -41,7 +41,7 @@ KIND_KEYS = {
     "dataset": {"required": ("format", "splits"), "optional": ("prompt_suffix", "reward", "prefiltered")},
 }
 NESTED = {  # mapping-valued keys and the keys they may hold
-    "sampling": ("max_new_tokens",),
+    "sampling": ("max_new_tokens", "max_prompt_tokens"),  # the second: the memory plan's prompt length
     "eval": ("splits", "metric", "n", "temperature", "top_p"),
     "reward": ("kind", "function", "require_think", "timeout"),
 }
