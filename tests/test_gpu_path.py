@@ -2,6 +2,8 @@
 ("Tensor on device cpu is not on the expected device meta!"), so a trainer put there fails where a GPU run would.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -151,3 +153,73 @@ def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_chunk_after_chunk(monk
     eng.sync({"w": torch.zeros(2)})
     assert calls == ["empty_cache", "wake weights", "reload_weights", "reset_prefix_cache", "empty_cache",
                      "wake kv_cache"] and not eng.asleep
+
+
+@pytest.mark.parametrize("flow", list(FLOWS))
+def test_every_flow_observes_its_dtypes_on_its_device_with_emulated_gemms(flow):
+    """gemm=emulated (no autocast, so the HF-module flows run on meta too): observe() runs the model without an
+    attention mask, and the emulated attention's causal mask is built on the queries' device, not on the CPU."""
+    model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
+    trainer = Trainer(model, resolve(flow), "emulated", config.load(["tier=smoke"]).optim,
+                      world=dist.World(device="meta"))
+    seen = trainer.observe()
+    assert seen["param_device"] == "meta" and seen["logits"] == str(resolve(flow).trainer_dtype)
+
+
+def test_fp8_gemm_path_runs_a_product_before_it_answers(monkeypatch):
+    """env.json's fp8_gemm is written before the run's first FP8 GEMM (bf16_fp8rollout computes none by then): the
+    answer comes from one small product on the device, so a build that refuses fp32 output is recorded as emulated."""
+    from suite.numerics import fp8
+
+    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
+    monkeypatch.setattr(fp8, "_FALLBACK_REASON", {})
+    assert fp8.gemm_path("cpu") == {"path": "emulated", "reason": "no FP8 tensor cores on this device"}
+
+    def refuse(*a, **k):
+        raise ValueError("Only bf16 and fp16 high precision output types are supported for row-wise scaling.")
+
+    monkeypatch.setattr(fp8, "_has_fp8_tensor_cores", lambda t: True)
+    monkeypatch.setattr(fp8, "_fp8_gemm_cuda", refuse)
+    with pytest.warns(RuntimeWarning, match="raised ValueError"):
+        path = fp8.gemm_path("cpu")  # no GEMM has run on this "device" yet
+    assert path["path"] == "emulated" and path["reason"].startswith("torch._scaled_mm raised ValueError: Only bf16")
+    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
+    monkeypatch.setattr(fp8, "_fp8_gemm_cuda", fp8._fp8_gemm_emulated)  # a build that accepts fp32 output
+    assert fp8.gemm_path("cpu") == {"path": "torch._scaled_mm", "reason": "FP8 tensor cores, fp32 output"}
+
+
+def test_deterministic_sets_torchs_flag_and_cublas_for_the_run_only(monkeypatch):
+    """Process-wide state: on inside, what it found afterwards (a sweep's next cell in this process starts clean),
+    also when the run dies; off changes nothing."""
+    from suite.numerics import determinism
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    with determinism.enabled(False):
+        assert determinism.describe(False) == {"requested": False, "torch_deterministic_algorithms": False,
+                                               "CUBLAS_WORKSPACE_CONFIG": ":16:8", "VLLM_BATCH_INVARIANT": None}
+    with pytest.raises(RuntimeError, match="died"), determinism.enabled(True):
+        assert determinism.describe(True) == {"requested": True, "torch_deterministic_algorithms": True,
+                                              "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "VLLM_BATCH_INVARIANT": "1"}
+        raise RuntimeError("died")
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8" and "VLLM_BATCH_INVARIANT" not in os.environ
+
+
+def test_a_deterministic_run_records_it_and_computes_the_same_on_cpu(tmp_path):
+    """CPU kernels are deterministic already: deterministic=true changes no number of a run (metrics.jsonl byte for
+    byte), and env.json records the state the run computed under."""
+    import json
+
+    from suite.rl import train
+
+    dirs = {}
+    for on in (False, True):
+        cfg = config.load(["tier=smoke", "steps=2", f"deterministic={str(on).lower()}", f"out={tmp_path / str(on)}"])
+        dirs[on] = train.run(cfg)
+    env = json.loads((dirs[True] / "env.json").read_text())["determinism"]
+    assert env["requested"] and env["torch_deterministic_algorithms"] and env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not json.loads((dirs[False] / "env.json").read_text())["determinism"]["torch_deterministic_algorithms"]
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert (dirs[True] / "metrics.jsonl").read_bytes() == (dirs[False] / "metrics.jsonl").read_bytes()

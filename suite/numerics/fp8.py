@@ -215,10 +215,15 @@ _FALLBACK_REASON: dict[str, str] = {}
 def gemm_path(device: str | torch.device) -> dict[str, str]:
     """Which FP8 GEMM this device runs, and why (env.json ``fp8_gemm``; ``suite doctor``)."""
     device = str(device)
+    q, s = quantize_groupwise(torch.ones(16, BLOCK, device=device))  # (16, 128): the smallest product _gemm sends there
+    if not _has_fp8_tensor_cores(q):
+        return {"path": "emulated", "reason": "no FP8 tensor cores on this device"}
+    if device not in _NO_FP32_SCALED_MM:
+        # Run one product now: a build whose _scaled_mm refuses fp32 output falls back here, before env.json records
+        # the path, not at the first real GEMM (a bf16_fp8rollout run computes none before env.json is written).
+        _gemm(q, s, q, s)
     if device in _NO_FP32_SCALED_MM:
         return {"path": "emulated", "reason": _FALLBACK_REASON.get(device, "torch._scaled_mm failed")}
-    if not device.startswith("cuda") or torch.cuda.get_device_capability(torch.device(device)) < (8, 9):
-        return {"path": "emulated", "reason": "no FP8 tensor cores on this device"}
     return {"path": "torch._scaled_mm", "reason": "FP8 tensor cores, fp32 output"}
 
 
