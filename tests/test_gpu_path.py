@@ -89,29 +89,6 @@ def test_a_run_closes_its_sampler_and_builds_no_second_one_for_the_kl_reference(
     assert len(built) == 1 and closed == built
 
 
-@pytest.mark.parametrize("error", [RuntimeError, ValueError])
-def test_fp8_gemm_fallback_catches_either_error_and_says_so(monkeypatch, error):
-    """Builds whose row-wise _scaled_mm cannot emit fp32 raise a RuntimeError or a ValueError (sm89, CUDA < 12.9
-    wheels): either way the GEMM is computed emulated, a warning says why, and gemm_path (env.json) records it."""
-    from suite.numerics import fp8
-
-    def refuse(*a, **k):
-        raise error("Only bf16 high precision output types are supported for row-wise scaling.")
-
-    monkeypatch.setattr(fp8, "_has_fp8_tensor_cores", lambda t: True)
-    monkeypatch.setattr(fp8, "_fp8_gemm_cuda", refuse)
-    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
-    monkeypatch.setattr(fp8, "_FALLBACK_REASON", {})
-    g = torch.Generator().manual_seed(0)
-    (qa, sa), (qb, sb) = fp8.quantize_groupwise(torch.randn(16, 128, generator=g)), \
-        fp8.quantize_groupwise(torch.randn(32, 128, generator=g))
-    with pytest.warns(RuntimeWarning, match=f"raised {error.__name__}.*emulated"):
-        out = fp8._gemm(qa, sa, qb, sb)
-    assert torch.equal(out, fp8._fp8_gemm_emulated(qa, sa, qb, sb))
-    assert fp8.gemm_path("cpu") == {"path": "emulated", "reason": f"torch._scaled_mm raised {error.__name__}: "
-                                    "Only bf16 high precision output types are supported for row-wise scaling."}
-
-
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vllm(-cpu) not installed")
 def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_chunk_after_chunk(monkeypatch):
     """Sleep mode (GPU only: vLLM's CPU worker ignores it, so this drives the engine's logic with a recording LLM):
@@ -164,28 +141,6 @@ def test_every_flow_observes_its_dtypes_on_its_device_with_emulated_gemms(flow):
                       world=dist.World(device="meta"))
     seen = trainer.observe()
     assert seen["param_device"] == "meta" and seen["logits"] == str(resolve(flow).trainer_dtype)
-
-
-def test_fp8_gemm_path_runs_a_product_before_it_answers(monkeypatch):
-    """env.json's fp8_gemm is written before the run's first FP8 GEMM (bf16_fp8rollout computes none by then): the
-    answer comes from one small product on the device, so a build that refuses fp32 output is recorded as emulated."""
-    from suite.numerics import fp8
-
-    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
-    monkeypatch.setattr(fp8, "_FALLBACK_REASON", {})
-    assert fp8.gemm_path("cpu") == {"path": "emulated", "reason": "no FP8 tensor cores on this device"}
-
-    def refuse(*a, **k):
-        raise ValueError("Only bf16 and fp16 high precision output types are supported for row-wise scaling.")
-
-    monkeypatch.setattr(fp8, "_has_fp8_tensor_cores", lambda t: True)
-    monkeypatch.setattr(fp8, "_fp8_gemm_cuda", refuse)
-    with pytest.warns(RuntimeWarning, match="raised ValueError"):
-        path = fp8.gemm_path("cpu")  # no GEMM has run on this "device" yet
-    assert path["path"] == "emulated" and path["reason"].startswith("torch._scaled_mm raised ValueError: Only bf16")
-    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
-    monkeypatch.setattr(fp8, "_fp8_gemm_cuda", fp8._fp8_gemm_emulated)  # a build that accepts fp32 output
-    assert fp8.gemm_path("cpu") == {"path": "torch._scaled_mm", "reason": "FP8 tensor cores, fp32 output"}
 
 
 def test_deterministic_sets_torchs_flag_and_cublas_for_the_run_only(monkeypatch):
