@@ -265,33 +265,6 @@ def test_scaled_mm_slicing_matches_emulation():
     torch.testing.assert_close(out, _fp8_gemm_emulated(qa, sa, qb, sb), rtol=1e-5, atol=1e-4)
 
 
-def test_device_without_fp32_scaled_mm_falls_back_without_rounding_partial_sums(monkeypatch):
-    """A _scaled_mm that only emits bf16 (sm89, CUDA < 12.9) must not round each K-slice's partial sum:
-    the GEMM falls back to the exact-product, fp32-accumulation path, once per device."""
-    from suite.numerics import fp8
-
-    calls = []
-
-    def bf16_only(a, b, scale_a, scale_b, out_dtype):
-        calls.append(out_dtype)
-        if out_dtype != torch.bfloat16:
-            raise RuntimeError("only bf16 output is supported")
-        return (a.float() * scale_a) @ (b.float() * scale_b)
-
-    monkeypatch.setattr(fp8, "_has_fp8_tensor_cores", lambda t: True)
-    monkeypatch.setattr(torch, "_scaled_mm", bf16_only)
-    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
-    torch.manual_seed(6)
-    qa, sa = quantize_groupwise(torch.randn(16, 512))
-    qb, sb = quantize_groupwise(torch.randn(32, 512))
-    exact = _fp8_gemm_emulated(qa, sa, qb, sb)
-    assert torch.equal(fp8._gemm(qa, sa, qb, sb), exact) and calls == [torch.float32]
-    assert torch.equal(fp8._gemm(qa, sa, qb, sb), exact) and calls == [torch.float32]  # not retried
-    sliced = sum(((qa[:, k:k + 128].float() * sa[:, k // 128:k // 128 + 1]) @ (qb[:, k:k + 128].float()
-                  * sb[:, k // 128:k // 128 + 1]).T).bfloat16().float() for k in range(0, 512, 128))
-    assert not torch.equal(sliced, exact)  # what the old bf16 fallback computed differs
-
-
 @pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),
                     reason="needs a GPU with FP8 tensor cores")
 def test_cuda_fp8_linear_matches_cpu_emulation():

@@ -2,6 +2,8 @@
 ("Tensor on device cpu is not on the expected device meta!"), so a trainer put there fails where a GPU run would.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -87,29 +89,6 @@ def test_a_run_closes_its_sampler_and_builds_no_second_one_for_the_kl_reference(
     assert len(built) == 1 and closed == built
 
 
-@pytest.mark.parametrize("error", [RuntimeError, ValueError])
-def test_fp8_gemm_fallback_catches_either_error_and_says_so(monkeypatch, error):
-    """Builds whose row-wise _scaled_mm cannot emit fp32 raise a RuntimeError or a ValueError (sm89, CUDA < 12.9
-    wheels): either way the GEMM is computed emulated, a warning says why, and gemm_path (env.json) records it."""
-    from suite.numerics import fp8
-
-    def refuse(*a, **k):
-        raise error("Only bf16 high precision output types are supported for row-wise scaling.")
-
-    monkeypatch.setattr(fp8, "_has_fp8_tensor_cores", lambda t: True)
-    monkeypatch.setattr(fp8, "_fp8_gemm_cuda", refuse)
-    monkeypatch.setattr(fp8, "_NO_FP32_SCALED_MM", set())
-    monkeypatch.setattr(fp8, "_FALLBACK_REASON", {})
-    g = torch.Generator().manual_seed(0)
-    (qa, sa), (qb, sb) = fp8.quantize_groupwise(torch.randn(16, 128, generator=g)), \
-        fp8.quantize_groupwise(torch.randn(32, 128, generator=g))
-    with pytest.warns(RuntimeWarning, match=f"raised {error.__name__}.*emulated"):
-        out = fp8._gemm(qa, sa, qb, sb)
-    assert torch.equal(out, fp8._fp8_gemm_emulated(qa, sa, qb, sb))
-    assert fp8.gemm_path("cpu") == {"path": "emulated", "reason": f"torch._scaled_mm raised {error.__name__}: "
-                                    "Only bf16 high precision output types are supported for row-wise scaling."}
-
-
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vllm(-cpu) not installed")
 def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_chunk_after_chunk(monkeypatch):
     """Sleep mode (GPU only: vLLM's CPU worker ignores it, so this drives the engine's logic with a recording LLM):
@@ -151,3 +130,51 @@ def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_chunk_after_chunk(monk
     eng.sync({"w": torch.zeros(2)})
     assert calls == ["empty_cache", "wake weights", "reload_weights", "reset_prefix_cache", "empty_cache",
                      "wake kv_cache"] and not eng.asleep
+
+
+@pytest.mark.parametrize("flow", list(FLOWS))
+def test_every_flow_observes_its_dtypes_on_its_device_with_emulated_gemms(flow):
+    """gemm=emulated (no autocast, so the HF-module flows run on meta too): observe() runs the model without an
+    attention mask, and the emulated attention's causal mask is built on the queries' device, not on the CPU."""
+    model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
+    trainer = Trainer(model, resolve(flow), "emulated", config.load(["tier=smoke"]).optim,
+                      world=dist.World(device="meta"))
+    seen = trainer.observe()
+    assert seen["param_device"] == "meta" and seen["logits"] == str(resolve(flow).trainer_dtype)
+
+
+def test_deterministic_sets_torchs_flag_and_cublas_for_the_run_only(monkeypatch):
+    """Process-wide state: on inside, what it found afterwards (a sweep's next cell in this process starts clean),
+    also when the run dies; off changes nothing."""
+    from suite.numerics import determinism
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    with determinism.enabled(False):
+        assert determinism.describe(False) == {"requested": False, "torch_deterministic_algorithms": False,
+                                               "CUBLAS_WORKSPACE_CONFIG": ":16:8", "VLLM_BATCH_INVARIANT": None}
+    with pytest.raises(RuntimeError, match="died"), determinism.enabled(True):
+        assert determinism.describe(True) == {"requested": True, "torch_deterministic_algorithms": True,
+                                              "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "VLLM_BATCH_INVARIANT": "1"}
+        raise RuntimeError("died")
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8" and "VLLM_BATCH_INVARIANT" not in os.environ
+
+
+def test_a_deterministic_run_records_it_and_computes_the_same_on_cpu(tmp_path):
+    """CPU kernels are deterministic already: deterministic=true changes no number of a run (metrics.jsonl byte for
+    byte), and env.json records the state the run computed under."""
+    import json
+
+    from suite.rl import train
+
+    dirs = {}
+    for on in (False, True):
+        cfg = config.load(["tier=smoke", "steps=2", f"deterministic={str(on).lower()}", f"out={tmp_path / str(on)}"])
+        dirs[on] = train.run(cfg)
+    env = json.loads((dirs[True] / "env.json").read_text())["determinism"]
+    assert env["requested"] and env["torch_deterministic_algorithms"] and env["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    assert not json.loads((dirs[False] / "env.json").read_text())["determinism"]["torch_deterministic_algorithms"]
+    assert not torch.are_deterministic_algorithms_enabled()
+    assert (dirs[True] / "metrics.jsonl").read_bytes() == (dirs[False] / "metrics.jsonl").read_bytes()

@@ -43,13 +43,15 @@ Emulation vs real kernels
 The error of FP8 training comes from quantise/dequantise, not from the kernel. On CPU
 (and on GPUs without FP8 tensor cores) ``_gemm`` dequantises both operands and runs an fp32
 GEMM, like ``precision.lowp_linear`` does for bf16. On a CUDA device of capability >= 8.9
-the same quantised operands feed ``torch._scaled_mm``. That op only takes tensor-wise or
-row-wise fp32 scales, so the block recipe is computed one 128-wide K-slice at a time (within
-a slice every scale is per-row of A / per-column of B) and the fp32 partial products are
-summed: DeepGEMM's "promote to fp32 every K block". Layout rules of ``_scaled_mm``: A
-row-major (M, K), B column-major (K, N) (i.e. ``b.t()`` of a contiguous (N, K) tensor),
-K and N multiples of 16; scale_a (M, 1), scale_b (1, N), fp32. Both paths give the same
-numbers up to accumulation order (and the emulation's fp32 rounding of q * scale).
+the same quantised operands feed ``torch._scaled_mm``, in one call with 1x128 block scales
+on both operands where the installed torch and cuBLAS support it (torch >= 2.9, CUDA >= 12.9,
+sm90: cuBLAS's "1D block scaling"), else one row-wise call per 128-wide K-slice whose fp32
+partial products are summed in fp32 (DeepGEMM's "promote to fp32 every K block"). Layout rules
+of ``_scaled_mm``: A row-major (M, K), B column-major (K, N) (``b.t()`` of a contiguous (N, K)
+tensor), dimensions multiples of 16 (operands are zero-padded, which changes no number).
+The first product on a device is checked against the emulation (equal up to fp32 summation
+order); a path that raises or disagrees is dropped, and the one a device runs, with the reason
+for every fallback, is recorded in env.json (``fp8_gemm``) and shown by ``suite doctor``.
 
 Cost of the emulation on CPU: the GEMMs are ordinary fp32 GEMMs; the overhead is the
 elementwise work (amax, divide, clamp, fp32 <-> fp8 casts, which torch does slowly on CPU),
@@ -180,14 +182,23 @@ def _fp8_gemm_emulated(qa, sa, qb, sb) -> torch.Tensor:
     return dequantize_groupwise(qa, sa) @ dequantize_groupwise(qb, sb).T
 
 
+def _fp8_gemm_blockwise(qa, sa, qb, sb) -> torch.Tensor:
+    """The product in ONE ``torch._scaled_mm`` with 1x128 block scales on both operands (DeepSeek-V3's recipe as
+    cuBLAS runs it: "1D block scaling" for FP8, CUDA >= 12.9 on sm90; torch >= 2.9 recognises it from the scales'
+    shapes and strides). torch's layout rules (ScaledBlas.cpp, ``is_blockwise_1x128_scaling``): A row-major (M, K)
+    with scale_a (M, ceil(K/128)) outer-dim-major (stride (1, M)); B column-major (K, N) with scale_b
+    (ceil(K/128), N) row-major, i.e. B's (N, Kg) scales outer-dim-major seen transposed. Operands padded (``_padded``)."""
+    return torch._scaled_mm(qa, qb.t(), scale_a=sa.t().contiguous().t(), scale_b=sb.t().contiguous(),
+                            out_dtype=torch.float32)
+
+
 def _fp8_gemm_cuda(qa, sa, qb, sb) -> torch.Tensor:
-    """The same product on FP8 tensor cores: one ``torch._scaled_mm`` per 128-wide K-slice.
+    """The same product as one row-wise ``torch._scaled_mm`` per 128-wide K-slice (the fallback for builds
+    without block scaling: torch < 2.9, CUDA < 12.9, sm89).
 
     Within slice j every scale is row-wise: scale_a = sa[:, j] (M, 1) per row of A,
     scale_b = sb[:, j] (1, N) per column of B = qb.T. Partial products come out in fp32 and
-    are summed in fp32. Needs K and N multiples of 16 (``_gemm`` checks). UNTESTED ON A
-    GPU here (no GPU on the development machine); the slicing and scale logic is tested
-    through the CPU implementation of ``torch._scaled_mm`` in tests/test_fp8.py.
+    are summed in fp32 (DeepGEMM's "promote to fp32 every K block").
     """
     M, K = qa.shape
     N = qb.shape[0]
@@ -202,24 +213,87 @@ def _fp8_gemm_cuda(qa, sa, qb, sb) -> torch.Tensor:
     return out
 
 
-# Set when torch._scaled_mm cannot emit fp32 here (the CUTLASS row-wise path on sm89 with CUDA < 12.9
-# only emits bf16). Rounding each K-slice's partial sum to bf16 would change the numbers, not only the
-# accumulation order, so such a device computes the GEMM the emulated way instead (exact products,
-# fp32 accumulation), on the GPU.
-_NO_FP32_SCALED_MM: set[str] = set()
-# Why, per device: the exception torch._scaled_mm raised (a RuntimeError on some builds, a ValueError on others,
-# e.g. the sm89 row-wise path of CUDA < 12.9 wheels), recorded in env.json (gemm_path) instead of switching quietly.
+# The tensor-core paths in the order tried; a device keeps the first that runs and agrees with the emulation.
+_CUDA_PATHS = {"torch._scaled_mm blockwise 1x128": _fp8_gemm_blockwise,
+               "torch._scaled_mm per K-slice": _fp8_gemm_cuda}
+# Per device: the path it runs ("emulated" after every tensor-core path failed) and why (env.json ``fp8_gemm``).
+# A path is dropped when _scaled_mm raises (a RuntimeError on some builds, a ValueError on others, e.g. the sm89
+# row-wise path of CUDA < 12.9 wheels, which emits only bf16: rounding each partial sum to bf16 would change the
+# numbers, not only the summation order) or when its first product disagrees with the emulation (a scale layout
+# read otherwise than here): never silently, the reason is recorded and warned.
+_PATH: dict[str, str] = {}
 _FALLBACK_REASON: dict[str, str] = {}
 
 
+def _padded(q: torch.Tensor, s: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (R, K) zero-padded to (rows, cols) and its scales (R, Kg) to (rows, Kg) with ones: cuBLAS's FP8 GEMMs want
+    dimensions in multiples of 16 and whole 128-wide K groups. Zero elements add nothing to any product, and padding K
+    inside the last group leaves its scale as is (zeros never change an amax), so no number changes."""
+    R, K = q.shape
+    if (R, K) == (rows, cols) and q.is_contiguous():
+        return q, s
+    # float8 0x00 is +0; pad through a uint8 view (torch's pad has no float8 kernels everywhere)
+    qp = torch.nn.functional.pad(q.view(torch.uint8), (0, cols - K, 0, rows - R)).contiguous().view(q.dtype)
+    return qp, torch.nn.functional.pad(s, (0, 0, 0, rows - R), value=1.0)
+
+
+def agrees(got: torch.Tensor, qa, sa, qb, sb) -> bool:
+    """Whether a tensor-core product equals the emulation's up to fp32 summation order: both add the same exact
+    products (E4M3 x E4M3 is exact in fp32 and so is each product's scaling up to one rounding), so
+    |diff| <= K eps32 sum_k |a_k b_k| (Higham, Accuracy and Stability of Numerical Algorithms, Eq. 3.5: |fl(x.y) -
+    x.y| <= gamma_K |x|.|y|, gamma_K ~ K eps), with 2 K for the scaling's roundings on both sides."""
+    want = _fp8_gemm_emulated(qa, sa, qb, sb)
+    K = qa.shape[1]
+    bound = 2 * K * torch.finfo(torch.float32).eps * (dequantize_groupwise(qa, sa).abs()
+                                                      @ dequantize_groupwise(qb, sb).abs().T)
+    return bool(((got - want).abs() <= bound + torch.finfo(torch.float32).tiny).all())
+
+
+def _tensor_core_gemm(qa, sa, qb, sb) -> torch.Tensor | None:
+    """The product on FP8 tensor cores through this device's path, choosing it on the first call; None: emulate."""
+    dev = str(qa.device)
+    M, K = qa.shape
+    N = qb.shape[0]
+    up = lambda n, m: -(-n // m) * m  # noqa: E731
+    (a, sa_), (b, sb_) = _padded(qa, sa, up(M, 16), up(K, BLOCK)), _padded(qb, sb, up(N, 16), up(K, BLOCK))
+    if dev in _PATH:
+        return None if _PATH[dev] == "emulated" else _CUDA_PATHS[_PATH[dev]](a, sa_, b, sb_)[:M, :N]
+    reasons = []
+    for name, fn in _CUDA_PATHS.items():
+        try:
+            out = fn(a, sa_, b, sb_)[:M, :N]
+        except (RuntimeError, ValueError) as e:  # either type, by build: "not supported here"
+            reasons.append(f"{name} raised {type(e).__name__}: {' '.join(str(e).split())[:200]}")
+            continue
+        if not agrees(out, qa, sa, qb, sb):
+            reasons.append(f"{name} disagreed with the emulation beyond fp32 summation order")
+            continue
+        _PATH[dev] = name
+        _FALLBACK_REASON[dev] = "; ".join(reasons) or "FP8 tensor cores, fp32 output"
+        if reasons:
+            warnings.warn(f"FP8 GEMM on {dev}: {_FALLBACK_REASON[dev]}; using {name}", RuntimeWarning, stacklevel=3)
+        return out
+    _PATH[dev], _FALLBACK_REASON[dev] = "emulated", "; ".join(reasons)
+    warnings.warn(f"FP8 GEMM on {dev}: {_FALLBACK_REASON[dev]}; computing it emulated (exact products, fp32 sums) "
+                  "from now on", RuntimeWarning, stacklevel=3)
+    return None
+
+
 def gemm_path(device: str | torch.device) -> dict[str, str]:
-    """Which FP8 GEMM this device runs, and why (env.json ``fp8_gemm``; ``suite doctor``)."""
+    """Which FP8 GEMM this device runs, and why (env.json ``fp8_gemm``; ``suite doctor``).
+
+    The answer comes from a product run now when none has run on the device yet: env.json is written before a
+    run's first FP8 GEMM (a bf16_fp8rollout run computes none by then), and a build that refuses a path must be
+    recorded as what it computes, not as what it was expected to."""
     device = str(device)
-    if device in _NO_FP32_SCALED_MM:
-        return {"path": "emulated", "reason": _FALLBACK_REASON.get(device, "torch._scaled_mm failed")}
-    if not device.startswith("cuda") or torch.cuda.get_device_capability(torch.device(device)) < (8, 9):
+    g = torch.Generator().manual_seed(0)
+    # K = 256: two 128-groups, so the probe exercises block scales (one group would match row-wise scaling)
+    q, s = quantize_groupwise(torch.randn(32, 2 * BLOCK, generator=g).to(device))
+    if not _has_fp8_tensor_cores(q):
         return {"path": "emulated", "reason": "no FP8 tensor cores on this device"}
-    return {"path": "torch._scaled_mm", "reason": "FP8 tensor cores, fp32 output"}
+    if device not in _PATH:
+        _gemm(q, s, q, s)
+    return {"path": _PATH[device], "reason": _FALLBACK_REASON[device]}
 
 
 def _has_fp8_tensor_cores(t: torch.Tensor) -> bool:
@@ -232,21 +306,17 @@ def _gemm(qa, sa, qb, sb, reduce_dim: int = -1) -> torch.Tensor:
     reduce_dim=-1: A (M, K), B (N, K), scales (M|N, Kg) -> A @ B.T   (forward, input grad)
     reduce_dim=0:  A (K, M), B (K, N), scales (Kg, M|N) -> A.T @ B   (weight grad, K = tokens)
     The reduce_dim=0 form keeps the token-major tensors in their own layout on CPU, where a
-    transpose copy costs more than the GEMM.
+    transpose copy costs more than the GEMM. On tensor cores every shape runs in FP8, the weight gradient's
+    token count included (padded, ``_padded``); only a recorded, warned fallback leaves it.
     """
     if reduce_dim == 0:
         if _has_fp8_tensor_cores(qa):
             return _gemm(qa.t(), sa.t(), qb.t(), sb.t())
         return dequantize_groupwise(qa, sa, dim=0).T @ dequantize_groupwise(qb, sb, dim=0)
-    K, N = qa.shape[1], qb.shape[0]
-    if _has_fp8_tensor_cores(qa) and K % 16 == 0 and N % 16 == 0 and str(qa.device) not in _NO_FP32_SCALED_MM:
-        try:
-            return _fp8_gemm_cuda(qa, sa, qb, sb)
-        except (RuntimeError, ValueError) as e:  # either type, by build: "cannot emit fp32 here"
-            _NO_FP32_SCALED_MM.add(str(qa.device))
-            _FALLBACK_REASON[str(qa.device)] = f"torch._scaled_mm raised {type(e).__name__}: {str(e)[:200]}"
-            warnings.warn(f"FP8 GEMM on {qa.device}: {_FALLBACK_REASON[str(qa.device)]}; computing it emulated "
-                          "(exact products, fp32 sums) from now on", RuntimeWarning, stacklevel=2)
+    if _has_fp8_tensor_cores(qa):
+        out = _tensor_core_gemm(qa, sa, qb, sb)
+        if out is not None:
+            return out
     return _fp8_gemm_emulated(qa, sa, qb, sb)
 
 

@@ -106,7 +106,7 @@ def _hf_lowp_attention(module, query, key, value, attention_mask, dropout=0.0, s
     dtype = module._suite_dtype
     S, T = query.shape[-2], key.shape[-2]
     if attention_mask is None:
-        keep = torch.ones(S, T, dtype=torch.bool).tril(T - S)[None, None]
+        keep = torch.ones(S, T, dtype=torch.bool, device=query.device).tril(T - S)[None, None]
     elif attention_mask.dtype == torch.bool:
         keep = attention_mask
     else:  # additive float mask (0 keep, large negative drop)

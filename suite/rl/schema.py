@@ -207,6 +207,10 @@ class RunConfig:
     threads: int = 1
     """torch CPU threads per run. 1 by default: the policy's GEMMs are small, OpenMP spin-waits cost
     more than they give, and sweeps run cells side by side instead."""
+    deterministic: bool = False
+    """GPU: deterministic kernels (torch.use_deterministic_algorithms, CUBLAS_WORKSPACE_CONFIG=:4096:8, vLLM batch
+    invariance), so a resumed run and N ranks reproduce an uninterrupted single rank bit for bit; slower, and an op
+    with no deterministic CUDA kernel raises. CPU kernels are deterministic already (suite/numerics/determinism.py)."""
     nproc: int = 1
     """Ranks per node (torchrun's --nproc_per_node): data-parallel rollouts, FSDP2-sharded training,
     sharded checkpoints (docs/distributed.md). 1: one process, no process group. ``suite run nproc=N``

@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from suite import dist, results
-from suite.numerics import flops, fp8, machine, moe
+from suite.numerics import determinism, flops, fp8, machine, moe
 from suite.numerics.engine import Rollout, TorchEngine, left_pad
 from suite.numerics.sampling import sequence_seeds
 from suite.numerics.flows import kv_quant
@@ -210,12 +210,13 @@ def run(cfg, console: Console | None = None) -> Path:
     Under torchrun or srun (suite/dist.py) every rank calls this; rank 0 alone writes the bundle.
     A config whose memory plan exceeds this rank's device is refused first (suite/rl/plan.py; plan.check=false).
     """
-    plan.check_rank(cfg)
-    world = dist.init(cfg.nproc, cfg.nnodes)
-    try:
-        return _run(cfg, world, console or Console())
-    finally:
-        dist.close(world)
+    with determinism.enabled(cfg.deterministic):  # before any CUDA work: cuBLAS reads its setting once
+        plan.check_rank(cfg)  # refused before any compute when the memory plan exceeds this rank's device
+        world = dist.init(cfg.nproc, cfg.nnodes)
+        try:
+            return _run(cfg, world, console or Console())
+        finally:
+            dist.close(world)
 
 
 def _run(cfg, world: dist.World, console: Console) -> Path:
@@ -277,6 +278,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 "engine": cfg.engine, "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
                 **({"kv_cache": cfg.kv_cache} if cfg.kv_cache != "auto" else {}),
                 "trainer_observed": observed, "world": world.describe(),
+                "determinism": determinism.describe(cfg.deterministic),
                 **({"fp8_gemm": fp8.gemm_path(trainer.device)} if "fp8" in (flow.trainer_quant, flow.sampler_quant)
                    else {}),
                 "task": {"name": task.name, "version": task.version},
