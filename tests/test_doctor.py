@@ -22,7 +22,7 @@ def test_doctor_passes_on_this_machine(tmp_path):
     checks = {r["check"] for r in rows}
     assert {f"placement {f}" for f in FLOWS} | {f"dtypes {f}" for f in FLOWS} <= checks
     assert {"mismatch order", "mismatch fp8 unified", "fp8 gemm", "fp16 overflow", "fsdp2 = plain",
-            "kill + resume"} <= checks
+            "kill + resume", "memory plan"} <= checks
     order = next(r for r in rows if r["check"] == "mismatch order")["measured"]
     assert order.startswith("exact 0.00e+00 < fp32")  # the measured values are in the table, in order
     assert "suite doctor: " in p.stdout and f"{len(rows)}/{len(rows)} pass" in p.stdout

@@ -86,3 +86,42 @@ def test_micro_batches_accumulate_the_minibatch_gradient(tiny_model):
             t.step([(lambda c=c: fn(c), w) for c, w in zip(micro, accumulation_weights(micro, mask, algo.agg))])
             grads.append(torch.cat([p.grad.flatten() for p in t.params]))
         assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-8), name
+
+
+def test_per_micro_batch_padding_scores_fewer_columns_to_the_same_numbers(tiny_model):
+    """trim_padding: a micro-batch whose rows need fewer columns than the rollout batch (shorter prompts, shorter
+    responses) is scored over those columns only; log-probs, entropies and the gradient equal the padded batch's up
+    to fp32 summation order, and the dropped response positions come back as 0 in the (B, R) shape.
+
+    Tolerance: both forwards round every op to fp32 (eps 1.2e-7) and differ only in summation order and in
+    attention rows of other lengths; through two layers of hidden 64 and a 20-token vocabulary that is a few
+    hundred rounded ops per log-prob, so 1e-5 absolute on values of order 1 (a bf16 rounding would be 4e-3)."""
+    from suite.rl.train import batch_tensors
+
+    model, tok, task = tiny_model
+    items = task.split("train", 4)
+    prompts = [tok(it.prompt)["input_ids"] for it in items]
+    prompts[0] = prompts[0] + prompts[1][:3]  # one long prompt: the other rows are left-padded to it
+    R = 12
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(3, len(tok), (4, R), generator=g)
+    mask = torch.zeros(4, R)
+    for row, n in enumerate((12, 5, 3, 7)):  # right padding: rows 1-2 end early
+        mask[row, :n] = 1
+    ids, attn = batch_tensors(prompts, tokens, mask)
+    seen = []
+    out = {}
+    for trim in (False, True):
+        t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3), trim_padding=trim)
+        t.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
+        c = torch.tensor([1, 2])  # the micro-batch of the two short rows
+        logp, ent = t.logprobs(ids[c], attn[c], R, tokens[c], 1.0)
+        (-(logp * mask[c]).sum()).backward()
+        out[trim] = logp.detach(), ent.detach(), torch.cat([p.grad.flatten() for p in t.params])
+    assert seen[0] == ids.shape[1] and seen[1] == ids.shape[1] - 3 - (R - 5)  # 3 prompt + 7 response columns fewer
+    m = mask[[1, 2]].bool()
+    for full, trimmed in zip(out[False][:2], out[True][:2]):
+        assert trimmed.shape == full.shape == (2, R)
+        torch.testing.assert_close(trimmed[m], full[m], rtol=0, atol=1e-5)
+        assert (trimmed[:, 5:] == 0).all()  # beyond the micro-batch's longest response
+    torch.testing.assert_close(out[True][2], out[False][2], rtol=1e-4, atol=1e-6)

@@ -41,10 +41,12 @@ def _widths(hidden: int) -> dict:
 
 
 def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps: int, precision: str,
-        hidden: int = 0) -> dict:
-    """One variant in this process: {peak_mb (over the built model), step_s (median)}."""
+        hidden: int = 0, device: str = "cpu") -> dict:
+    """One variant in this process: {peak_mb (over the built model), step_s (median)}. On CPU the peak resident
+    set; on a GPU the caching allocator's peak of allocated bytes (``torch.cuda.max_memory_allocated``)."""
     import torch
 
+    from suite import dist
     from suite.numerics.precision import resolve
     from suite.numerics.trainer import Trainer
     from suite.rl import config
@@ -55,11 +57,17 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     spec = PolicySpec(**_widths(hidden))
     model = build_model(spec, vocab_size=vocab, max_len=prompt + response + 8)
     cfg = config.load(["tier=small", f"precision={precision}"])
-    trainer = Trainer(model, resolve(precision), "native", cfg.optim, **VARIANTS[variant])
+    trainer = Trainer(model, resolve(precision), "native", cfg.optim, world=dist.World(device=device),
+                      **VARIANTS[variant])
     ids = torch.randint(3, vocab, (batch, prompt + response))
     attn = torch.ones_like(ids)
     attn[0, 0] = 0  # one left-padded prompt, as in every real batch: the attention then runs with a padding mask
-    base = _rss_mb()
+    cuda = device.startswith("cuda")
+    if cuda:
+        ids, attn = ids.to(device), attn.to(device)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated() / 2**20 if cuda else _rss_mb()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -70,7 +78,8 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
 
         trainer.step(loss_fn)
         times.append(time.perf_counter() - t0)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    peak = (torch.cuda.max_memory_allocated() / 2**20 if cuda
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
     return {"variant": variant, "peak_mb": peak - base, "step_s": statistics.median(times[1:] or times),
             "params": sum(p.numel() for p in model.parameters())}
 
@@ -171,6 +180,7 @@ def main(args: list[str]) -> int:
     p.add_argument("--reward-workers", type=int, default=2)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--hidden", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     p.add_argument("--plan", action="store_true", help="the memory plan's prediction against the measured peak at "
                    "several sizes (suite plan; suite/numerics/memory.py)")
     a = p.parse_args(args)
@@ -179,7 +189,7 @@ def main(args: list[str]) -> int:
     sizes = dict(vocab=a.vocab, batch=a.batch, prompt=a.prompt, response=a.response, steps=a.steps,
                  precision=a.precision)
     if a.one:
-        print(json.dumps(one(a.one, **sizes, hidden=a.hidden)))
+        print(json.dumps(one(a.one, **sizes, hidden=a.hidden, device=a.device)))
         return 0
     from rich.table import Table
 

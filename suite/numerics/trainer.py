@@ -103,13 +103,34 @@ def _logp_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: floa
     return logp, entropy
 
 
+def _padded_back(score, ids, attn, n_resp, targets, temperature, kept):
+    """Per-micro-batch padding (``trim_padding``): score only the columns some row of this micro-batch attends to.
+
+    A rollout batch pads every row to its longest prompt (left) and longest response (right); a micro-batch of a
+    few rows usually needs far fewer columns (verl's and OpenRLHF's "remove padding" for the same reason: the
+    logits and activations of the dropped columns are the largest tensors of a long-response update). Dropped
+    columns are attended by no row, so positions (from the mask's cumulative sum) and every kept logit are the
+    same up to the kernels' summation order; the log-probs and entropies of dropped response positions, masked
+    out of every loss and metric, come back as 0 in the (B, R) shape the caller expects.
+    """
+    S = ids.shape[1]
+    cols = attn.bool().any(0).nonzero().flatten()
+    first, last = int(cols[0]) if len(cols) else 0, max(int(cols[-1]) + 1 if len(cols) else S, S - n_resp + 1)
+    r = last - (S - n_resp)  # response positions kept (at least one, so every shape stays non-empty)
+    logp, ent = score(ids[:, first:last], attn[:, first:last], r, targets[:, :r], temperature,
+                      None if kept is None else kept[:, :r])
+    pad = (0, n_resp - r)
+    return torch.nn.functional.pad(logp, pad), torch.nn.functional.pad(ent, pad)
+
+
 class Trainer:
     """Holds the fp32 master model (FSDP2-sharded over a world), its optimizer and loss scaler."""
 
     def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False,
                  world: dist.World | None = None, gradient_checkpointing: bool = False, logprob_chunk: int = 0,
-                 kv_quant: str | None = None):
+                 kv_quant: str | None = None, trim_padding: bool = False):
         self.world = world or dist.World()
+        self.trim_padding = trim_padding
         self.device = torch.device(self.world.device)
         self.model = model.float().to(self.device)
         self.flow = flow
@@ -277,6 +298,11 @@ class Trainer:
             weights = self.unified.training_weights(dict(self.model.named_parameters()))
             return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights,
                                            None if routes is None else routes.to(self.device), kept)
+        if self.trim_padding:
+            return _padded_back(self._hf_logprobs, ids, attn, n_resp, targets, temperature, kept)
+        return self._hf_logprobs(ids, attn, n_resp, targets, temperature, kept)
+
+    def _hf_logprobs(self, ids, attn, n_resp, targets, temperature, kept):
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits

@@ -38,12 +38,12 @@ class Preset:
 
 # What a 1-2B model needs that the embedded policy does not: a learning rate two orders below the toy tiers'
 # 1e-4, and the memory knobs of an 8k-token, 152k-vocabulary response on one 80 GB GPU (docs/tasks.md):
-# micro-batches of 2 sequences, activations recomputed per layer, the fp32 log-softmax in chunks of 1024
-# positions. lr 1e-6, no weight decay, clip 1.0: the published recipes of these models' RL runs (Precision-RL,
+# micro-batches of 2 sequences padded to their own longest row, activations recomputed per layer, the fp32
+# log-softmax in chunks of 1024 positions. lr 1e-6, no weight decay, clip 1.0: the published recipes of these models' RL runs (Precision-RL,
 # arXiv 2510.26788; Dr.GRPO, arXiv 2503.20783, Sec. 4; verl's GRPO examples).
 REAL_MODEL_RECIPE: dict[str, Any] = {
     "optim.lr": 1e-6, "optim.weight_decay": 0.0, "optim.grad_clip": 1.0,
-    "micro_batch": 2, "gradient_checkpointing": True, "logprob_chunk": 1024,
+    "micro_batch": 2, "gradient_checkpointing": True, "logprob_chunk": 1024, "trim_padding": True,
 }
 # Below this a model trains with the toy tiers' hyper-parameters (the embedded tiers have 0.2-1.6M
 # parameters); above it, a run that would use them is refused (``check_recipe``).

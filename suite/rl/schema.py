@@ -232,6 +232,10 @@ class RunConfig:
     """Sequences per forward/backward (gradient accumulation within each update; the loss and the update are
     the same). None: each minibatch at once, right for the embedded policy; a real model needs a few (8k-token
     responses x a 152k vocabulary are 5 GB of fp32 logits per sequence)."""
+    trim_padding: bool = False
+    """Per-micro-batch padding: the trainer scores only the columns some row of a micro-batch attends to, instead
+    of the rollout batch's longest prompt + response (suite/numerics/trainer.py: _padded_back). Same log-probs up
+    to summation order; false keeps every committed figure's shapes. The real-model recipe turns it on."""
     updates_per_step: int = 2
     """Optimizer updates (minibatches) per rollout batch, 1 PPO epoch; the published recipe uses 4."""
     threshold: float = 0.95
