@@ -36,8 +36,10 @@ def test_a_failing_check_is_a_failing_row_and_exit_1(tmp_path, monkeypatch):
     monkeypatch.setattr(doctor, "check_flows", lambda *a: [doctor.Row("placement fp32", True, "ok", "ok")])
     monkeypatch.setattr(doctor, "check_fsdp_and_resume", broken)
     monkeypatch.setattr(doctor, "check_fp16_overflow", lambda model: [doctor.Row("fp16 overflow", True, "ok", "ok")])
+    monkeypatch.setattr(doctor, "check_memory_plan", lambda: [doctor.Row("memory plan", True, "ok", "ok")])
     assert doctor.main([f"out={tmp_path}"]) == 1
     rows = json.loads((tmp_path / "doctor.json").read_text())["rows"]
     assert [(r["check"], r["ok"]) for r in rows] == [("placement fp32", True), ("fp8 gemm", True),
-                                                     ("fp16 overflow", True), ("runs", False)]
-    assert "illegal memory access" in rows[-1]["measured"]
+                                                     ("fp16 overflow", True), ("runs", False),
+                                                     ("memory plan", True)]  # a failing check ends no table
+    assert "illegal memory access" in rows[-2]["measured"]

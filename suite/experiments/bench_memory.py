@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 VARIANTS = {"baseline": {}, "gradient_checkpointing": {"gradient_checkpointing": True},
             "logprob_chunk": {"logprob_chunk": 16},
@@ -107,25 +108,59 @@ PLAN_SIZES = [("baseline", 151936, 8, 32, 128, "bf16", 0), ("both", 151936, 8, 3
               ("gradient_checkpointing", 4096, 2, 32, 1024, "fp32", 512)]
 
 
-def plan_check(console, steps: int) -> int:
-    """Predicted vs measured peak of an update at PLAN_SIZES (each in its own process)."""
+def plan_check(console, steps: int, write: str | None = None) -> int:
+    """Predicted vs measured peak of an update at PLAN_SIZES (each in its own process); ``write``: the rows as JSON
+    (docs/tasks.md's table is generated from the committed file, ``plan_markdown``)."""
     from rich.table import Table
 
     from suite.numerics import machine
+    from suite.results import atomic_write_json
 
-    t = Table("option", "hidden", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB", "error",
-              title=f"memory plan vs measured peak RSS over the built model (mmap threshold 64 KiB: live bytes) of an "
-                    f"update, embedded small-tier layers, machine class {machine.describe('auto', 1)['id']}")
+    cls = machine.describe("auto", 1)["id"]
+    rows = []
     for variant, vocab, batch, prompt, response, precision, hidden in PLAN_SIZES:
         sizes = dict(vocab=vocab, batch=batch, prompt=prompt, response=response, steps=steps, precision=precision,
                      hidden=hidden)
         got = _measure(variant, sizes, env=LIVE_BYTES)["peak_mb"]
         want = predicted_mb(variant, **sizes)
-        t.add_row(variant, str(_widths(hidden)["hidden"]), f"{vocab:,}", f"{batch} x ({prompt} + {response})", precision, f"{want:.0f}", f"{got:.0f}",
-                  f"{(want - got) / got:+.1%}")
+        rows.append({"option": variant, **sizes, "hidden": _widths(hidden)["hidden"], "predicted_mib": round(want, 1),
+                     "measured_mib": round(got, 1), "error": round((want - got) / got, 4)})
         console.print(f"{variant} V={vocab} B={batch} R={response} {precision}: predicted {want:.0f} MiB, measured {got:.0f}")
+    t = Table("option", "hidden", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB",
+              "error", title=f"memory plan vs measured peak RSS over the built model (mmap threshold 64 KiB: live bytes) "
+                             f"of an update, embedded small-tier layers, machine class {cls}")
+    for r in rows:
+        t.add_row(*_cells(r))
     console.print(t)
+    if write:
+        import torch
+
+        atomic_write_json(Path(write), {"machine_class": cls, "torch": torch.__version__, "steps": steps,
+                                        "command": f"suite bench-memory --plan --steps {steps}", "rows": rows})
+        console.print(f"written to {write}")
     return 0
+
+
+def _cells(r: dict) -> list[str]:
+    option = {"both": "logprob_chunk=16 + gradient_checkpointing", "logprob_chunk": "logprob_chunk=16"}.get(
+        r["option"], r["option"])
+    return [option, str(r["hidden"]), f"{r['vocab']:,}", f"{r['batch']} x ({r['prompt']} + {r['response']})",
+            r["precision"], f"{r['predicted_mib']:.0f}", f"{r['measured_mib']:.0f}", f"{r['error']:+.1%}"]
+
+
+def plan_markdown(path: Path, part: str = "table") -> str:
+    """The committed plan-vs-measured rows (``--plan --write``) as docs/tasks.md's table, or (part=range) the
+    smallest and largest error."""
+    rows = json.loads(Path(path).read_text())["rows"]
+    if part == "range":
+        errors = [r["error"] for r in rows]
+        return f"{min(errors):+.0%} to {max(errors):+.0%}"
+    if part != "table":
+        raise ValueError(f"part must be table or range, not {part!r}")
+    head = ["option", "hidden", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB",
+            "error"]
+    return "\n".join(["| " + " | ".join(head) + " |", "|---|---:|---:|---|---|---:|---:|---:|",
+                      *("| " + " | ".join(_cells(r)) + " |" for r in rows)])
 
 
 # glibc keeps freed blocks below its dynamic mmap threshold (up to 32 MiB) in the heap, so the default peak RSS adds
@@ -181,6 +216,7 @@ def main(args: list[str]) -> int:
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--hidden", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
+    p.add_argument("--write", default=None, help="with --plan: write the rows as JSON to this file")
     p.add_argument("--plan", action="store_true", help="the memory plan's prediction against the measured peak at "
                    "several sizes (suite plan; suite/numerics/memory.py)")
     a = p.parse_args(args)
@@ -197,7 +233,7 @@ def main(args: list[str]) -> int:
 
     console = make_console()
     if a.plan:
-        return plan_check(console, a.steps)
+        return plan_check(console, a.steps, a.write)
     rows = []
     for name in VARIANTS:
         rows.append(_measure(name, sizes))

@@ -26,7 +26,9 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from suite.experiments.bench_memory import plan_markdown
 from suite.results import REFERENCE_ROOT, atomic_write_text, read_jsonl
+from suite.rl.plan import markdown as plan_table
 
 REPO = REFERENCE_ROOT.parents[1]
 # A span: the name (with its arguments) and the text between the markers, shortest match.
@@ -368,29 +370,22 @@ def f_params(tier: str) -> str:
 def f_grids() -> str:
     """Every named grid, in the order of suite/experiments/grids.py."""
     from suite.experiments.grids import GRIDS
-
     return ", ".join(f"`{g}`" for g in GRIDS)
 
 
 def f_grid_count() -> str:
     from suite.experiments.grids import GRIDS
-
     return str(len(GRIDS))
-
-
-def _values(v: list) -> str:
-    return ", ".join(map(str, v))
 
 
 def f_grids_table() -> str:
     """One row per grid: runs with today's flows and algorithms, its axes, its fixed overrides, its doc."""
     from suite.experiments import grids
-
     lines = ["| grid | runs | axes | fixed | what |", "|---|---|---|---|---|"]
     for name in grids.GRIDS:
         g = grids.get(name)
         n = len(list(itertools.product(*g["axes"].values())))
-        axes = " x ".join(f"`{k}` {_values(v)}" for k, v in g["axes"].items())
+        axes = " x ".join(f"`{k}` {', '.join(map(str, v))}" for k, v in g["axes"].items())
         fixed = " ".join(f"`{o}`" for o in g["overrides"])
         doc = g["doc"].replace("|", "\\|")  # a bar in a doc would end the table cell
         lines.append(f"| `{name}` | {n} | {axes} | {fixed} | {doc} |")
@@ -401,7 +396,6 @@ def f_attribution(cls: str, stack: str) -> str:
     """The attribution table of a committed ``suite attribute`` output (results/reference/<class>/attribute/<stack>/
     attribution.json), with its title and check line, as the command prints it."""
     from suite.analysis.attribution import table_markdown, title_of
-
     summary = json.loads((REFERENCE_ROOT / cls / "attribute" / stack / "attribution.json").read_text())
     return table_markdown(summary, title_of(summary))
 
@@ -409,7 +403,6 @@ def f_attribution(cls: str, stack: str) -> str:
 def f_source(path: str, part: str) -> str:
     """A committed source grid (suite/analysis/sources.py): its outcome sentence (part=outcome) or table (part=table)."""
     from suite.analysis import sources
-
     runs = list(_grid(path))
     axis = sources.source_axis(runs)
     records = sources.rows(runs, axis)
@@ -421,8 +414,12 @@ def f_source(path: str, part: str) -> str:
 
 def f_plan(*overrides: str) -> str:
     """The memory plan of a run config on 1 and 8 H100s, itemised (suite/rl/plan.py ``markdown``)."""
-    from suite.rl.plan import markdown
-    return markdown(list(overrides))
+    return plan_table(list(overrides))
+
+
+def f_memplan(cls: str, part: str = "table") -> str:
+    """The plan against measured peaks on a class (``suite bench-memory --plan --write``, committed): table, range."""
+    return plan_markdown(REFERENCE_ROOT / cls / "memory_plan.json", part)
 
 
 # ---------------------------------------------------------------------------- names, filling, checking
@@ -430,11 +427,11 @@ FIGURES = {
     "verdicts": f_verdicts, "misses": f_misses, "miss-flows": f_miss_flows, "miss-margin": f_miss_margin,
     "flows-failing-everywhere": f_flows_failing_everywhere, "step0": f_step0, "ratio": f_ratio,
     "ratio-range": f_ratio_range, "order": f_order, "zero-steps": f_zero_steps, "zero-classes": f_zero_classes,
-    "perfectible": f_perfectible, "step0-table": f_step0_table, "cost-table": f_cost_table,
-    "final": f_final, "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs,
-    "gap-clipped": f_gap_clipped, "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids, "grid-count": f_grid_count,
-    "grids-table": f_grids_table, "attribution": f_attribution, "source": f_source, "plan": f_plan,
-}
+    "perfectible": f_perfectible, "step0-table": f_step0_table, "cost-table": f_cost_table, "final": f_final,
+    "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs, "gap-clipped": f_gap_clipped,
+    "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids,
+    "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution, "source": f_source,
+    "plan": f_plan, "memplan": f_memplan}
 
 
 def figure(name: str) -> str:

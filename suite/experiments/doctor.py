@@ -225,7 +225,7 @@ def check_fsdp_and_resume(out: Path) -> list[Row]:
 
 # One update of a small policy with a large head, the shape where an RL update peaks: the plan against the peak.
 PLAN_PROBE = dict(vocab=32768, batch=4, prompt=32, response=256, steps=2, precision="bf16", hidden=0)
-PLAN_ACCURACY = 0.25  # the plan's error at seven sizes on CPU was -14% to +23% (docs/tasks.md): beyond it, say so
+PLAN_ACCURACY = 0.25  # the plan's error at the seven sizes of docs/tasks.md stays inside it on CPU; beyond it, say so
 
 
 def check_memory_plan() -> list[Row]:
