@@ -159,3 +159,21 @@ def test_sleep_mode_counts_vllm_at_sampling_only():
 def test_the_plan_reads_a_preset_without_downloading():
     a = rlplan.arch(_smoke("model=r1d-1.5b", "task=sanity_r1d", "optim.lr=1e-6"))
     assert abs(a.params / 1e9 - 1.78) < 0.01 and not a.tied  # the published parameter count, untied head
+
+
+def test_the_committed_plan_check_renders_its_rows_and_error_range(tmp_path):
+    """docs/tasks.md's table and error range come from the file `suite bench-memory --plan --write` commits."""
+    import json
+
+    from suite.experiments.bench_memory import plan_markdown
+
+    row = dict(option="both", hidden=96, vocab=151936, batch=8, prompt=32, response=128, precision="bf16",
+               predicted_mib=1461.2, measured_mib=1325.0)
+    rows = [{**row, "error": 0.1028}, {**row, "option": "logprob_chunk", "error": -0.1434}]
+    path = tmp_path / "memory_plan.json"
+    path.write_text(json.dumps({"rows": rows}))
+    assert plan_markdown(path, "range") == "-14% to +10%"
+    table = plan_markdown(path).splitlines()
+    assert len(table) == 4 and table[2] == ("| logprob_chunk=16 + gradient_checkpointing | 96 | 151,936 | 8 x (32 + 128) "
+                                            "| bf16 | 1461 | 1325 | +10.3% |")
+    assert table[3].startswith("| logprob_chunk=16 | 96 |") and table[3].endswith("| -14.3% |")
