@@ -48,7 +48,7 @@ def _mem_total() -> int:
 
 # What torch.cuda.get_device_properties(0).total_memory reports on an 80 GB H100 (HBM3, SXM): 79.1 GiB, as in
 # PyTorch's out-of-memory message "GPU 0 has a total capacity of 79.10 GiB" (the rest of the 80 GB is the ECC
-# and firmware reservation). The lent H100s of this project report about 78 GiB (docs/tasks.md).
+# and firmware reservation).
 H100_GIB = 79.1
 
 
