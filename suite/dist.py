@@ -28,7 +28,7 @@ import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -48,7 +48,10 @@ class World:
     nodes: int = 1
     launcher: str = "none"  # none | torchrun | slurm
     backend: str | None = None
-    device: str = "cpu"
+    # One place decides where a process computes: the GPU of its local rank on a GPU host, else the CPU. A tool
+    # that builds engines without a launcher's World (suite mismatch, attribute, gate, bench) gets the same
+    # device a run does, never the CPU silently on a GPU machine.
+    device: str = field(default_factory=lambda: device_for(0))
 
     @property
     def main(self) -> bool:

@@ -178,3 +178,18 @@ def test_a_deterministic_run_records_it_and_computes_the_same_on_cpu(tmp_path):
     assert not json.loads((dirs[False] / "env.json").read_text())["determinism"]["torch_deterministic_algorithms"]
     assert not torch.are_deterministic_algorithms_enabled()
     assert (dirs[True] / "metrics.jsonl").read_bytes() == (dirs[False] / "metrics.jsonl").read_bytes()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+def test_tools_without_a_launcher_compute_on_the_hosts_device(monkeypatch, precision):
+    """suite mismatch, attribute, gate and bench build their engines without a launcher's World: they get the device
+    a run gets (here a stand-in GPU, the meta device), not the CPU silently on a GPU machine."""
+    from suite.rl.train import build_engines
+
+    monkeypatch.setattr(dist, "device_for", lambda local_rank: "meta")
+    assert dist.World().device == "meta"
+    model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
+    cfg = config.load(["tier=smoke", f"precision={precision}", "gemm=emulated"])
+    trainer, engine, _ = build_engines(cfg, model)  # as suite/experiments/bench.py's step-0 mismatch does
+    assert trainer.device.type == "meta" and engine.device == "meta"
+    assert next(trainer.model.parameters()).device.type == "meta"

@@ -290,4 +290,5 @@ def step0_mismatch(cfg, trainer, engine, prompts) -> tuple[dict, float, float]:
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
     with torch.no_grad():
         logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, cfg.sampling.temperature)
-    return mismatch_metrics(logp, roll.logprobs, roll.mask), t1 - t0, time.perf_counter() - t1
+    # rollouts come back on the CPU (suite/numerics/engine.py), the trainer's log-probs on its device
+    return mismatch_metrics(logp.cpu(), roll.logprobs, roll.mask), t1 - t0, time.perf_counter() - t1
