@@ -67,6 +67,7 @@ def test_keep_last_keeps_the_newest_checkpoints_and_resume_still_matches(tmp_pat
 @pytest.mark.parametrize("override, words", [
     ("keep_last=0", "keep_last"), ("logprob_chunk=-1", "logprob_chunk"),
     ("precision=exact gradient_checkpointing=true", "gradient_checkpointing"),
+    ("precision=fp8 trim_padding=true", "trim_padding: precision fp8 trains through the sampler's own engine code"),
 ])
 def test_bad_options_are_refused(override, words):
     with pytest.raises(ValueError, match=words):

@@ -349,9 +349,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         if resolve_flow(cfg).sampler_code:
             raise ValueError(f"precision: {cfg.precision} trains through the sampler's own engine code on the full "
                              "weights, outside FSDP2's sharded forward; run it with nproc=1 (docs/distributed.md)")
-    if (cfg.gradient_checkpointing or cfg.logprob_chunk) and resolve_flow(cfg).sampler_code:
-        raise ValueError(f"{'gradient_checkpointing' if cfg.gradient_checkpointing else 'logprob_chunk'}: precision "
-                         f"{cfg.precision} trains through the sampler's own engine code, not the HF model these act on")
+    on = [k for k in ("gradient_checkpointing", "logprob_chunk", "trim_padding") if getattr(cfg, k)]
+    if on and resolve_flow(cfg).sampler_code:
+        raise ValueError(f"{on[0]}: precision {cfg.precision} trains through the sampler's own engine code, not the "
+                         "HF model these act on")
     if cfg.engine == "vllm":
         from suite.numerics.vllm_engine import check_supported
 
