@@ -322,7 +322,8 @@ def test_autocast_runs_on_the_parameters_device(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
-    trainer = Trainer(model, resolve("bf16"), "native", schema.OptimConfig(lr=1e-4))
+    # placed on the CPU explicitly: on a CUDA host a trainer's default World is the GPU (dist.device_for)
+    trainer = Trainer(model, resolve("bf16"), "native", schema.OptimConfig(lr=1e-4), world=dist.World(device="cpu"))
     seen = trainer.observe()
     assert trainer.autocast_device() == next(trainer.model.parameters()).device.type == "cpu"
     assert seen["autocast_device"] == "cpu" and seen["gemm_output"] == "torch.bfloat16"

@@ -177,3 +177,14 @@ def test_the_committed_plan_check_renders_its_rows_and_error_range(tmp_path):
     assert len(table) == 4 and table[2] == ("| logprob_chunk=16 + gradient_checkpointing | 96 | 151,936 | 8 x (32 + 128) "
                                             "| bf16 | 1461 | 1325 | +10.3% |")
     assert table[3].startswith("| logprob_chunk=16 | 96 |") and table[3].endswith("| -14.3% |")
+
+
+def test_a_task_of_the_users_own_folder_is_planned_from_that_folder():
+    """include_path reaches the plan (the task file's prompt length and the embedded vocabulary), as it reaches the
+    run: `suite run task=my_letters include_path=DIR` was refused as an unknown task by the plan before."""
+    from pathlib import Path
+
+    own = Path(__file__).resolve().parents[1] / "examples" / "own_task"
+    cfg = config.load(["task=my_letters", f"include_path={own}", "tier=smoke"])
+    a, s, p = rlplan.for_config(cfg, rlplan.this_device())
+    assert a.vocab > 0 and s.prompt > 0 and p.peak > 0

@@ -83,19 +83,20 @@ def arch(cfg) -> Arch:
                               qk_norm=p.arch.startswith("Qwen3"))
     pol = cfg.policy
     return Arch(layers=pol.layers, hidden=pol.hidden, heads=pol.heads, kv_heads=pol.kv_heads, mlp=pol.mlp,
-                vocab=_embedded_vocab(cfg.task), experts=pol.experts, top_k=pol.top_k if pol.experts else 0)
+                vocab=_embedded_vocab(cfg.task, cfg.include_path), experts=pol.experts,
+                top_k=pol.top_k if pol.experts else 0)
 
 
-def _embedded_vocab(task_name: str) -> int:
+def _embedded_vocab(task_name: str, include: str | None = None) -> int:
     """The embedded tokenizer's size (suite/rl/policy.py): specials + the task's characters or words, or the
     printable-ASCII stand-in of a dataset task."""
     from suite.rl.policy import SPECIALS, TEXT_ALPHABET
     from suite.tasks.registry import get_task, task_spec
 
-    spec = task_spec(task_name)
+    spec = task_spec(task_name, include)
     if spec.get("splits"):  # a dataset task (no rows read)
         return len(SPECIALS) + len(TEXT_ALPHABET)
-    task = get_task(task_name)
+    task = get_task(task_name, include=include)
     return len(SPECIALS) + len(getattr(task, "vocab", None) or task.alphabet)
 
 
@@ -105,12 +106,12 @@ def prompt_tokens(cfg) -> int:
 
     if cfg.plan.prompt_tokens:
         return cfg.plan.prompt_tokens
-    spec = task_spec(cfg.task)
+    spec = task_spec(cfg.task, cfg.include_path)  # a task of the user's own folder too
     hint = (spec.get("sampling") or {}).get("max_prompt_tokens")
     if hint:
         return int(hint)
     if not spec.get("splits"):  # generated: every prompt has the same length, context minus the default budget
-        task = get_task(cfg.task)
+        task = get_task(cfg.task, include=cfg.include_path)
         budget = (spec.get("sampling") or {}).get("max_new_tokens") or len(task.trace(task.split("train", 1)[0])) + 8
         return task.context - int(budget)
     if cfg.vllm.max_model_len:
@@ -257,14 +258,17 @@ def cmd_plan(args: list[str]) -> int:
     return 0
 
 
-def check_rank(cfg) -> Plan:
+def check_rank(cfg) -> Plan | None:
     """``check`` for this process: under torchrun or srun (suite/dist.py) the launcher's world and this rank's
     device; one plain process otherwise."""
     from suite import dist
 
     launched = dist.from_env()
-    return check(cfg, this_device(launched["local_rank"] if launched else 0), world=launched and launched["size"],
-                 ranks_per_node=launched and launched["local_size"])
+    try:
+        return check(cfg, this_device(launched["local_rank"] if launched else 0), world=launched and launched["size"],
+                     ranks_per_node=launched and launched["local_size"])
+    except FileNotFoundError:  # no model to plan (a policy.path that does not exist): the run says so, recorded in
+        return None            # its summary.json, instead of a plan failing before the run directory exists
 
 
 def markdown(overrides: list[str], gib_: float = H100_GIB) -> str:
