@@ -222,6 +222,17 @@ def table(p: Plan, a: Arch, s: Shape, device: Device, budget: int, title: str):
     return t
 
 
+def _load_as_on_gpu(args: list[str]):
+    """The config validated as on the GPU machine a plan is made for (vLLM's sleep mode is refused on CPU)."""
+    from unittest import mock
+
+    from suite.numerics import vllm_engine
+    from suite.rl import config
+
+    with mock.patch.object(vllm_engine, "device", lambda: "cuda"):
+        return config.load(args)
+
+
 def cmd_plan(args: list[str]) -> int:
     """suite plan [key=value ...] [gpu_gib=G] (suite/cli.py says what it prints)."""
     from suite.console import make_console
@@ -234,15 +245,7 @@ def cmd_plan(args: list[str]) -> int:
         except ValueError:
             raise ValueError(f"gpu_gib: the GPU's memory in GiB (an 80 GB H100: gpu_gib={H100_GIB}), got {a!r}") from None
         args = [x for x in args if x != a]
-    if device is None:
-        cfg = config.load(args)
-    else:  # validated as on the GPU machine it plans for (vLLM's sleep mode is refused on CPU)
-        from unittest import mock
-
-        from suite.numerics import vllm_engine
-
-        with mock.patch.object(vllm_engine, "device", lambda: "cuda"):
-            cfg = config.load(args)
+    cfg = config.load(args) if device is None else _load_as_on_gpu(args)
     device = device or this_device()
     a, s, p = for_config(cfg, device)
     budget = device.budget(cfg.nproc)
@@ -274,15 +277,9 @@ def check_rank(cfg) -> Plan | None:
 def markdown(overrides: list[str], gib_: float = H100_GIB) -> str:
     """The plan of a config on 1 and 8 GPUs of ``gib_`` GiB as a markdown table, items of each peak moment (the
     ``plan`` figure of docs/tasks.md, suite/experiments/docfigures.py)."""
-    from unittest import mock
-
-    from suite.numerics import vllm_engine
-    from suite.rl import config
-
     device, cols = gpu(gib_), []
     for n in (1, 8):
-        with mock.patch.object(vllm_engine, "device", lambda: "cuda"):  # validated as on that GPU
-            cfg = config.load([*overrides, f"nproc={n}"])
+        cfg = _load_as_on_gpu([*overrides, f"nproc={n}"])
         cols.append(for_config(cfg, device)[2])
     names = list(dict.fromkeys(i.name for p in cols for i in p.items()))
     lines = [f"| GiB per rank ({cfg.precision}) | 1 x {gib_:g} GiB GPU | 8 x {gib_:g} GiB GPUs (FSDP2) |", "|---|---:|---:|"]
