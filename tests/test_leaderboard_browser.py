@@ -130,6 +130,8 @@ def test_reported_section_and_changelog(site, page):
     assert table.locator(".badge").all_inner_texts() == ["reported, unverified"] * n
     assert page.locator("#index-view").is_hidden()
     page.locator("nav.tabs a[data-view='changes']").click()
+    # The click only changes the hash; the page re-renders on the (asynchronous) hashchange event.
+    page.locator("#page-view h2", has_text="Changelog").wait_for(state="visible")
     assert "Version " + leaderboard.changes()[0]["version"] in page.locator("#page-view").inner_text()
     assert page.errors == []
 
