@@ -127,20 +127,21 @@ def test_r1_reward_format_rules():
 
 def test_huge_expression_is_refused_quickly():
     before = mr.counters()
-    (score, dt) = timed(r1, r"\boxed{" + "1+" * 50_000 + "1}", "100001")  # 100 kB
-    assert score == 0.0 and dt < TIMEOUT
+    # Refused before math-verify sees it (the counters say so), not timed out: no wall-clock bound needed.
+    score = r1(r"\boxed{" + "1+" * 50_000 + "1}", "100001")  # 100 kB
     after = mr.counters()
+    assert score == 0.0
     assert after["refused"] == before["refused"] + 1 and after["timeouts"] == before["timeouts"]
-    (score, dt) = timed(r1, "x" * 100_000 + r"\boxed{2}", "2")  # a long response is fine
-    assert score == 1.0 and dt < TIMEOUT
+    assert r1("x" * 100_000 + r"\boxed{2}", "2") == 1.0  # a long response is fine (a timeout would score 0)
+    assert mr.counters()["timeouts"] == before["timeouts"]
 
 
 def test_deep_fraction_tower_is_refused_quickly():
     before = mr.counters()
     tower = "\\frac{1}{" * 300 + "1" + "}" * 300  # 3 kB, 300 deep
-    (score, dt) = timed(r1, "$\\boxed{" + tower + "}$", "1")
-    assert score == 0.0 and dt < TIMEOUT
-    assert mr.counters()["refused"] == before["refused"] + 1
+    assert r1("$\\boxed{" + tower + "}$", "1") == 0.0
+    after = mr.counters()
+    assert after["refused"] == before["refused"] + 1 and after["timeouts"] == before["timeouts"]
 
 
 def test_moderate_tower_returns_within_timeout():
