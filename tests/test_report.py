@@ -320,6 +320,18 @@ def test_report_leads_with_its_outcome_and_shows_one_measurement_as_one(tmp_path
     assert "±" not in row
 
 
+def test_outcome_counts_the_seeds_of_each_cell():
+    """The lead sentence says how many seeds stand behind a cell: three on the class that has three, not "one"."""
+    mixed = Path(__file__).parents[1] / "results" / "reference" / "cpu-avx512bf16-mixed" / "sanity"
+    text = outcomes.mismatch_lead(mixed)[2]
+    assert "71 of 72 runs pass" in text and "with three seeds per cell this does not show" in text
+    cell = [{"task": "t", "algorithm": "a", "precision": "bf16", "seed": s} for s in (0, 1, 2)]
+    lone = [{"task": "t", "algorithm": "a", "precision": "fp16", "seed": 0}]
+    assert outcomes._seeds_per_cell(cell) == "three seeds"
+    assert outcomes._seeds_per_cell(cell + lone) == "1-3 seeds"
+    assert outcomes._seeds_per_cell(cell[:1] + cell[:1]) == "one seed"  # a rerun of one seed is not a second seed
+
+
 def test_informative_columns_keep_what_varies():
     head, rows = render.informative_columns(["a", "b", "c", "d"], [["x", "-", "0", "1"], ["y", "-", "0 (0)", "0"]],
                                             keep=("b",))

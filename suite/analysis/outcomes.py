@@ -99,7 +99,20 @@ def _not_passing(summaries: list[dict]) -> str:
     lowp_only = fails and all(by_flow.get(f) and all(p.get("verdict") != "pass" for p in by_flow[f]) for f in fails)
     return (f"Not passing: {'; '.join(parts)}. " + (
         "Every run of those flows fails." if lowp_only else
-        "No flow fails in every run, so with one seed per cell this does not show precision deciding the reward."))
+        f"No flow fails in every run, so with {_seeds_per_cell(summaries)} per cell this does not show precision "
+        "deciding the reward."))
+
+
+def _seeds_per_cell(summaries: list[dict]) -> str:
+    """How many seeds each (task, algorithm, flow) cell holds, in words: "one seed", "three seeds", "1-3 seeds"."""
+    cells: dict[tuple, set] = {}
+    for s in summaries:
+        cells.setdefault((s.get("task"), s.get("algorithm"), s.get("precision")), set()).add(s.get("seed"))
+    counts = sorted({len(v) for v in cells.values()}) or [0]
+    if len(counts) > 1:
+        return f"{counts[0]}-{counts[-1]} seeds"
+    words = {1: "one seed", 2: "two seeds", 3: "three seeds", 4: "four seeds", 5: "five seeds"}
+    return words.get(counts[0], f"{counts[0]} seeds")
 
 
 def outcome_markdown(root: Path) -> str:

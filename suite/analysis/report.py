@@ -4,13 +4,16 @@
 ``RESULTS_DIR/report/``): ``index.html`` and ``report.md`` with the same content, and
 ``figures/*.png`` + ``*.svg``. RESULTS_DIR holds run directories
 (``<task>__<algorithm>__<precision>__s<seed>/``), directly or up to two levels down
-(``results/<name>/<run>/``). The report contains, in order: warnings (cells that differ in
-more than the grid axes, dirty checkouts, unreadable files, commands that do not reproduce
-a config hash), the verdict table per cell (task, algorithm, precision) over seeds,
-training curves, mismatch over training and at step 0, fp16 loss scaling, IS diagnostics,
-the published sanity-test comparison (task ``sanity_r1d`` only), failed and incomplete
-runs with their errors, every run, and provenance (environment, config hashes, the exact
-``suite run`` command of every run). docs/report.md explains how to read it.
+(``results/<name>/<run>/``). The report contains, in order: the generated outcome sentence
+(outcomes.md's), what the runs are and on which machine class, warnings that change the
+reading (cells that differ in more than the grid axes, dirty checkouts, unreadable files,
+commands that do not reproduce a config hash), the verdict table per cell (task, algorithm,
+precision) over seeds with only the columns that carry information, training curves, mismatch
+over training and at step 0, fp16 loss scaling, IS diagnostics, the published sanity-test
+comparison (task ``sanity_r1d`` only), failed and incomplete runs with their errors, the
+attribution section, every run, notes that do not change the reading, and provenance
+(environment, config hashes, the exact ``suite run`` command of every run). docs/report.md
+explains how to read it.
 
 This module assembles the document and writes the files; suite/analysis/runs.py loads the runs,
 suite/analysis/outcomes.py holds the outcome table, suite/analysis/render.py the cells, tables and HTML/Markdown, suite/rl/provenance.py the rerun commands and their
