@@ -29,6 +29,7 @@ def test_a_preset_brings_its_recipe_and_the_command_line_wins():
         warnings.simplefilter("error")  # a preset's recipe leaves nothing to warn about
         cfg = config.load(["task=gsm8k", "model=qwen3-1.7b"])
     assert (cfg.optim.lr, cfg.micro_batch, cfg.gradient_checkpointing, cfg.logprob_chunk) == (1e-6, 2, True, 1024)
+    assert (cfg.optim.eps, tuple(cfg.optim.betas)) == (1e-15, (0.9, 0.95))  # arXiv 2510.26788's AdamW
     cfg = config.load(["task=gsm8k", "model=qwen3-1.7b", "optim.lr=3e-6", "micro_batch=4"])
     assert (cfg.optim.lr, cfg.micro_batch) == (3e-6, 4)
     assert config.load(["tier=smoke"]).optim.lr == 1e-4  # the embedded policy keeps its tier's recipe

@@ -40,9 +40,11 @@ class Preset:
 # 1e-4, and the memory knobs of an 8k-token, 152k-vocabulary response on one 80 GB GPU (docs/tasks.md):
 # micro-batches of 2 sequences padded to their own longest row, activations recomputed per layer, the fp32
 # log-softmax in chunks of 1024 positions. lr 1e-6, no weight decay, clip 1.0: the published recipes of these models' RL runs (Precision-RL,
-# arXiv 2510.26788; Dr.GRPO, arXiv 2503.20783, Sec. 4; verl's GRPO examples).
+# arXiv 2510.26788; Dr.GRPO, arXiv 2503.20783, Sec. 4; verl's GRPO examples). AdamW eps 1e-15 and betas (0.9, 0.95)
+# (the schema's default) are the sanity test's (arXiv 2510.26788); a local model keeps eps 1e-8 unwarned, since
+# verl's and TRL's optimizers default to it too: both are published practice, the preset names its source's.
 REAL_MODEL_RECIPE: dict[str, Any] = {
-    "optim.lr": 1e-6, "optim.weight_decay": 0.0, "optim.grad_clip": 1.0,
+    "optim.lr": 1e-6, "optim.eps": 1e-15, "optim.weight_decay": 0.0, "optim.grad_clip": 1.0,
     "micro_batch": 2, "gradient_checkpointing": True, "logprob_chunk": 1024, "trim_padding": True,
 }
 # Below this a model trains with the toy tiers' hyper-parameters (the embedded tiers have 0.2-1.6M
