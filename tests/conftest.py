@@ -12,6 +12,24 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 torch.set_num_threads(1)
 
+# What tests/test_conformance.py ran against: {peer: "version (where it was imported from)"}, or {"": why
+# nothing ran}. Printed at the end of the run (below), so a CI log shows the peer versions the conformance
+# tests passed against; the summary is printed even under -q, which hides pytest's report header.
+PEERS_RAN = pytest.StashKey[dict]()
+
+
+@pytest.fixture(scope="session")
+def peers_ran(request) -> dict:
+    return request.config.stash.setdefault(PEERS_RAN, {})
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    ran = config.stash.get(PEERS_RAN, {})
+    if "" in ran:
+        terminalreporter.write_line(f"conformance peers: none ran: {ran['']}")
+    elif ran:
+        terminalreporter.write_line("conformance peers: " + ", ".join(f"{p} {v}" for p, v in ran.items()))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def suite_cache(tmp_path_factory):

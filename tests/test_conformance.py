@@ -5,10 +5,13 @@ same number and in which one convention the others differ. Here the peers' own c
 in a process of its own, from the pinned and hash-checked wheels that scripts/conformance.sh installs in
 .peers/) on the same tensors as the suite: small and large mismatch, -inf padding, a row without response
 tokens, a one-token batch, log-ratios beyond 20, float32 and float64, the log-probs of a real transformer in
-fp32 vs bf16, and an empty batch. Every `identical` entry must agree to 1e-6 relative (plus the rounding of
-the inputs' dtype, below); every other relation must hold exactly as the table states it.
+fp32 vs bf16, responses of unequal lengths with and without an empty row, and an empty batch. Every
+`identical` entry must agree to 1e-6 relative (plus the rounding of the inputs' dtype, below); every other
+relation must hold exactly as the table states it: the peer's number is the relation's convention computed
+by hand from the suite's, the suite's is its own, and the two are apart wherever the convention moves them.
 
-Without the peers installed the tests skip, saying how to install them; in CI (where scripts/test.sh
+The end of the run prints the peer versions the runner imported (tests/conftest.py). Without the peers
+installed the tests skip, saying how to install them (that line says it too); in CI (where scripts/test.sh
 installs them) a missing peer is a failure.
 """
 
@@ -78,6 +81,24 @@ def _transformer_pair() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return out[0], out[1], mask
 
 
+# Token log-ratios (trainer minus sampler) of four responses of 1, 2, 4 and 6 tokens, written out so that the
+# sequence weights can be read off: exp(1.5) = 4.48 (above C = 3, truncated), exp(0.25), exp(0.6), exp(0.1).
+# A token-weighted mean counts the last sequence six times and the first once, so verl's sequence-level mean
+# and ESS move away from the suite's (each sequence once) by an amount a reader can check by hand.
+UNEQUAL = ((1.5,), (0.5, -0.25), (0.3, 0.2, -0.1, 0.2), (0.1, -0.1, 0.05, 0.05, 0.1, -0.1))
+
+
+def _unequal_pair(empty_row_at: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    rows = [list(r) for r in UNEQUAL]
+    if empty_row_at is not None:
+        rows.insert(empty_row_at, [])
+    T = max(len(r) for r in rows)
+    rollout = -2.0 - 0.1 * torch.arange(T, dtype=torch.float64).expand(len(rows), T)  # (B, T)
+    delta = torch.tensor([r + [0.0] * (T - len(r)) for r in rows], dtype=torch.float64)
+    mask = torch.tensor([[1] * len(r) + [0] * (T - len(r)) for r in rows])
+    return rollout + delta, rollout.clone(), mask
+
+
 def build_cases() -> dict[str, dict]:
     cases = {}
 
@@ -110,6 +131,12 @@ def build_cases() -> dict[str, dict]:
     old, rollout, _ = _pair(5, 8, 12, 0.3)
     add("equal_lengths", old, rollout, torch.ones(8, 12, dtype=torch.long))
     add("all_masked", old, rollout, torch.zeros(8, 12, dtype=torch.long))
+    add("unequal_lengths", *_unequal_pair())
+    old, rollout, mask = _unequal_pair(empty_row_at=2)
+    add("unequal_lengths_empty_row", old, rollout, mask)  # every sequence weight above 1, one above C
+    add("unequal_lengths_empty_row_swapped", rollout, old, mask)  # every sequence weight below 1
+    # every sequence weight in (1, C]: none masked, so an empty row's weight 1 is the smallest, MIS included
+    add("unequal_lengths_empty_row_halved", (old + rollout) / 2, rollout, mask)
     for name in [n for n, c in cases.items() if _has_empty_row(c) and c["mask"].any()]:
         c = cases[name]
         keep = c["mask"].any(-1)
@@ -119,6 +146,26 @@ def build_cases() -> dict[str, dict]:
 
 def _has_empty_row(case: dict) -> bool:
     return not bool(case["mask"].any(-1).all())
+
+
+# The `empty_rows` relation by hand: each of these suite keys reduces a per-sequence value over the n rows with
+# a response token; the peer also counts the k rows without one, as sequences with log-ratio 0, whose value is
+# this (chi2_seq: the mean of rho_seq^2 - 1; truncated_frac: the mean of [w > C], 0 as 1 <= C).
+EMPTY_ROW_VALUE = {"mismatch/log_ppl_diff": 0.0, "mismatch/ppl_ratio": 1.0, "mismatch/chi2_seq": 0.0,
+                   "is/weight/max": 1.0, "is/applied/mean": 1.0, "is/applied/min": 1.0, "is/applied/max": 1.0,
+                   "is/truncated_frac": 0.0}
+
+
+def counting_empty_rows(key: str, ours: float, case: dict) -> float:
+    """The suite's `key` (over the rows with a response token) as the peer computes it, counting the rest."""
+    has = case["mask"].bool().any(-1)
+    n, k = int(has.sum()), int((~has).sum())
+    row = EMPTY_ROW_VALUE[key]
+    if key.endswith("/max"):
+        return max(ours, row)
+    if key.endswith("/min"):
+        return min(ours, row)
+    return (n * ours + k * row) / (n + k)
 
 
 # ---- running the peers -------------------------------------------------------------------------------------
@@ -132,9 +179,10 @@ def _missing() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run(tmp_path_factory, peers_ran):
     why = _missing()
     if why:
+        peers_ran[""] = why  # conftest.py prints it at the end of the run
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)
@@ -147,6 +195,7 @@ def run(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = torch.load(tmp / "out.pt")
     for peer, (version, path) in out.pop("versions").items():  # the pinned wheels ran, not another copy
+        peers_ran[peer] = f"{version} ({Path(path).parent})"  # as the runner imported it; printed at the end
         assert version == peers.PEERS[peer].version and Path(path).is_relative_to(PEERS_DIR), (peer, version, path)
     return cases, out
 
@@ -210,7 +259,8 @@ def _peer_value(out_case: dict, peer: str, name: str) -> float:
 
 MISMATCH_PAIRS = [(key, c) for peer in ("verl", "TRL") for key, c in peers.counterparts(peer)]
 CASES = ["identical", "small", "large", "neg_inf_padding", "empty_row", "one_token", "beyond_20", "float32",
-         "transformer_fp32_bf16", "transformer_fp32_bf16_f64", "equal_lengths"]
+         "transformer_fp32_bf16", "transformer_fp32_bf16_f64", "equal_lengths", "unequal_lengths",
+         "unequal_lengths_empty_row", "unequal_lengths_empty_row_swapped", "unequal_lengths_empty_row_halved"]
 
 
 def test_every_peer_named_mismatch_metric_is_checked():
@@ -231,6 +281,7 @@ def test_mismatch_metrics_equal_the_peers_or_differ_as_declared(run, name):
             assert close(ours[key], theirs, case, key), (what, ours[key], theirs)
         elif c.relation == "empty_rows":  # the suite's number is the peer's on the rows that have a response
             assert close(ours[key], _peer_value(out[f"{name}/nonempty"], c.peer, c.name), case, key), what
+            assert close(theirs, counting_empty_rows(key, ours[key], case), case, key), (what, theirs)
             assert not close(ours[key], theirs, case, key), what  # and the convention does move it here
         elif c.relation == "sample_std":
             n = int(case["mask"].sum())
@@ -240,13 +291,28 @@ def test_mismatch_metrics_equal_the_peers_or_differ_as_declared(run, name):
             raise AssertionError(f"{what}: no check for relation {c.relation!r}")
 
 
-def test_an_empty_batch_is_nan_here_and_what_the_notes_say_there(run):
+def test_an_empty_batch_gives_what_the_table_says_for_each(run):
+    """Each line of peers.EMPTY_BATCH (docs/metrics.md, "An empty batch"), on the suite's and the peers' code."""
     cases, out = run
-    case = cases["all_masked"]
+    case, there = cases["all_masked"], out["all_masked"]
+    assert set(peers.EMPTY_BATCH) == {"suite", "verl", "TRL"}
+    # suite: NaN for every mismatch metric and IS diagnostic
     assert all(math.isnan(v) for v in mismatch_metrics(case["old"], case["rollout"], case["mask"]).values())
-    assert "error" in out["all_masked"]["verl"]["offpolicy"]  # compute_offpolicy_metrics asserts a token
-    assert math.isnan(out["all_masked"]["verl"]["debug"]["training/rollout_probs_diff_mean"])
-    assert out["all_masked"]["TRL"]["token_truncate"]["metrics"]["sampling/sampling_logp_difference/mean"] == 0.0
+    for correction in TRL_IS:
+        _, ours = is_weights(correction, case["old"], case["rollout"], case["mask"], C)
+        assert all(math.isnan(v) for v in ours.values()), correction
+    # verl: compute_offpolicy_metrics asserts, the IS entry point raises ValueError; the debug metrics are NaN
+    assert there["verl"]["offpolicy"]["error"].startswith("AssertionError")
+    for level in ("token", "sequence"):
+        assert there["verl"][f"is_{level}"]["error"].startswith("ValueError")
+    assert all(math.isnan(there["verl"]["debug"][f"training/rollout_probs_diff_{r}"]) for r in ("mean", "max", "std"))
+    # TRL: 0.0 for the log-prob differences and the token-level ratios; 1.0 for the sequence-level ratios
+    assert set(there["TRL"]) == {"token_truncate", "token_mask", "sequence_truncate", "sequence_mask"}
+    for mode, res in there["TRL"].items():
+        got = res["metrics"]
+        assert got["sampling/sampling_logp_difference/mean"] == got["sampling/sampling_logp_difference/max"] == 0.0
+        ratio = 0.0 if mode.startswith("token") else 1.0
+        assert all(got[f"sampling/importance_sampling_ratio/{r}"] == ratio for r in ("min", "mean", "max")), mode
 
 
 # ---- the IS corrections: applied weights and diagnostics ---------------------------------------------------
@@ -261,6 +327,19 @@ def _peer_is(out_case: dict, peer: str, correction: str) -> tuple[torch.Tensor, 
 
 def _is_value(metrics: dict, peer: str, name: str) -> float:
     return float(metrics[name])
+
+
+def token_weighted(key: str, weight: torch.Tensor, m: torch.Tensor) -> tuple[float, float]:
+    """The `token_weighted` relation by hand, from the suite's applied sequence weights w_s ((B, 1)) and the
+    response-token counts n_s: (the peer's number, each sequence counted n_s times; the suite's, once each)."""
+    rows = m.any(-1)
+    w, n = weight[:, 0][rows].double(), m.sum(-1)[rows].double()  # (S,) over the rows with a response
+    if key == "is/applied/mean":
+        return float((n * w).sum() / n.sum()), float(w.mean())
+    if key == "is/ess":
+        return (float((n * w).sum() ** 2 / (n.sum() * (n * w.square()).sum())),
+                float(w.sum() ** 2 / (w.numel() * w.square().sum())))
+    raise AssertionError(f"no hand computation of the token_weighted relation for {key}")
 
 
 @pytest.mark.parametrize("correction", sorted(TRL_IS))
@@ -284,14 +363,40 @@ def test_is_weights_and_diagnostics_equal_the_peers_or_differ_as_declared(run, n
             extra = 2e-8 / float(w_theirs.mean()) if c.name.endswith("eff_sample_size") else 0.0
             if c.relation == "identical" or (c.relation == "empty_rows" and not _has_empty_row(case)):
                 assert close(ours[key], value, case, key, level, extra), (what, ours[key], value)
-            elif c.relation == "empty_rows":
-                other = _is_value(_peer_is(out[f"{name}/nonempty"], peer, correction)[1], peer, c.name)
-                assert close(ours[key], other, case, key, level, extra), (what, ours[key], other)
-            elif c.relation == "token_weighted":  # the same when every row has the same number of tokens
-                if bool((m.sum(-1) == m.shape[1]).all()):
-                    assert close(ours[key], value, case, key, level, extra), (what, ours[key], value)
+                continue
+            if c.relation == "empty_rows":  # the suite's number is the peer's on the rows that have a response
+                suite_way = _is_value(_peer_is(out[f"{name}/nonempty"], peer, correction)[1], peer, c.name)
+                peer_way = counting_empty_rows(key, ours[key], case)
+            elif c.relation == "token_weighted":
+                peer_way, suite_way = token_weighted(key, weight, m)
             else:
                 raise AssertionError(f"{what}: no check for relation {c.relation!r}")
+            assert close(value, peer_way, case, key, level, extra), (what, "the peer's convention", value, peer_way)
+            assert close(ours[key], suite_way, case, key, level, extra), (what, "the suite's", ours[key], suite_way)
+            if not close(peer_way, suite_way, case, key, level, extra):  # where the convention bites, it shows
+                assert not close(ours[key], value, case, key, level, extra), (what, ours[key], value)
+
+
+def test_every_declared_is_difference_shows_on_some_case(run):
+    """A declared difference is only tested if some case moves the number: the test above asserts it apart
+    wherever the convention bites, and here every non-identical IS entry must bite at least once (the mean
+    and ESS on unequal lengths, max on a batch whose sequence weights are all below 1, min all above (and
+    within C, for MIS), the truncated fraction where a sequence exceeds C)."""
+    cases, out = run
+    declared, shown = set(), set()
+    for correction, by_peer in peers.CORRECTION_PEERS.items():
+        level = "token" if correction.startswith("token") else "sequence"
+        for peer in by_peer:
+            declared |= {(correction, peer, k, c.name) for k, c in peers.counterparts(peer, level)
+                         if c.relation != "identical"}
+            for name in CASES:
+                case = cases[name]
+                _, ours = is_weights(correction, case["old"], case["rollout"], case["mask"], C)
+                theirs = _peer_is(out[name], peer, correction)[1]
+                shown |= {(correction, peer, k, c.name) for k, c in peers.counterparts(peer, level)
+                          if c.relation != "identical"
+                          and not close(ours[k], _is_value(theirs, peer, c.name), case, k, level, 1e-6)}
+    assert declared and shown == declared, sorted(declared - shown)
 
 
 def test_pre_and_post_truncation_diagnostics_differ_where_truncation_bites(run):

@@ -31,3 +31,20 @@ def test_a_peer_name_is_claimed_by_at_most_one_suite_key_per_level():
             key = (c.peer, c.name, c.level)
             assert key not in seen, f"{c.peer} {c.name} [{c.level}] under both {seen[key]} and {m.key}"
             seen[key] = m.key
+
+
+def test_no_module_writes_under_the_names_of_a_peer_the_table_says_it_writes_nothing_for():
+    """docs/metrics.md says the suite writes nothing under TRL's, slime's, prime-rl's or Oat's names (their
+    columns only point at the corresponding number): a module that logged one of their keys would need the
+    peer's own number there, checked as verl's importer is, and a `Peer.written` line saying where."""
+    from pathlib import Path
+
+    silent = {p for p, peer in peers.PEERS.items() if not peer.written}
+    assert silent >= {"slime", "prime-rl", "Oat"}  # no released code to check a number against
+    names = {c.name for m in peers.METRICS for c in m.counterparts if c.peer in silent}
+    root = Path(peers.__file__).resolve().parents[1]  # suite/
+    for path in [*root.rglob("*.py"), *root.rglob("*.js")]:
+        if path.name == "peers.py" and path.parent.name == "numerics":
+            continue
+        text = path.read_text()
+        assert not [n for n in names if n in text], f"{path} names {[n for n in names if n in text]}"

@@ -30,7 +30,8 @@ in the frameworks users compare against. Under a peer's name the suite puts only
 marked **=** is the same number (to 1e-6 relative, rounding aside); any other mark names the one convention
 in which the peer differs, and the suite keeps its own value under its own key. verl and TRL were checked by
 running their released code on the same tensors (tests/test_conformance.py; `bash scripts/conformance.sh`);
-slime, prime-rl and Oat by reading their source at the commit named below.
+slime, prime-rl and Oat by reading their source at the commit named below. The suite writes nothing under
+slime's, prime-rl's or Oat's names: their columns say which of the numbers they log corresponds to a suite key.
 
 Conventions of the suite: log-probs of the *sampled* tokens, trainer pi and sampler mu at the same parameters,
 in float64; rho_t = pi_t / mu_t. Token means pool every response token of the batch; sequence statistics use
@@ -40,10 +41,11 @@ batch gives NaN. "Clamped": the log-ratio is clamped to +-20 before exp, as verl
 
 
 def _peers() -> list[str]:
-    rows = ["| peer | version | checked by | definitions in |", "|---|---|---|---|"]
+    rows = ["| peer | version | checked by | definitions in | the suite writes under its names |",
+            "|---|---|---|---|---|"]
     for p in peers.PEERS.values():
         how = "running the released package" if p.how == "run" else "reading the source at this commit"
-        rows.append(f"| {p.name} | `{p.version}` | {how} | {p.where} |")
+        rows.append(f"| {p.name} | `{p.version}` | {how} | {p.where} | {p.written or 'nothing'} |")
     return rows
 
 
@@ -74,6 +76,9 @@ def render() -> str:
            *_metrics(), "", "## Relations", "", "| relation | what differs |", "|---|---|",
            *[f"| `{k}` | {v} |" for k, v in peers.RELATIONS.items()], "", "## Notes", ""]
     out += [f"- `{m.key}` vs {c.peer} `{c.name}`: {c.note}." for m in peers.METRICS for c in m.counterparts if c.note]
+    out += ["", "## An empty batch", "", "No response token in the whole batch (tests/test_conformance.py checks "
+            "each line on the peers' code):", ""]
+    out += [f"- {who}: {what}." for who, what in peers.EMPTY_BATCH.items()]
     out += ["", "## The same weights in the peers", "",
             "Each suite correction and the peer settings that apply the same weight to every response token "
             "(compared weight by weight in tests/test_conformance.py, threshold C = 3):", "",

@@ -286,14 +286,14 @@ def distribution_divergence(trainer_dist: Tensor, sampler_dist: Tensor, mask: Te
 
 # Sequence-level corrections and what each does to a sequence, from its raw weight w = prod_t rho_t (log-space):
 # (name, source, affected(seq_log_ratio, length) -> bool). The suite's own at its C = 3 (suite/rl/algo_table.py);
-# TRL's default vllm_importance_sampling_mode="sequence_mask" with cap 3 (TRL 1.16; TRL issue 4772: with a mean
-# signed per-token gap of 0.012 every sequence longer than ln 3 / 0.012 ~ 92 tokens is masked); verl's
-# rollout_corr defaults (rollout_is_threshold 2.0: sequence truncation; rollout_rs rejection with lower bound
-# 1 / upper; geometric-mean rejection at 1 +- 0.001, the length-normalised alternative).
+# TRL's defaults vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=3 (TRL 1.16;
+# TRL issue 4772: with a mean signed per-token gap of 0.012 every sequence longer than ln 3 / 0.012 ~ 92 tokens
+# is masked); verl's rollout_corr defaults (rollout_is_threshold 2.0: sequence truncation; rollout_rs rejection
+# with lower bound 1 / upper; geometric-mean rejection at 1 +- 0.001, the length-normalised alternative).
 SEQUENCE_RULES = (
     ("suite_seq_tis", "suite grpo_seq_tis / pg_seq_tis, C = 3: w truncated to 3", lambda s, n: s > math.log(3.0)),
     ("suite_seq_mis", "suite grpo_seq_mis / pg_seq_mis, C = 3: masked when w > 3", lambda s, n: s > math.log(3.0)),
-    ("trl_sequence_mask", "TRL default: sequence_mask, cap 3", lambda s, n: s > math.log(3.0)),
+    ("trl_sequence_mask", "TRL default: sequence_mask, clip_max 3", lambda s, n: s > math.log(3.0)),
     ("verl_seq_is", "verl rollout_is=sequence, threshold 2: w truncated to 2", lambda s, n: s > math.log(2.0)),
     ("verl_seq_rs", "verl rollout_rs=sequence, threshold 2, lower 1/2: rejected outside [1/2, 2]",
      lambda s, n: s.abs() > math.log(2.0)),

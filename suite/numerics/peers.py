@@ -3,17 +3,21 @@
 Users paste a suite number next to their framework's and expect the two to mean the same thing. So every
 suite key lists its counterparts in verl, TRL, slime, prime-rl and Oat with one *relation* from `RELATIONS`:
 ``identical`` means the peer computes the same number from the same log-probs (to 1e-6 relative, rounding
-aside); every other relation names the one convention in which the two differ, and is tested as such. A
-peer key that computes something else is listed with what it computes, never under a suite key it does not
-equal. The suite keeps its own conventions where they are the better ones (sequence statistics leave out
-rows without response tokens; an empty batch is NaN, not 0) and says so here.
+aside); every other relation names the one convention in which the two differ. For verl and TRL every
+relation is tested on their released code, the differences as differences: the peer's number is the one the
+relation's convention gives, the suite's the one its own gives, and the two are apart where the convention
+bites. A peer key that computes something else is listed with what it computes, never under a suite key it
+does not equal. The suite keeps its own conventions where they are the better ones (sequence statistics
+leave out rows without response tokens; an empty batch is NaN, not 0: `EMPTY_BATCH`) and says so here.
 
 How each peer was checked (`PEERS`): verl and TRL publish packages, and tests/test_conformance.py runs the
 released code (verl's `compute_offpolicy_metrics`, `calculate_debug_metrics`,
 `compute_rollout_correction_weights`; the importance-sampling and `sampling/*` blocks of TRL's
 `GRPOTrainer._generate_and_score_completions`) on the same tensors as the suite, installed with pinned
 versions and file hashes by scripts/conformance.sh. slime, prime-rl and Oat publish no package that runs
-without a GPU cluster: their definitions were read from their source at the named commit.
+without a GPU cluster: their definitions were read from their source at the named commit, and the suite
+writes nothing under their names (`Peer.written`; tests/test_metrics_doc.py checks that no module does), so
+their columns only say which of their logged numbers corresponds to a suite key.
 
 docs/metrics.md is generated from this table (`python -m suite.analysis.metrics_doc --write`).
 """
@@ -32,11 +36,15 @@ class Peer:
     """"run": tests/test_conformance.py runs the released code; "read": the definition was read from the source."""
     where: str
     """The functions or files the definitions come from."""
+    written: str = ""
+    """Where the suite writes values under this peer's names; "" for nowhere."""
 
 
 PEERS = {
     "verl": Peer("verl", "0.9.1", "run", "`verl.trainer.ppo.rollout_corr_helper.compute_offpolicy_metrics`, "
-                 "`compute_rollout_correction_weights`; `verl.utils.debug.metrics.calculate_debug_metrics`"),
+                 "`compute_rollout_correction_weights`; `verl.utils.debug.metrics.calculate_debug_metrics`",
+                 "`suite import verl` copies the mismatch metrics of a verl log: under the suite key where "
+                 "marked =, otherwise under `verl/<verl name>`"),
     "TRL": Peer("TRL", "1.16.0", "run", "the importance-sampling and `sampling/*` blocks of "
                 "`trl.GRPOTrainer._generate_and_score_completions`"),
     "slime": Peer("slime", "624b824a898ab0ec1fcb4d373004c7f3852bf515", "read",
@@ -56,9 +64,11 @@ RELATIONS = {
                   "equal to the suite's once such rows are dropped",
     "sample_std": "the peer's std divides by n - 1 (NaN for one token); the suite's by n: "
                   "suite = peer * sqrt((n - 1) / n)",
-    "token_weighted": "the peer averages the sequence weight over tokens, so a sequence counts as many times as "
-                      "it has response tokens; the suite counts each sequence once. Equal when all rows have "
-                      "the same number of response tokens",
+    "token_weighted": "the peer averages the sequence weight w_s over response tokens, so sequence s counts n_s "
+                      "times (its response tokens; a row without any not at all, as in the suite): mean "
+                      "sum_s(n_s w_s) / sum_s(n_s), ESS (sum_s n_s w_s)^2 / (sum_s(n_s) sum_s(n_s w_s^2)); the "
+                      "suite counts each sequence once. Equal when all rows have the same number of response "
+                      "tokens",
     "other": "a different quantity, described in the note",
 }
 
@@ -88,9 +98,19 @@ def _c(peer: str, name: str, relation: str = "identical", level: str = "", note:
     return Counterpart(peer, name, relation, level, note)
 
 
-_EMPTY_BATCH = "no response token at all: verl raises (`compute_offpolicy_metrics`) or returns NaN, the suite NaN"
-_TRL_EMPTY = ("TRL leaves out tokens whose sampler log-prob is NaN and reports 0.0 for a batch without tokens "
-              "(the suite: NaN)")
+# A batch without any response token (every row empty), per peer; tests/test_conformance.py checks each line on
+# the peers' code. The suite has no number to report there, so it reports NaN rather than a value that looks
+# like a measurement (TRL's 0.0, "no mismatch"; its 1.0, "weights uniform").
+EMPTY_BATCH = {
+    "suite": "NaN for every mismatch metric and IS diagnostic",
+    "verl": "`compute_offpolicy_metrics` fails an assertion and `compute_rollout_correction_and_rejection_mask` "
+            "raises ValueError, so no `rollout_corr/*` is logged; `calculate_debug_metrics` gives NaN for "
+            "`training/rollout_probs_diff_{mean,max,std}`",
+    "TRL": "0.0 for `sampling/sampling_logp_difference/{mean,max}` and, with a token-level mode, for "
+           "`sampling/importance_sampling_ratio/{min,mean,max}`; 1.0 for the latter with a sequence-level mode "
+           "(every row counts as a sequence with log-ratio 0)",
+}
+_TRL_NAN = "TRL leaves out tokens whose sampler log-prob is NaN (the suite's value is NaN then)"
 
 # Token means pool every response token of the batch; sequence statistics use the rows with at least one
 # response token; rho_t = pi_t / mu_t = exp(log pi_t - log mu_t); "clamped" = log-ratio clamped to +-20 before
@@ -108,7 +128,7 @@ METRICS = (
     Metric("mismatch/prob_diff/std", "population std_tok abs(pi_t - mu_t)",
            (_c("verl", "training/rollout_probs_diff_std", "sample_std"),)),
     Metric("mismatch/logprob_diff/mean", "mean_tok abs(log pi - log mu)",
-           (_c("TRL", "sampling/sampling_logp_difference/mean", note=_TRL_EMPTY),
+           (_c("TRL", "sampling/sampling_logp_difference/mean", note=_TRL_NAN),
             _c("slime", "train/train_rollout_logprob_abs_diff", "other",
                note="per sample, the token sum of abs(log pi - log mu) divided by the response-token total of its "
                     "rollout (the samples sharing a rollout id, one by default), summed and divided by the step's "
@@ -116,7 +136,7 @@ METRICS = (
                     "with `--calculate-per-token-loss` the pooled token mean (the suite's). log pi is the old "
                     "policy's, or the current one's with `--use-rollout-logprobs`"))),
     Metric("mismatch/logprob_diff/max", "max_tok abs(log pi - log mu)",
-           (_c("TRL", "sampling/sampling_logp_difference/max", note=_TRL_EMPTY),)),
+           (_c("TRL", "sampling/sampling_logp_difference/max", note=_TRL_NAN),)),
     Metric("mismatch/seq_log_ratio/mean_abs", "mean_seq abs(sum_t(log pi - log mu))"),
     Metric("mismatch/seq_log_ratio/max_abs", "max_seq abs(sum_t(log pi - log mu))"),
     Metric("mismatch/seq_log_ratio/std", "population std_seq sum_t(log pi - log mu)"),
