@@ -54,16 +54,37 @@ class LossScaler:
 
     def unscale_(self, params: list[torch.nn.Parameter], world: dist.World | None = None) -> bool:
         """Divide grads by the scale in place; return True, on every rank, when any rank's grad shard is
-        inf or nan (an inf lands in one rank's shard after the reduce-scatter: all must skip together)."""
-        found_inf = False
-        for p in params:
-            if p.grad is None:
-                continue
-            g = _local(p.grad)
-            if self.enabled:
-                g.div_(self.scale)
-            found_inf = found_inf or not bool(torch.isfinite(g).all())
-        return dist.any_rank(found_inf, world) if world is not None else found_inf
+        inf or nan (an inf lands in one rank's shard after the reduce-scatter: all must skip together).
+
+        One host read per step: the inf/nan flag stays on the device, where the ranks agree on it, and is read
+        once (``dist.any_rank``). A read per parameter (``bool(torch.isfinite(g).all())``) would stall the GPU's
+        queue 338 times per update of Qwen2.5-1.5B (28 layers x 12 tensors, the embedding, the final norm). The
+        check is GradScaler's fused kernel (``torch._amp_foreach_non_finite_check_and_unscale_``, one launch per
+        device and dtype, CPU and CUDA), which tests each element before it multiplies it by ``inv``.
+        """
+        grads = [_local(p.grad) for p in params if p.grad is not None]
+        inv = 1.0
+        if self.enabled:
+            mantissa, _ = math.frexp(self.scale)
+            if mantissa == 0.5 and self.scale >= 1:
+                # A power of two >= 1 (always, from GradScaler's defaults): x * 2^-k rounds exactly as x / 2^k,
+                # and a finite x stays finite, so checking before the multiply is checking after the division.
+                inv = 1.0 / self.scale
+            else:
+                # Otherwise divide first and check the quotients: a multiply by a rounded 1/scale can differ in
+                # the last bit, and a scale below 1 (17 back-offs in a row) can overflow a finite gradient,
+                # which must count as an inf.
+                for g in grads:
+                    g.div_(self.scale)
+        found = {}  # device -> (1,) fp32 flag, set to 1 by the kernel on any inf/nan
+        groups: dict[tuple, list[torch.Tensor]] = {}
+        for g in grads:
+            groups.setdefault((g.device, g.dtype), []).append(g)
+        for (device, _), gs in groups.items():
+            flag = found.setdefault(device, torch.zeros(1, device=device))
+            torch._amp_foreach_non_finite_check_and_unscale_(gs, flag, torch.full((1,), inv, device=device))
+        any_inf = sum(f.to(grads[0].device) for f in found.values()) if found else False
+        return dist.any_rank(any_inf, world)
 
     def update(self, found_inf: bool) -> None:
         if found_inf:
@@ -349,8 +370,9 @@ class Trainer:
         for fn, w in parts:
             loss, m = fn()
             (loss * (w * self.scaler.scale)).backward()
-            finite_loss = finite_loss and math.isfinite(loss.item())
-            total += w * loss.item()
+            value = loss.item()  # one read per micro-batch (its value is logged)
+            finite_loss = finite_loss and math.isfinite(value)
+            total += w * value
             for k, v in m.items():  # weighted means of the micro-batch metrics (extremes stay extremes)
                 if k.endswith(("/max", "/min")) and k in metrics:
                     metrics[k] = max(metrics[k], v) if k.endswith("/max") else min(metrics[k], v)
