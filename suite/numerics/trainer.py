@@ -149,9 +149,10 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False,
                  world: dist.World | None = None, gradient_checkpointing: bool = False, logprob_chunk: int = 0,
-                 kv_quant: str | None = None, trim_padding: bool = False):
+                 kv_quant: str | None = None, trim_padding: bool = False, defer_grad_sync: bool = False):
         self.world = world or dist.World()
         self.trim_padding = trim_padding
+        self.defer_grad_sync = defer_grad_sync
         self.device = torch.device(self.world.device)
         self.model = model.float().to(self.device)
         self.flow = flow
@@ -367,17 +368,28 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         parts = [(loss_fns, 1.0)] if callable(loss_fns) else loss_fns
         total, metrics, finite_loss = 0.0, {}, True
-        for fn, w in parts:
-            loss, m = fn()
-            (loss * (w * self.scaler.scale)).backward()
-            value = loss.item()  # one read per micro-batch (its value is logged)
-            finite_loss = finite_loss and math.isfinite(value)
-            total += w * value
-            for k, v in m.items():  # weighted means of the micro-batch metrics (extremes stay extremes)
-                if k.endswith(("/max", "/min")) and k in metrics:
-                    metrics[k] = max(metrics[k], v) if k.endswith("/max") else min(metrics[k], v)
-                else:
-                    metrics[k] = (v if k.endswith(("/max", "/min")) else metrics.get(k, 0.0) + w * v)
+        # defer_grad_sync: FSDP2 accumulates the unsharded gradients of every micro-batch but the last and
+        # reduce-scatters once (FSDP1's no_sync; pytorch#118298), one collective per unit per update instead of one
+        # per micro-batch, at the price of the whole model's fp32 gradients on every rank until then. Off by default
+        # as in torchtitan (pytorch/torchtitan#292, #1710) and verl (use_no_sync_for_gradient_accumulation).
+        defer = self.defer_grad_sync and self.world.distributed and len(parts) > 1
+        try:
+            for i, (fn, w) in enumerate(parts):
+                if defer:
+                    self.model.set_requires_gradient_sync(i == len(parts) - 1)
+                loss, m = fn()
+                (loss * (w * self.scaler.scale)).backward()
+                value = loss.item()  # one read per micro-batch (its value is logged)
+                finite_loss = finite_loss and math.isfinite(value)
+                total += w * value
+                for k, v in m.items():  # weighted means of the micro-batch metrics (extremes stay extremes)
+                    if k.endswith(("/max", "/min")) and k in metrics:
+                        metrics[k] = max(metrics[k], v) if k.endswith("/max") else min(metrics[k], v)
+                    else:
+                        metrics[k] = (v if k.endswith(("/max", "/min")) else metrics.get(k, 0.0) + w * v)
+        finally:
+            if defer:  # the next update, and any other backward, syncs again
+                self.model.set_requires_gradient_sync(True)
         if len(parts) > 1 or self.world.distributed:
             metrics["loss/policy"] = total
         metrics = self._global(metrics)
