@@ -120,6 +120,7 @@ def prompt_tokens(cfg) -> int:
 
 
 def shape(cfg, device: Device, world: int | None = None) -> Shape:
+    from suite.numerics.engine import TorchEngine
     from suite.numerics.precision import gemm_backend, resolve
 
     flow, world = resolve(cfg.precision), world or cfg.nproc * cfg.nnodes
@@ -146,7 +147,7 @@ def shape(cfg, device: Device, world: int | None = None) -> Shape:
                  logits=4 if cfg.lm_head_fp32 else 0, kl_reference=bool(cfg.algo.kl_coef), sampler=cfg.engine,
                  sampler_bytes=sampler_bytes, sampler_act=sdt.itemsize,
                  sampler_emulated=sdt.itemsize < 4 and gemm_backend(cfg.gemm, sdt, dev) == "emulated",
-                 gen_batch=max(rollouts, 256 if cfg.eval.every else 0), vllm_bytes=vllm,
+                 gen_batch=max(rollouts, TorchEngine.max_batch if cfg.eval.every else 0), vllm_bytes=vllm,
                  vllm_asleep=cfg.engine == "vllm" and cfg.vllm.enable_sleep_mode)
 
 

@@ -89,12 +89,12 @@ def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
     for split in settings["splits"]:
         items = task.split(split, settings["prompts"] and min(settings["prompts"], len(task.split(split))))
         prompts = [prompt_ids(tok, it) for it in items for _ in range(n)]
-        rewards = []
-        for i in range(0, len(prompts), 256):  # bounded batches: the KV cache of the built-in engine is dense
-            chunk, rows = prompts[i:i + 256], list(range(i, min(i + 256, len(prompts))))
+        rewards, size = [], engine.max_batch or max(len(prompts), 1)  # built-in engine: 256 (dense cache); vLLM: all
+        for i in range(0, len(prompts), size):
+            chunk, rows = prompts[i:i + size], list(range(i, min(i + size, len(prompts))))
             seeds = gen
-            if world is not None and world.distributed:
-                seeds = torch.randint(0, 2**31 - 1, (len(chunk),), generator=gen)  # = VllmEngine.generate's draw
+            if world is not None and world.distributed:  # = VllmEngine.generate's draw (the same in any batching)
+                seeds = torch.randint(0, 2**31 - 1, (len(chunk),), generator=gen)
                 part = torch.arange(len(chunk)).tensor_split(world.size // tp)[world.rank // tp]
                 rows, chunk, seeds = [i + int(k) for k in part], [chunk[int(k)] for k in part], seeds[part]
             roll = engine.generate(chunk, max_new_tokens, settings["temperature"], settings["top_p"], seeds)
