@@ -212,20 +212,24 @@ class _RecordingEngine:
                        logprobs=torch.zeros(B, 1), truncated=[False] * B)
 
 
-def test_evaluation_hands_vllm_every_prompt_at_once_with_the_seeds_of_chunks(tiny_model):
+def test_evaluation_hands_vllm_every_prompt_at_once_with_the_seeds_of_chunks(tiny_model, monkeypatch):
     """Held-out evaluation batches as the engine says: the built-in engine (dense KV cache) 256 prompts at a time,
     exactly as before; vLLM, which schedules requests itself, every prompt in one call, each request with the prompt
     and the seed it had when the evaluation was chunked (one draw of n seeds is the draws of its chunks), so
-    vLLM samples the same responses."""
+    vLLM samples the same responses. The responses are graded by the run's reward workers, as a step's are."""
     from suite.numerics.engine import TorchEngine
     from suite.numerics.vllm_engine import VllmEngine
-    from suite.rl.train import evaluate
+    from suite.rl import train
 
     _, tok, task = tiny_model
+    graded, grade = [], train.grade
+    monkeypatch.setattr(train, "grade", lambda t, items, texts, truncated, workers: graded.append(
+        (len(texts), workers)) or grade(t, items, texts, truncated))
     settings = {"samples": 8, "splits": ["test"], "prompts": 40, "temperature": 1.0, "top_p": 1.0}
     built_in, vllm = _RecordingEngine(TorchEngine.max_batch), _RecordingEngine(VllmEngine.max_batch)
     for engine in (built_in, vllm):
-        evaluate(engine, tok, task, settings, 4, seed=3)
+        train.evaluate(engine, tok, task, settings, 4, seed=3, workers=4)
     assert [len(p) for p, _ in built_in.calls] == [256, 64] and [len(p) for p, _ in vllm.calls] == [320]
+    assert graded == [(256, 4), (64, 4), (320, 4)]
     pairs = [(tuple(p), s) for prompts, seeds in built_in.calls for p, s in zip(prompts, seeds)]
     assert pairs == [(tuple(p), s) for p, s in zip(*vllm.calls[0])]

@@ -77,9 +77,9 @@ class RunDirConflict(ValueError):
 
 
 def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
-             world: dist.World | None = None, tp: int = 1) -> dict[str, float]:
+             world: dist.World | None = None, tp: int = 1, workers: int = 1) -> dict[str, float]:
     """Held-out accuracy with the run's own sampler: eval/<split>/mean@<n> = mean reward over n samples
-    per prompt (AIME mean@32 at temperature 0.6, top-p 0.95 for sanity_r1d, as published).
+    per prompt (AIME mean@32 at temperature 0.6, top-p 0.95 for sanity_r1d, as published), graded by ``workers``.
 
     ``world``: vLLM engines of a data-parallel world step together (vLLM's DP lockstep), so every rank
     evaluates: each sampler (a rank, or a group of ``tp`` ranks) takes a slice of every batch with the
@@ -99,7 +99,7 @@ def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
                 rows, chunk, seeds = [i + int(k) for k in part], [chunk[int(k)] for k in part], seeds[part]
             roll = engine.generate(chunk, max_new_tokens, settings["temperature"], settings["top_p"], seeds)
             texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
-            mine = [task.reward(items[r // n], t, tr) for r, t, tr in zip(rows, texts, roll.truncated)]
+            mine = grade(task, [items[r // n] for r in rows], texts, roll.truncated, workers)  # as the rollouts are
             if world is not None and world.distributed:
                 mine = [x for part in dist.gather_objects(mine, world)[::tp] for x in part]
             rewards += mine
@@ -436,7 +436,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 if (world.main or lockstep) and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
                     scores = evaluate(engine, tok, task, data.eval_settings(cfg, task), cfg.sampling.max_new_tokens,
                                       seed=cfg.seed * 1_000_003 + step + 500_000, world=world if lockstep else None,
-                                      tp=tp)
+                                      tp=tp, workers=cfg.reward_workers)
                     row.update(scores if world.main else {})
                 n_tok = roll.n_tokens
                 t_end = time.perf_counter()
