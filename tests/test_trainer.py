@@ -73,18 +73,28 @@ def test_unscale_equals_the_per_parameter_check(scale, enabled, poison):
             torch.testing.assert_close(p.grad, r.grad, rtol=0, atol=0, equal_nan=True)
 
 
+@pytest.mark.parametrize("device", ["meta", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA's sync debug mode needs a GPU"))])
 @pytest.mark.parametrize("scale", [2.0**16, 3.0])
-def test_unscale_reads_the_device_once(monkeypatch, scale):
+def test_unscale_reads_the_device_once(monkeypatch, scale, device):
     """One host read per step, not one per parameter: on the meta device every host read (bool, item, a copy to
-    the CPU) raises, so the per-parameter check fails there, and unscale_ gets through with the single read of
-    its flag, which dist.any_rank does (counted here; it answers 'finite')."""
-    params = _params_with_grads("meta")
-    with pytest.raises(RuntimeError, match="meta"):
-        _unscale_per_parameter(LossScaler(True, init_scale=scale), params)
+    the CPU) raises, and so does every synchronising call under CUDA's sync debug mode "error"; the per-parameter
+    check fails there, and unscale_ gets through with the single read of its flag, which dist.any_rank does
+    (counted here; it answers 'finite')."""
+    params = _params_with_grads(device)
     reads = []
     monkeypatch.setattr(dist, "any_rank", lambda flag, world: reads.append(flag.device.type) or False)
-    assert LossScaler(True, init_scale=scale).unscale_(params) is False
-    assert reads == ["meta"]
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="meta|synchroniz"):
+            _unscale_per_parameter(LossScaler(True, init_scale=scale), params)
+        assert LossScaler(True, init_scale=scale).unscale_(params) is False
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    assert reads == [device]
 
 
 def test_fp16_trainer_skips_injected_inf_and_recovers(tiny_model):
