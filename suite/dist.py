@@ -215,9 +215,13 @@ def all_reduce(t: torch.Tensor, world: World, op: str = "sum") -> torch.Tensor:
     return t
 
 
-def any_rank(flag: bool, world: World) -> bool:
-    """True on every rank when ``flag`` is True on any rank (the sharded grad scaler's inf check)."""
-    return bool(all_reduce(torch.tensor([float(flag)]), world, "max").item() > 0)
+def any_rank(flag: bool | torch.Tensor, world: World | None) -> bool:
+    """True on every rank when ``flag`` is true on any rank (the sharded grad scaler's inf check). A tensor flag is
+    reduced on the device it lives on and read once: the caller's one host sync."""
+    t = flag.detach().float().reshape(1) if isinstance(flag, torch.Tensor) else torch.tensor([float(flag)])
+    if world is not None:
+        all_reduce(t, world, "max")
+    return bool(t.item() > 0)
 
 
 def barrier(world: World, patient: bool = False) -> None:

@@ -53,12 +53,12 @@ TRACKED_PACKAGES = (
 )
 
 # Keys of a run's config that say where results go (and which trackers mirror them), over how many ranks,
-# and how memory and time are traded (options tested to leave every number as it is), where task files are found,
-# not what runs;
+# and how memory and time are traded (options tested to leave every number as it is; defer_grad_sync, like nproc,
+# changes only the order in which the ranks' gradients are summed), where task files are found, not what runs;
 # they do not enter `config_hash`, so the same experiment written to two places, or resumed with
 # another world size (suite/dist.py), hashes the same.
 LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger", "reward_workers", "keep_last", "gradient_checkpointing",
-                 "logprob_chunk", "include_path", "plan")
+                 "logprob_chunk", "include_path", "plan", "defer_grad_sync")
 # Committed reference results, one folder per machine class (suite/analysis/reproduce.py); runs never write there.
 # The clone's results/reference, SUITE_REFERENCE_ROOT, or ./results/reference for an installed wheel (suite/locations.py).
 REFERENCE_ROOT = reference_root()

@@ -286,6 +286,23 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
 
 
 @SHARDED
+def test_deferred_gradient_sync_reduce_scatters_once_per_update(tmp_path):
+    """defer_grad_sync: two micro-batches per rank give one reduce-scatter per FSDP2 unit per update instead of one per
+    unit per micro-batch, the same loss, and gradients that differ only as two orders of summing the same four
+    floats may (a bound from fp32's unit roundoff and the terms' magnitudes, not from this machine); the update
+    after it syncs again."""
+    worker = Path(__file__).with_name("dist_accum_worker.py")
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(worker), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    for r in (0, 1):
+        s = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert s["units"] == 3 and s["micro_batches"] == 2  # two decoder layers and the root
+        assert s["reduce_scatters"] == {"every": 3 * 2, "deferred": 3} and s["after"] == 3
+        assert s["loss_equal"] and s["excess"] <= 0.0
+
+
+@SHARDED
 def test_exported_policy_loads_in_transformers_and_gives_the_trainers_logprobs(tmp_path):
     from transformers import AutoModelForCausalLM
 

@@ -90,9 +90,9 @@ def test_a_run_closes_its_sampler_and_builds_no_second_one_for_the_kl_reference(
 
 
 @pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None, reason="vllm(-cpu) not installed")
-def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_chunk_after_chunk(monkeypatch):
+def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_split_after_split(monkeypatch):
     """Sleep mode (GPU only: vLLM's CPU worker ignores it, so this drives the engine's logic with a recording LLM):
-    a chunked evaluation samples its second chunk after the first put the engine to sleep, and a weight sync wakes
+    an evaluation samples its second split after the first put the engine to sleep, and a weight sync wakes
     the weights, loads, then wakes the KV cache (vLLM's RL order, verl's rollout), freeing the trainer's cache first."""
     from types import SimpleNamespace
 
@@ -122,7 +122,7 @@ def test_vllm_sleep_mode_wakes_in_vllms_order_and_samples_chunk_after_chunk(monk
     monkeypatch.setattr(vllm_engine, "_free_cached_device_memory", lambda: calls.append("empty_cache"))
     eng = object.__new__(vllm_engine.VllmEngine)
     eng.llm, eng.sleep_mode, eng.asleep, eng.dtype, eng.eos, eng.n_syncs = LLM(), True, False, torch.float32, [2], 0
-    for _ in range(2):  # two evaluation chunks
+    for _ in range(2):  # an evaluation of two splits
         eng.generate([[1, 3]], 4, 1.0, 1.0, torch.Generator().manual_seed(0))
     assert calls == ["generate", "sleep1", "empty_cache", "wake weights", "empty_cache", "wake kv_cache",
                      "generate", "sleep1"]
@@ -193,3 +193,43 @@ def test_tools_without_a_launcher_compute_on_the_hosts_device(monkeypatch, preci
     trainer, engine, _ = build_engines(cfg, model)  # as suite/experiments/bench.py's step-0 mismatch does
     assert trainer.device.type == "meta" and engine.device == "meta"
     assert next(trainer.model.parameters()).device.type == "meta"
+
+
+class _RecordingEngine:
+    """Records each generate() call's prompts and per-request seeds, drawn as VllmEngine.generate draws them."""
+
+    def __init__(self, max_batch):
+        self.max_batch, self.calls = max_batch, []
+
+    def generate(self, prompts, max_new_tokens, temperature, top_p, generator):
+        from suite.numerics.engine import EOS, Rollout
+
+        seeds = (generator.tolist() if isinstance(generator, torch.Tensor)
+                 else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
+        self.calls.append((prompts, seeds))
+        B = len(prompts)
+        return Rollout(prompt_ids=prompts, tokens=torch.full((B, 1), EOS), mask=torch.ones(B, 1),
+                       logprobs=torch.zeros(B, 1), truncated=[False] * B)
+
+
+def test_evaluation_hands_vllm_every_prompt_at_once_with_the_seeds_of_chunks(tiny_model, monkeypatch):
+    """Held-out evaluation batches as the engine says: the built-in engine (dense KV cache) 256 prompts at a time,
+    exactly as before; vLLM, which schedules requests itself, every prompt in one call, each request with the prompt
+    and the seed it had when the evaluation was chunked (one draw of n seeds is the draws of its chunks), so
+    vLLM samples the same responses. The responses are graded by the run's reward workers, as a step's are."""
+    from suite.numerics.engine import TorchEngine
+    from suite.numerics.vllm_engine import VllmEngine
+    from suite.rl import train
+
+    _, tok, task = tiny_model
+    graded, grade = [], train.grade
+    monkeypatch.setattr(train, "grade", lambda t, items, texts, truncated, workers: graded.append(
+        (len(texts), workers)) or grade(t, items, texts, truncated))
+    settings = {"samples": 8, "splits": ["test"], "prompts": 40, "temperature": 1.0, "top_p": 1.0}
+    built_in, vllm = _RecordingEngine(TorchEngine.max_batch), _RecordingEngine(VllmEngine.max_batch)
+    for engine in (built_in, vllm):
+        train.evaluate(engine, tok, task, settings, 4, seed=3, workers=4)
+    assert [len(p) for p, _ in built_in.calls] == [256, 64] and [len(p) for p, _ in vllm.calls] == [320]
+    assert graded == [(256, 4), (64, 4), (320, 4)]
+    pairs = [(tuple(p), s) for prompts, seeds in built_in.calls for p, s in zip(prompts, seeds)]
+    assert pairs == [(tuple(p), s) for p, s in zip(*vllm.calls[0])]

@@ -51,6 +51,24 @@ def test_fsdp2_divides_the_states_by_the_world_size():
     assert len(one.states) == 3  # one process: no gathered copies
 
 
+def test_deferred_gradient_sync_holds_the_whole_fp32_gradient_while_the_trainer_runs():
+    """defer_grad_sync: 4 bytes per parameter more at each trainer moment, only with several ranks and several
+    micro-batches per update; a refusal names turning it off."""
+    s = Shape(world=4, micro_batch=1, update_rows=2, prompt=2, response=2, compute=2, sampler="torch",
+              defer_grad_sync=True)
+    on, off = plan(TINY, s), plan(TINY, dataclasses.replace(s, defer_grad_sync=False))
+    assert {k: on.totals[k] - off.totals[k] for k in on.totals} == {
+        "trainer forward": 4 * 236, "trainer backward": 4 * 236, "layer backward": 4 * 236, "sampling": 0}
+    for nothing_deferred in (dict(update_rows=1), dict(world=1)):  # one micro-batch, or one rank
+        t = dataclasses.replace(s, **nothing_deferred)
+        assert plan(TINY, t).totals == plan(TINY, dataclasses.replace(t, defer_grad_sync=False)).totals
+    device = rlplan.Device("cpu", off.peak, "just enough without it")
+    assert f"defer_grad_sync=false ({rlplan.gib(off.peak)} GiB)" in rlplan.fixes(TINY, s, device, off.peak)
+    cfg = config.load(["tier=smoke", "micro_batch=1", "defer_grad_sync=true"])
+    big = rlplan.Device("cpu", 10**12, "big")
+    assert rlplan.shape(cfg, big, world=2).deferred_sync and not rlplan.shape(cfg, big).deferred_sync
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 def test_the_activations_are_what_autograd_saves(precision):
     """Every tensor the HF decoder saves for its backward (padding mask, autocast on the CPU), counted once per

@@ -3,8 +3,10 @@
 import copy
 import math
 
+import pytest
 import torch
 
+from suite import dist
 from suite.numerics.precision import resolve
 from suite.numerics.trainer import LossScaler, Trainer
 from suite.rl.schema import OptimConfig
@@ -19,6 +21,80 @@ def test_loss_scaler_backoff_and_growth():
     assert s.scale == 1024.0 and s.skipped == 1
     off = LossScaler(enabled=False)
     assert off.scale == 1.0
+
+
+def _unscale_per_parameter(scaler, params):
+    """The definition: divide each gradient by the scale, then ask whether it is finite (a host read each)."""
+    found = False
+    for p in params:
+        if p.grad is not None:
+            if scaler.enabled:
+                p.grad.div_(scaler.scale)
+            found = found or not bool(torch.isfinite(p.grad).all())
+    return found
+
+
+def _params_with_grads(device="cpu"):
+    """fp32 and bf16 parameters (two groups of the fused kernel) whose gradients span fp32's range, subnormal
+    quotients included, and one parameter without a gradient."""
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for n, dtype in ((1000, torch.float32), (7, torch.float32), (64, torch.bfloat16), (3, torch.float32)):
+        p = torch.nn.Parameter(torch.zeros(n, dtype=dtype, device=device))
+        mag = torch.logspace(-40 if dtype == torch.float32 else -30, 30, n)
+        p.grad = (torch.randn(n, generator=g) * mag).to(dtype).to(device)
+        out.append(p)
+    out.append(torch.nn.Parameter(torch.zeros(2, device=device)))  # no gradient
+    return out
+
+
+@pytest.mark.parametrize("scale", [2.0**16, 3.0, 0.5])
+@pytest.mark.parametrize("enabled", [True, False])
+@pytest.mark.parametrize("poison", [None, "inf", "nan", "overflow"])
+def test_unscale_equals_the_per_parameter_check(scale, enabled, poison):
+    """LossScaler.unscale_ (one fused check, one read) against its definition: the same gradients bit for bit and
+    the same verdict, for GradScaler's powers of two, a scale that is not one (divided, not multiplied by a rounded
+    inverse), and a scale below 1, where dividing a finite 3e38 overflows: an inf the step must skip on."""
+    params = _params_with_grads()
+    poke = {"inf": float("inf"), "nan": float("nan"), "overflow": 3e38}.get(poison)
+    if poke is not None:
+        params[1].grad[3] = poke
+    ref = [torch.nn.Parameter(p.detach().clone()) for p in params]
+    for r, p in zip(ref, params):
+        r.grad = None if p.grad is None else p.grad.clone()
+    want = _unscale_per_parameter(LossScaler(enabled, init_scale=scale), ref)
+    got = LossScaler(enabled, init_scale=scale).unscale_(params)
+    assert got == want
+    assert want == (poison in ("inf", "nan") or (poison == "overflow" and enabled and scale < 1))
+    for r, p in zip(ref, params):
+        if p.grad is None:
+            assert r.grad is None
+        else:
+            torch.testing.assert_close(p.grad, r.grad, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("device", ["meta", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA's sync debug mode needs a GPU"))])
+@pytest.mark.parametrize("scale", [2.0**16, 3.0])
+def test_unscale_reads_the_device_once(monkeypatch, scale, device):
+    """One host read per step, not one per parameter: on the meta device every host read (bool, item, a copy to
+    the CPU) raises, and so does every synchronising call under CUDA's sync debug mode "error"; the per-parameter
+    check fails there, and unscale_ gets through with the single read of its flag, which dist.any_rank does
+    (counted here; it answers 'finite')."""
+    params = _params_with_grads(device)
+    reads = []
+    monkeypatch.setattr(dist, "any_rank", lambda flag, world: reads.append(flag.device.type) or False)
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+    try:
+        with pytest.raises(RuntimeError, match="meta|synchroniz"):
+            _unscale_per_parameter(LossScaler(True, init_scale=scale), params)
+        assert LossScaler(True, init_scale=scale).unscale_(params) is False
+    finally:
+        if device == "cuda":
+            torch.cuda.set_sync_debug_mode("default")
+    assert reads == [device]
 
 
 def test_fp16_trainer_skips_injected_inf_and_recovers(tiny_model):

@@ -10,7 +10,9 @@ fp32 masters 4N/W, fp32 gradients 4N/W, AdamW's exp_avg and exp_avg_sq 8N/W. Sha
 unsharded copies while it computes: the root unit (embeddings, final norm, head) stays gathered from the start
 of the forward to the end of the backward (FSDP2 does not reshard the root after forward), two decoder layers
 are gathered at a time (the current one and the prefetched next), and the root's and one layer's fp32
-gradients exist unsharded until their reduce-scatter: 4 (2 N_root + 3 N_layer) bytes.
+gradients exist unsharded until their reduce-scatter: 4 (2 N_root + 3 N_layer) bytes. With ``defer_grad_sync`` and
+several micro-batches per update, every unit keeps its unsharded fp32 gradient from the first micro-batch's backward
+to the last one's reduce-scatter (FSDP2's accumulation without communication): 4N more during the trainer's moments.
 
 **Low-precision weight copies.** Autocast caches the cast of every parameter it rounds for the length of the
 forward (``torch.autocast``'s weight cache), and a linear layer saves its rounded weight for the backward: c N_lin
@@ -128,6 +130,8 @@ class Shape:
 
     world: int = 1  # ranks the trainer is sharded over (nproc x nnodes); 1: no FSDP2
     micro_batch: int = 1  # sequences per forward/backward
+    update_rows: int = 0  # sequences per rank per optimizer update (0: one micro-batch)
+    defer_grad_sync: bool = False  # one reduce-scatter per update, after the last micro-batch
     prompt: int = 1  # longest prompt (tokens): every row is padded to prompt + response
     response: int = 1  # max_new_tokens
     checkpointing: bool = False
@@ -147,6 +151,11 @@ class Shape:
     @property
     def seq(self) -> int:
         return self.prompt + self.response
+
+    @property
+    def deferred_sync(self) -> bool:
+        """Whether unsharded gradients accumulate over micro-batches (sharded, deferred, more than one micro-batch)."""
+        return self.defer_grad_sync and self.world > 1 and self.update_rows > self.micro_batch
 
 
 @dataclass(frozen=True)
@@ -234,6 +243,9 @@ def plan(a: Arch, s: Shape) -> Plan:
         states.append(Item("sampler weights", int(N * s.sampler_bytes) + extra * (a.linear + a.head * (not a.tied)),
                            "built-in engine, one copy per rank"))
 
+    # From the first micro-batch's backward to the last one's reduce-scatter (the trainer's moments, not sampling).
+    accumulated = (Item("accumulated gradients (unsharded)", 4 * N, "defer_grad_sync: fp32, until the last micro-batch")
+                   if s.deferred_sync else None)
     fwd_copies, bwd_copies = weight_copies(a, s)
     per_layer = layer_activation(a, s)
     kept = (L * 4 * a.hidden if s.checkpointing else L * per_layer) + shared_activation(a, s)
@@ -241,12 +253,14 @@ def plan(a: Arch, s: Shape) -> Plan:
                 + ("checkpointed: each layer's input" if s.checkpointing else f"{L} layers x {per_layer:,} B/token"))
     moments = {
         "trainer forward": [Item("weight copies", fwd_copies, f"compute dtype, {a.linear / 1e9:.3g}B linear weights")
-                            if fwd_copies else None, acts, *logprob_pass(a, s, backward=False)],
+                            if fwd_copies else None, acts, *logprob_pass(a, s, backward=False), accumulated],
         "trainer backward": [Item("weight copies", bwd_copies) if bwd_copies else None, acts,
-                             *logprob_pass(a, s, backward=True), Item("head gradient (unsharded)", 4 * a.head)],
+                             *logprob_pass(a, s, backward=True), Item("head gradient (unsharded)", 4 * a.head),
+                             accumulated],
         # A layer's backward: its activations (recomputed when checkpointed) and their gradients, about as large.
         "layer backward": [Item("weight copies", bwd_copies) if bwd_copies else None, acts,
-                           Item("one layer recomputed + its gradients", T * per_layer * (2 if s.checkpointing else 1))],
+                           Item("one layer recomputed + its gradients", T * per_layer * (2 if s.checkpointing else 1)),
+                           accumulated],
     }
     if s.sampler == "torch":
         moments["sampling"] = sampling(a, s)

@@ -49,7 +49,7 @@ below exists from 0.21 to 0.33, read from those releases' sources, except the we
   rollout follows: free the trainer's cached blocks, wake the *weights* only, load the new weights
   (loading into offloaded memory would be lost), free again, then wake the *KV cache*, so weights and
   cache never both compete with the trainer's cached memory. ``generate`` wakes a sleeping engine itself
-  (level 1 kept the weights on the host): a chunked evaluation samples chunk after chunk. vLLM's CPU
+  (level 1 kept the weights on the host): an evaluation samples split after split. vLLM's CPU
   worker ignores sleep, so the config refuses it there.
 
 Nothing here imports vLLM at module level: the rest of the suite works without it.
@@ -215,6 +215,10 @@ def load_weights(llm, weights: list[tuple[str, torch.Tensor]], takes_iterator: b
 class VllmEngine:
     """A vLLM ``LLM`` in this process, configured from the precision table and ``cfg.vllm``."""
 
+    # Every prompt of an evaluation in one generate() call: vLLM's scheduler batches the requests itself within its
+    # paged KV cache (max_num_seqs, continuous batching); chunks would idle it at the end of each one.
+    max_batch: int | None = None
+
     def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0, world=None, kv_cache: str = "auto",
                  truncating: bool = False):
         _set_env()
@@ -308,7 +312,7 @@ class VllmEngine:
 
         from suite.numerics import truncation
 
-        if self.asleep:  # e.g. the second chunk of an evaluation: the same weights, slept after the first
+        if self.asleep:  # e.g. an evaluation's second split: the same weights, slept after the first
             self._wake()
         seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
                  else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())

@@ -120,6 +120,7 @@ def prompt_tokens(cfg) -> int:
 
 
 def shape(cfg, device: Device, world: int | None = None) -> Shape:
+    from suite.numerics.engine import TorchEngine
     from suite.numerics.precision import gemm_backend, resolve
 
     flow, world = resolve(cfg.precision), world or cfg.nproc * cfg.nnodes
@@ -138,14 +139,15 @@ def shape(cfg, device: Device, world: int | None = None) -> Shape:
             vllm = weights + int((cfg.vllm.kv_cache_gib or 1.0) * GIB)
     else:
         vllm = 0
-    return Shape(world=world, micro_batch=min(cfg.micro_batch or per_rank, per_rank), prompt=prompt_tokens(cfg),
+    return Shape(world=world, micro_batch=min(cfg.micro_batch or per_rank, per_rank), update_rows=per_rank,
+                 defer_grad_sync=cfg.defer_grad_sync, prompt=prompt_tokens(cfg),
                  response=cfg.sampling.max_new_tokens, checkpointing=cfg.gradient_checkpointing,
                  logprob_chunk=cfg.logprob_chunk, compute=tdt.itemsize,
                  emulated=tdt.itemsize < 4 and gemm_backend(cfg.gemm, tdt, dev) == "emulated",
                  logits=4 if cfg.lm_head_fp32 else 0, kl_reference=bool(cfg.algo.kl_coef), sampler=cfg.engine,
                  sampler_bytes=sampler_bytes, sampler_act=sdt.itemsize,
                  sampler_emulated=sdt.itemsize < 4 and gemm_backend(cfg.gemm, sdt, dev) == "emulated",
-                 gen_batch=max(rollouts, 256 if cfg.eval.every else 0), vllm_bytes=vllm,
+                 gen_batch=max(rollouts, TorchEngine.max_batch if cfg.eval.every else 0), vllm_bytes=vllm,
                  vllm_asleep=cfg.engine == "vllm" and cfg.vllm.enable_sleep_mode)
 
 
@@ -159,6 +161,8 @@ def fixes(a: Arch, s: Shape, device: Device, budget: int) -> list[str]:
     """The knobs (one at a time, then all the trainer's together) whose plan fits ``budget``, with its peak."""
     out, R = [], s.response
     tries = []
+    if s.deferred_sync:
+        tries.append(("defer_grad_sync=false", dataclasses.replace(s, defer_grad_sync=False)))
     if s.micro_batch > 1:
         tries.append(("micro_batch=1", dataclasses.replace(s, micro_batch=1)))
     if not s.checkpointing:
@@ -168,10 +172,11 @@ def fixes(a: Arch, s: Shape, device: Device, budget: int) -> list[str]:
             tries.append((f"logprob_chunk={chunk}", dataclasses.replace(s, logprob_chunk=chunk)))
     for more in (2, 4, 8):
         tries.append((f"nproc x nnodes = {s.world * more}", dataclasses.replace(s, world=s.world * more)))
-    trainer = dataclasses.replace(s, micro_batch=1, checkpointing=True,
+    trainer = dataclasses.replace(s, micro_batch=1, checkpointing=True, defer_grad_sync=False,
                                   logprob_chunk=min(s.logprob_chunk or 256, 256) if R > 256 else 0)
     tries.append(("micro_batch=1 gradient_checkpointing=true" + (f" logprob_chunk={trainer.logprob_chunk}"
-                                                               if trainer.logprob_chunk else ""), trainer))
+                                                               if trainer.logprob_chunk else "")
+                  + (" defer_grad_sync=false" if s.defer_grad_sync else ""), trainer))
     for label, t in tries:
         p = memory.plan(a, t).peak
         if p <= budget:
@@ -200,8 +205,8 @@ def check(cfg, device: Device | None = None, world: int | None = None, ranks_per
             + f"); largest items: {', '.join(f'{i.name} {gib(i.bytes)}' for i in sorted(p.items(), key=lambda i: -i.bytes)[:3])}. "
             + (f"It fits with: {'; '.join(fit)}. " if fit else "No single knob makes it fit: reduce sampling.max_new_tokens "
                "or use a smaller model. ")
-            + "The knobs: micro_batch, gradient_checkpointing, logprob_chunk, vllm.gpu_memory_fraction, "
-            "vllm.enable_sleep_mode, nproc. "
+            + "The knobs: micro_batch, gradient_checkpointing, logprob_chunk, defer_grad_sync, "
+            "vllm.gpu_memory_fraction, vllm.enable_sleep_mode, nproc. "
             "`suite plan` with the same arguments prints every item; plan.check=false runs anyway (the plan is an estimate).")
     return p
 

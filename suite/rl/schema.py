@@ -232,6 +232,12 @@ class RunConfig:
     """Sequences per forward/backward (gradient accumulation within each update; the loss and the update are
     the same). None: each minibatch at once, right for the embedded policy; a real model needs a few (8k-token
     responses x a 152k vocabulary are 5 GB of fp32 logits per sequence)."""
+    defer_grad_sync: bool = False
+    """Sharded runs (nproc x nnodes > 1) with several micro-batches per update: reduce-scatter the gradients once,
+    after the last micro-batch (FSDP2 ``set_requires_gradient_sync``), instead of after every one. Less
+    communication, but each rank keeps the whole model's fp32 gradients unsharded until then (4 bytes per
+    parameter; the memory plan counts them), which is why torchtitan and verl leave it off by default. The same
+    gradients up to summation order; no effect on one rank."""
     trim_padding: bool = False
     """Per-micro-batch padding: the trainer scores only the columns some row of a micro-batch attends to, instead
     of the rollout batch's longest prompt + response (suite/numerics/trainer.py: _padded_back). Same log-probs up

@@ -77,9 +77,9 @@ class RunDirConflict(ValueError):
 
 
 def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
-             world: dist.World | None = None, tp: int = 1) -> dict[str, float]:
+             world: dist.World | None = None, tp: int = 1, workers: int = 1) -> dict[str, float]:
     """Held-out accuracy with the run's own sampler: eval/<split>/mean@<n> = mean reward over n samples
-    per prompt (AIME mean@32 at temperature 0.6, top-p 0.95 for sanity_r1d, as published).
+    per prompt (AIME mean@32 at temperature 0.6, top-p 0.95 for sanity_r1d, as published), graded by ``workers``.
 
     ``world``: vLLM engines of a data-parallel world step together (vLLM's DP lockstep), so every rank
     evaluates: each sampler (a rank, or a group of ``tp`` ranks) takes a slice of every batch with the
@@ -89,17 +89,17 @@ def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
     for split in settings["splits"]:
         items = task.split(split, settings["prompts"] and min(settings["prompts"], len(task.split(split))))
         prompts = [prompt_ids(tok, it) for it in items for _ in range(n)]
-        rewards = []
-        for i in range(0, len(prompts), 256):  # bounded batches: the KV cache of the built-in engine is dense
-            chunk, rows = prompts[i:i + 256], list(range(i, min(i + 256, len(prompts))))
+        rewards, size = [], engine.max_batch or max(len(prompts), 1)  # built-in engine: 256 (dense cache); vLLM: all
+        for i in range(0, len(prompts), size):
+            chunk, rows = prompts[i:i + size], list(range(i, min(i + size, len(prompts))))
             seeds = gen
-            if world is not None and world.distributed:
-                seeds = torch.randint(0, 2**31 - 1, (len(chunk),), generator=gen)  # = VllmEngine.generate's draw
+            if world is not None and world.distributed:  # = VllmEngine.generate's draw (the same in any batching)
+                seeds = torch.randint(0, 2**31 - 1, (len(chunk),), generator=gen)
                 part = torch.arange(len(chunk)).tensor_split(world.size // tp)[world.rank // tp]
                 rows, chunk, seeds = [i + int(k) for k in part], [chunk[int(k)] for k in part], seeds[part]
             roll = engine.generate(chunk, max_new_tokens, settings["temperature"], settings["top_p"], seeds)
             texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
-            mine = [task.reward(items[r // n], t, tr) for r, t, tr in zip(rows, texts, roll.truncated)]
+            mine = grade(task, [items[r // n] for r in rows], texts, roll.truncated, workers)  # as the rollouts are
             if world is not None and world.distributed:
                 mine = [x for part in dist.gather_objects(mine, world)[::tp] for x in part]
             rewards += mine
@@ -177,7 +177,7 @@ def build_trainer(cfg, model, world: dist.World | None = None):
     backend = gemm_backend(cfg.gemm, flow.trainer_dtype, world.device.split(":")[0])
     return Trainer(model, flow, backend, cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world,
                    gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk,
-                   kv_quant=kv_quant(cfg.kv_cache), trim_padding=cfg.trim_padding)
+                   kv_quant=kv_quant(cfg.kv_cache), trim_padding=cfg.trim_padding, defer_grad_sync=cfg.defer_grad_sync)
 
 
 def build_engines(cfg, model, world: dist.World | None = None):
@@ -436,7 +436,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                 if (world.main or lockstep) and cfg.eval.every and (step % cfg.eval.every == 0 or step == cfg.steps):
                     scores = evaluate(engine, tok, task, data.eval_settings(cfg, task), cfg.sampling.max_new_tokens,
                                       seed=cfg.seed * 1_000_003 + step + 500_000, world=world if lockstep else None,
-                                      tp=tp)
+                                      tp=tp, workers=cfg.reward_workers)
                     row.update(scores if world.main else {})
                 n_tok = roll.n_tokens
                 t_end = time.perf_counter()
