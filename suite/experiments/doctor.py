@@ -50,7 +50,10 @@ class Row:
 
 
 def _device() -> str:
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
+    """Where a run computes on this host: suite/dist.py decides it, for the doctor as for every tool."""
+    from suite import dist
+
+    return dist.World().device
 
 
 def _setup(out: Path, console: Console):
@@ -272,8 +275,8 @@ def main(args: list[str]) -> int:
     console = make_console()
     t0 = time.perf_counter()
     rows = run_doctor(out, console)
-    table = Table(title=f"suite doctor: {sum(r.ok for r in rows)}/{len(rows)} pass on "
-                        f"{machine.label(machine.describe('auto', 1)) if not torch.cuda.is_available() else _device()}")
+    table = Table(title=f"suite doctor: {sum(r.ok for r in rows)}/{len(rows)} pass on {_device()}, "
+                        f"{machine.label(machine.describe('auto', 1, device=_device()))}")
     for col in ("check", "", "measured", "expected"):
         table.add_column(col)
     for r in rows:
