@@ -167,13 +167,20 @@ def _cells(r: dict) -> list[str]:
 
 def plan_markdown(path: Path, part: str = "table") -> str:
     """The committed plan-vs-measured rows (``--plan --write``) as docs/tasks.md's table, or (part=range) the
-    smallest and largest error."""
+    smallest and largest error, or (part=under) the rows the plan underestimates, the largest shortfall first."""
     rows = json.loads(Path(path).read_text())["rows"]
     if part == "range":
         errors = [r["error"] for r in rows]
         return f"{min(errors):+.0%} to {max(errors):+.0%}"
+    if part == "under":
+        under = sorted((r for r in rows if r["error"] < 0), key=lambda r: r["error"])
+        if not under:
+            return "no row"
+        return f"{len(under)} of the {len(rows)} rows: " + ", ".join(
+            f"{_cells(r)[0]} (hidden {r['hidden']}, vocabulary {r['vocab']:,}, {r['precision']}) by {-r['error']:.1%}"
+            for r in under)
     if part != "table":
-        raise ValueError(f"part must be table or range, not {part!r}")
+        raise ValueError(f"part must be table, range or under, not {part!r}")
     head = ["option", "hidden", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB",
             "error"]
     return "\n".join(["| " + " | ".join(head) + " |", "|---|---:|---:|---|---|---:|---:|---:|",
