@@ -43,3 +43,21 @@ def test_a_failing_check_is_a_failing_row_and_exit_1(tmp_path, monkeypatch):
                                                      ("fp16 overflow", True), ("runs", False),
                                                      ("memory plan", True)]  # a failing check ends no table
     assert "illegal memory access" in rows[-2]["measured"]
+
+
+def test_without_out_it_writes_beside_the_runs_where_git_looks_away(tmp_path, monkeypatch):
+    """`suite doctor` in a checkout wrote into results/doctor/, which git does not ignore (a dirty checkout after
+    the first command a user runs): by default it writes under the runs' root, as every run does."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    if not (repo / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+    ignored = subprocess.run(["git", "check-ignore", "-q", str(doctor.DEFAULT_OUT / "doctor.json")], cwd=repo)
+    assert ignored.returncode == 0, f"{doctor.DEFAULT_OUT} is not ignored by git"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(doctor, "run_doctor", lambda out, console: [doctor.Row("fp8 gemm", True, "ok", "ok")])
+    assert doctor.main([]) == 0
+    assert json.loads((tmp_path / "runs" / "doctor" / "doctor.json").read_text())["rows"][0]["ok"]

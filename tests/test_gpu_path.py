@@ -233,3 +233,96 @@ def test_evaluation_hands_vllm_every_prompt_at_once_with_the_seeds_of_chunks(tin
     assert graded == [(256, 4), (64, 4), (320, 4)]
     pairs = [(tuple(p), s) for prompts, seeds in built_in.calls for p, s in zip(prompts, seeds)]
     assert pairs == [(tuple(p), s) for p, s in zip(*vllm.calls[0])]
+
+
+def test_bench_memory_measures_where_a_run_computes_and_names_that_device(monkeypatch, tmp_path):
+    """suite bench-memory (and --plan --write) measured on the CPU while its file named the host's class: it now
+    measures on the host's device (here the stand-in meta, which has no peak to read: refused, not measured on the
+    CPU), and the written file names the device the peaks came from, the CPU's class when --device cpu."""
+    import json
+
+    from rich.console import Console
+
+    from suite.experiments import bench_memory as bm
+    from suite.numerics import machine
+
+    monkeypatch.setattr(dist, "device_for", lambda local_rank: "meta")
+    with pytest.raises(ValueError, match="meta has no peak"):
+        bm.one("baseline", vocab=64, batch=1, prompt=4, response=4, steps=1, precision="fp32")
+    asked = []
+
+    def measure(variant, sizes, env=None):  # each variant's own process, as `one` reports it
+        asked.append(sizes["device"])
+        return {"peak_mb": 100.0, "device": sizes["device"], "peak": bm.PEAK[sizes["device"].startswith("cuda")]}
+
+    monkeypatch.setattr(bm, "_measure", measure)
+    bm.plan_check(Console(quiet=True), 1, str(tmp_path / "host.json"))
+    host = json.loads((tmp_path / "host.json").read_text())
+    assert asked == ["meta"] * len(bm.PLAN_SIZES) and host["device"] == "meta" and host["machine_class"] == "meta"
+    bm.plan_check(Console(quiet=True), 1, str(tmp_path / "cpu.json"), device="cpu")
+    cpu = json.loads((tmp_path / "cpu.json").read_text())
+    assert cpu["device"] == "cpu" and cpu["machine_class"] == machine.describe("auto", 1, device="cpu")["id"]
+    assert cpu["machine_class"].startswith("cpu-") and cpu["peak"].startswith("peak RSS")
+
+
+def test_bench_runs_the_engine_and_hf_generate_on_the_hosts_device(monkeypatch):
+    """suite bench's "built-in engine vs HF generate" table built its engine and kept HF's model on the CPU, under
+    the GPU's machine class: both sides now get the run's device (the engine's weights are the model's, moved)."""
+    from suite.experiments import bench
+
+    class Built(Exception):
+        pass
+
+    seen = {}
+
+    class Spy:
+        def __init__(self, config, dtype, backend="native", device="cpu", **kw):
+            seen["engine"] = device
+
+        def sync(self, state_dict):
+            seen["weights"] = {str(t.device) for t in state_dict.values()}
+            raise Built
+
+    monkeypatch.setattr(dist, "device_for", lambda local_rank: "meta")
+    monkeypatch.setattr(bench, "TorchEngine", Spy)
+    with pytest.raises(Built):
+        bench.sampler_vs_generate(config.load(["tier=smoke"]), repeats=1, dtypes=("bf16",))
+    assert seen == {"engine": "meta", "weights": {"meta"}}
+
+
+def test_attribute_samples_and_replays_on_the_hosts_device(monkeypatch):
+    """suite attribute's sampler and its matched (replaying) trainer were TorchEngines on the CPU: they now compute
+    on the run's device, the replay is handed its batch there, and its scores come back to the rollout's CPU."""
+    from types import SimpleNamespace
+
+    from suite.experiments import attribute
+    from suite.numerics.engine import TorchEngine
+
+    monkeypatch.setattr(dist, "device_for", lambda local_rank: "meta")
+    model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
+    theta = {k: v.clone() for k, v in model.state_dict().items()}
+    probe = attribute.Probe(cfg=config.load(["tier=smoke", "precision=bf16", "gemm=emulated"]), model=model,
+                            theta0=theta, theta1=theta, batches=[], seeds=[0], top_p=0.8)
+    sampler = attribute._sampler(probe, frozenset({"kv_fp8"}))
+    assert sampler.device == "meta" and sampler.inv_freq.device.type == "meta"
+    assert {str(w.device) for w in sampler.w.values()} == {"meta"}
+    scored = []
+
+    def score(self, ids, valid_prompt, tokens, temperature, full=False):
+        scored.append({self.device, str(ids.device), str(valid_prompt.device), str(tokens.device)})
+        B, R = tokens.shape
+        return torch.zeros(B, R), torch.zeros(B, R), torch.zeros(B, R, 20)
+
+    monkeypatch.setattr(TorchEngine, "score", score)
+    roll = SimpleNamespace(prompt_ids=[[5, 6], [7]], tokens=torch.tensor([[3, 4], [5, 2]]), mask=torch.ones(2, 2))
+    lp, full = attribute._replay_scores(probe, roll, theta, rows_per_call=1)
+    assert scored == [{"meta"}, {"meta"}] and lp.device.type == "cpu" and full.shape == (2, 2, 20)
+
+
+def test_the_doctor_computes_where_a_run_does():
+    """suite doctor's device is suite/dist.py's choice, not a second rule of its own."""
+    from suite.experiments import doctor
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dist, "device_for", lambda local_rank: "meta")
+        assert doctor._device() == "meta"

@@ -195,6 +195,11 @@ def test_the_committed_plan_check_renders_its_rows_and_error_range(tmp_path):
     assert len(table) == 4 and table[2] == ("| logprob_chunk=16 + gradient_checkpointing | 96 | 151,936 | 8 x (32 + 128) "
                                             "| bf16 | 1461 | 1325 | +10.3% |")
     assert table[3].startswith("| logprob_chunk=16 | 96 |") and table[3].endswith("| -14.3% |")
+    # the sentence that names the rows the plan underestimates is generated too (it once said "the one row"
+    # while the committed file had two)
+    assert plan_markdown(path, "under") == "1 of the 2 rows: logprob_chunk=16 (hidden 96, vocabulary 151,936, bf16) by 14.3%"
+    path.write_text(json.dumps({"rows": rows[:1]}))
+    assert plan_markdown(path, "under") == "no row"
 
 
 def test_a_task_of_the_users_own_folder_is_planned_from_that_folder():

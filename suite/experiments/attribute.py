@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from suite import dist
 from suite.numerics.engine import TorchEngine
 from suite.numerics.sampling import sequence_seeds
 from suite.numerics.mismatch import distribution_divergence, mismatch_metrics, ratio_band_fractions
@@ -91,8 +92,9 @@ def _sampler(probe: Probe, on: frozenset):
     flow, cfg = resolve(probe.cfg.precision), probe.cfg
     quant = "fp8" if "fp8_weights" in on else None
     dtype = flow.sampler_dtype  # an FP8 flow's sampler computes in bf16 around its FP8 GEMMs (flows.TORCH_DTYPES)
-    e = TorchEngine(probe.model.config, dtype, gemm_backend(cfg.gemm, dtype), functional_cache=True, quant=quant,
-                    kv_quant="fp8" if "kv_fp8" in on else None)
+    device = dist.World().device  # where the run's sampler computes (and the trainer of _module_scores)
+    e = TorchEngine(probe.model.config, dtype, gemm_backend(cfg.gemm, dtype, device.split(":")[0]), device=device,
+                    functional_cache=True, quant=quant, kv_quant="fp8" if "kv_fp8" in on else None)
     e.sync(probe.theta0)
     return e
 
@@ -102,14 +104,17 @@ def _replay_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None)
     from suite.rl.train import batch_tensors
 
     dtype = resolve(probe.cfg.precision).sampler_dtype
-    e = TorchEngine(probe.model.config, dtype, gemm_backend(probe.cfg.gemm, dtype), functional_cache=True)
+    device = dist.World().device  # the sampler's device: the replay runs its kernels
+    e = TorchEngine(probe.model.config, dtype, gemm_backend(probe.cfg.gemm, dtype, device.split(":")[0]), device=device,
+                    functional_cache=True)
     e.sync(weights)
-    ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
+    ids, attn = (t.to(device) for t in batch_tensors(roll.prompt_ids, roll.tokens, roll.mask))
     P = ids.shape[1] - roll.tokens.shape[1]
     parts = []
     for c in torch.arange(len(ids)).split(rows_per_call or len(ids)):
-        lp, _, full = e.score(ids[c, :P], attn[c, :P].bool(), roll.tokens[c], probe.cfg.sampling.temperature, full=True)
-        parts.append((lp, full))
+        lp, _, full = e.score(ids[c, :P], attn[c, :P].bool(), roll.tokens[c].to(device), probe.cfg.sampling.temperature,
+                              full=True)
+        parts.append((lp.cpu(), full.cpu()))  # the rollout's side is on the CPU (suite/numerics/engine.py)
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 

@@ -19,6 +19,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from suite import dist
 from suite.console import make_console
 from suite.numerics import machine
 from suite.numerics.engine import TorchEngine
@@ -52,13 +53,16 @@ def step_split(cfg, console: Console) -> dict:
 def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm_engines: dict | None = None) -> list[dict]:
     """Tokens/s of the built-in engine and of HF ``generate`` on one identical batch, and of vLLM
     (with its start-up time) when ``cfg.engine == "vllm"``. ``vllm_engines`` ({dtype name: engine})
-    reuses engines already started (tests); otherwise one is started, timed and closed per dtype."""
+    reuses engines already started (tests); otherwise one is started, timed and closed per dtype. Both sides run
+    where a run computes on this host (suite/dist.py), so that the table's machine class is the one measured."""
     from suite.rl.data import prepare_data
     from suite.rl.policy import load_policy
     from suite.tasks.registry import get_task
 
     model_dir, data_dir = prepare_data(cfg, Console(quiet=True))
+    device = dist.World().device
     model, tok = load_policy(model_dir)
+    model.to(device)
     task = get_task(cfg.task, None, cfg.include_path)
     items = task.split("train", cfg.prompts_per_step)
     prompts = [prompt_ids(tok, it) for it in items for _ in range(cfg.samples_per_prompt)]
@@ -66,8 +70,8 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
     out = []
     for name in dtypes:
         flow = resolve(name)
-        backend = gemm_backend(cfg.gemm, flow.sampler_dtype)
-        engine = TorchEngine(model.config, flow.sampler_dtype, backend)
+        backend = gemm_backend(cfg.gemm, flow.sampler_dtype, device.split(":")[0])
+        engine = TorchEngine(model.config, flow.sampler_dtype, backend, device=device)
         engine.sync(model.state_dict())
         tokens = {}
 
@@ -77,7 +81,7 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
 
         hf = model.to(flow.sampler_dtype)
         hf.generation_config.pad_token_id = tok.pad_token_id
-        ids = torch.tensor(prompts)
+        ids = torch.tensor(prompts, device=device)
 
         def theirs():
             with torch.no_grad():
@@ -216,7 +220,8 @@ def main(args: list[str]) -> int:
     for name in flows:  # every flow: the cost of exact and of the FP8 emulation is part of the answer
         cfg = cfgmod.load(args + [f"precision={name}", f"steps={steps}", "name=bench"])
         t = step_split(cfg, console)
-        table.add_row(name, gemm_backend(cfg.gemm, resolve(name).trainer_dtype), f"{t['time/step_s']:.3f}",
+        table.add_row(name, gemm_backend(cfg.gemm, resolve(name).trainer_dtype, dist.World().device.split(":")[0]),
+                      f"{t['time/step_s']:.3f}",
                       f"{t['time/sample_s']:.3f}", f"{t['time/logprob_s']:.3f}", f"{t['time/update_s']:.3f}",
                       f"{t['time/other_s']:.3f}", f"{t['throughput/sampler_tok_s']:.0f}",
                       f"{t['throughput/trainer_tok_s']:.0f}")

@@ -4,8 +4,11 @@ The embedded policy's architecture with a synthetic vocabulary (default 151,936 
 the output head and the fp32 log-softmax as large as a real model's, which is where the memory of an RL
 update peaks. Each variant runs in its own process (the peak resident set only grows within a process):
 build the model and a batch, time ``steps`` updates (log-probs and entropy of the responses, a loss, the
-backward pass, the optimizer step), and report the process's peak RSS minus the RSS after the model was
-built: the memory the update itself needed. The reward pool is timed on the math reward (math-verify
+backward pass, the optimizer step), and report the peak over what the built model held: the memory the
+update itself needed. It measures where a run computes on this host (``--device``, default suite/dist.py's
+choice): on the CPU the process's peak RSS minus the RSS after the model was built, on a CUDA GPU the
+caching allocator's peak of allocated bytes minus those held once the model was there; the tables and the
+written file name that device's machine class. The reward pool is timed on the math reward (math-verify
 worker processes) with 1 and ``reward_workers`` workers. ``--plan`` instead compares the memory plan
 (suite/numerics/memory.py) with the measured peak at PLAN_SIZES, glibc's mmap threshold fixed (``LIVE_BYTES``).
 """
@@ -25,6 +28,7 @@ from pathlib import Path
 VARIANTS = {"baseline": {}, "gradient_checkpointing": {"gradient_checkpointing": True},
             "logprob_chunk": {"logprob_chunk": 16},
             "both": {"gradient_checkpointing": True, "logprob_chunk": 16}}
+PEAK = {False: "peak RSS", True: "torch.cuda.max_memory_allocated"}  # what ``one`` reads, on CPU and on a CUDA GPU
 
 
 def _rss_mb() -> float:
@@ -42,9 +46,10 @@ def _widths(hidden: int) -> dict:
 
 
 def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps: int, precision: str,
-        hidden: int = 0, device: str = "cpu") -> dict:
-    """One variant in this process: {peak_mb (over the built model), step_s (median)}. On CPU the peak resident
-    set; on a GPU the caching allocator's peak of allocated bytes (``torch.cuda.max_memory_allocated``)."""
+        hidden: int = 0, device: str | None = None) -> dict:
+    """One variant in this process: {peak_mb (over the built model), step_s (median), device, peak (how)} on
+    ``device`` (default: where this host computes, as a run does). On CPU the peak resident set; on a GPU the
+    caching allocator's peak of allocated bytes (``torch.cuda.max_memory_allocated``)."""
     import torch
 
     from suite import dist
@@ -53,6 +58,11 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     from suite.rl import config
     from suite.rl.policy import PolicySpec, build_model
 
+    device = device or dist.World().device
+    cuda = device.startswith("cuda")
+    if not cuda and device != "cpu":
+        raise ValueError(f"--device: {device} has no peak to read; bench-memory measures the CPU's resident set or "
+                         "a CUDA GPU's allocator")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     spec = PolicySpec(**_widths(hidden))
@@ -63,7 +73,6 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     ids = torch.randint(3, vocab, (batch, prompt + response))
     attn = torch.ones_like(ids)
     attn[0, 0] = 0  # one left-padded prompt, as in every real batch: the attention then runs with a padding mask
-    cuda = device.startswith("cuda")
     if cuda:
         ids, attn = ids.to(device), attn.to(device)
         torch.cuda.synchronize()
@@ -82,7 +91,7 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     peak = (torch.cuda.max_memory_allocated() / 2**20 if cuda
             else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
     return {"variant": variant, "peak_mb": peak - base, "step_s": statistics.median(times[1:] or times),
-            "params": sum(p.numel() for p in model.parameters())}
+            "params": sum(p.numel() for p in model.parameters()), "device": device, "peak": PEAK[cuda]}
 
 
 def predicted_mb(variant: str, vocab: int, batch: int, prompt: int, response: int, precision: str, hidden: int = 0,
@@ -108,35 +117,43 @@ PLAN_SIZES = [("baseline", 151936, 8, 32, 128, "bf16", 0), ("both", 151936, 8, 3
               ("gradient_checkpointing", 4096, 2, 32, 1024, "fp32", 512)]
 
 
-def plan_check(console, steps: int, write: str | None = None) -> int:
-    """Predicted vs measured peak of an update at PLAN_SIZES (each in its own process); ``write``: the rows as JSON
-    (docs/tasks.md's table is generated from the committed file, ``plan_markdown``)."""
+def plan_check(console, steps: int, write: str | None = None, device: str | None = None) -> int:
+    """Predicted vs measured peak of an update at PLAN_SIZES (each in its own process) on ``device`` (default: the
+    host's, as a run's); ``write``: the rows as JSON (docs/tasks.md's table is generated from the committed file,
+    ``plan_markdown``), labelled with the class of the device the peaks were measured on."""
     from rich.table import Table
 
+    from suite import dist
     from suite.numerics import machine
     from suite.results import atomic_write_json
 
-    cls = machine.describe("auto", 1)["id"]
+    device = device or dist.World().device
     rows = []
     for variant, vocab, batch, prompt, response, precision, hidden in PLAN_SIZES:
         sizes = dict(vocab=vocab, batch=batch, prompt=prompt, response=response, steps=steps, precision=precision,
                      hidden=hidden)
-        got = _measure(variant, sizes, env=LIVE_BYTES)["peak_mb"]
+        m = _measure(variant, {**sizes, "device": device}, env=LIVE_BYTES)
+        if m["device"] != device:
+            raise RuntimeError(f"variant {variant} measured on {m['device']}, not {device}")
+        got = m["peak_mb"]
         want = predicted_mb(variant, **sizes)
         rows.append({"option": variant, **sizes, "hidden": _widths(hidden)["hidden"], "predicted_mib": round(want, 1),
                      "measured_mib": round(got, 1), "error": round((want - got) / got, 4)})
         console.print(f"{variant} V={vocab} B={batch} R={response} {precision}: predicted {want:.0f} MiB, measured {got:.0f}")
+    cls, cuda = machine.describe("auto", 1, device=device)["id"], device.startswith("cuda")
+    peak = PEAK[cuda] + ("" if cuda else " (mmap threshold 64 KiB: live bytes)")
     t = Table("option", "hidden", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB",
-              "error", title=f"memory plan vs measured peak RSS over the built model (mmap threshold 64 KiB: live bytes) "
-                             f"of an update, embedded small-tier layers, machine class {cls}")
+              "error", title=f"memory plan vs measured {peak} over the built model of an update, embedded small-tier "
+                             f"layers, on {device}, machine class {cls}")
     for r in rows:
         t.add_row(*_cells(r))
     console.print(t)
     if write:
         import torch
 
-        atomic_write_json(Path(write), {"machine_class": cls, "torch": torch.__version__, "steps": steps,
-                                        "command": f"suite bench-memory --plan --steps {steps}", "rows": rows})
+        atomic_write_json(Path(write), {"machine_class": cls, "device": device, "peak": peak, "torch": torch.__version__,
+                                        "steps": steps, "command": f"suite bench-memory --plan --steps {steps}",
+                                        "rows": rows})
         console.print(f"written to {write}")
     return 0
 
@@ -150,13 +167,20 @@ def _cells(r: dict) -> list[str]:
 
 def plan_markdown(path: Path, part: str = "table") -> str:
     """The committed plan-vs-measured rows (``--plan --write``) as docs/tasks.md's table, or (part=range) the
-    smallest and largest error."""
+    smallest and largest error, or (part=under) the rows the plan underestimates, the largest shortfall first."""
     rows = json.loads(Path(path).read_text())["rows"]
     if part == "range":
         errors = [r["error"] for r in rows]
         return f"{min(errors):+.0%} to {max(errors):+.0%}"
+    if part == "under":
+        under = sorted((r for r in rows if r["error"] < 0), key=lambda r: r["error"])
+        if not under:
+            return "no row"
+        return f"{len(under)} of the {len(rows)} rows: " + ", ".join(
+            f"{_cells(r)[0]} (hidden {r['hidden']}, vocabulary {r['vocab']:,}, {r['precision']}) by {-r['error']:.1%}"
+            for r in under)
     if part != "table":
-        raise ValueError(f"part must be table or range, not {part!r}")
+        raise ValueError(f"part must be table, range or under, not {part!r}")
     head = ["option", "hidden", "vocab", "batch x (prompt + response)", "precision", "predicted MiB", "measured MiB",
             "error"]
     return "\n".join(["| " + " | ".join(head) + " |", "|---|---:|---:|---|---|---:|---:|---:|",
@@ -215,7 +239,8 @@ def main(args: list[str]) -> int:
     p.add_argument("--reward-workers", type=int, default=2)
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--hidden", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
+    p.add_argument("--device", default=None, help="where to measure (default: where a run computes on this host, "
+                   "cuda:0 on a GPU machine)")
     p.add_argument("--write", default=None, help="with --plan: write the rows as JSON to this file")
     p.add_argument("--plan", action="store_true", help="the memory plan's prediction against the measured peak at "
                    "several sizes (suite plan; suite/numerics/memory.py)")
@@ -229,19 +254,23 @@ def main(args: list[str]) -> int:
         return 0
     from rich.table import Table
 
+    from suite import dist
     from suite.console import make_console
+    from suite.numerics import machine
 
     console = make_console()
+    device = a.device or dist.World().device
     if a.plan:
-        return plan_check(console, a.steps, a.write)
+        return plan_check(console, a.steps, a.write, device)
     rows = []
     for name in VARIANTS:
-        rows.append(_measure(name, sizes))
+        rows.append(_measure(name, {**sizes, "device": device}))
         console.print(f"{name}: {rows[-1]['peak_mb']:.0f} MiB over the built model, {rows[-1]['step_s']:.2f} s/update")
     base = rows[0]
     t = Table("option", "peak memory of an update (MiB)", "vs baseline", "update time (s)", "vs baseline",
               title=f"{a.precision}, vocabulary {a.vocab:,}, {a.batch} x ({a.prompt} + {a.response}) tokens, "
-                    f"{base['params'] / 1e6:.1f}M parameters, median of {a.steps - 1} updates")
+                    f"{base['params'] / 1e6:.1f}M parameters, median of {a.steps - 1} updates, {base['peak']} on "
+                    f"{device} ({machine.describe('auto', 1, device=device)['id']})")
     for r in rows:
         t.add_row(r["variant"], f"{r['peak_mb']:.0f}", f"{r['peak_mb'] / base['peak_mb']:.2f}x", f"{r['step_s']:.2f}",
                   f"{r['step_s'] / base['step_s']:.2f}x")

@@ -418,7 +418,8 @@ def f_plan(*overrides: str) -> str:
 
 
 def f_memplan(cls: str, part: str = "table") -> str:
-    """The plan against measured peaks on a class (``suite bench-memory --plan --write``, committed): table, range."""
+    """The plan against measured peaks on a class (``suite bench-memory --plan --write``, committed): table, range,
+    under (the rows it underestimates)."""
     return plan_markdown(REFERENCE_ROOT / cls / "memory_plan.json", part)
 
 

@@ -15,7 +15,7 @@ suite reports depends on, each row measured here and now:
 - **kill + resume**: a run SIGKILLed mid-way and rerun ends with the uninterrupted run's metrics, byte for byte.
 
 Each check is a function returning rows; one failing check never stops the others. The table is printed and
-written to ``<out>/doctor.json``; the exit code is 1 when any row fails.
+written to ``<out>/doctor.json`` (default ``runs/doctor/``, beside the runs); the exit code is 1 when any row fails.
 """
 
 from __future__ import annotations
@@ -35,10 +35,15 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from suite.rl.schema import RunConfig
+
 # The ordering the mantissa bits predict (arXiv 2510.26788, Table 1: bf16's k3 ~24x fp16's), and the unified
 # FP8 flow below the FP8-rollout baseline (Jet-RL, arXiv 2601.14243).
 ORDER = ("exact", "fp32", "fp16", "bf16", "bf16_fp8rollout")
 RUN_ARGS = ["tier=smoke", "steps=4", "ckpt_every=2", "precision=fp16"]
+# Scratch runs and doctor.json go where runs go by default (the config's out, git-ignored), not into results/: the
+# doctor is run in a checkout, and its work is no result to commit.
+DEFAULT_OUT = Path(RunConfig.out) / "doctor"
 
 
 @dataclass
@@ -50,7 +55,10 @@ class Row:
 
 
 def _device() -> str:
-    return "cuda:0" if torch.cuda.is_available() else "cpu"
+    """Where a run computes on this host: suite/dist.py decides it, for the doctor as for every tool."""
+    from suite import dist
+
+    return dist.World().device
 
 
 def _setup(out: Path, console: Console):
@@ -259,7 +267,8 @@ def run_doctor(out: Path, console: Console) -> list[Row]:
 
 
 def main(args: list[str]) -> int:
-    """``suite doctor [out=DIR]``: the machine acceptance table (every row measured here; exit 1 if one fails)."""
+    """``suite doctor [out=DIR]``: the machine acceptance table (every row measured here; exit 1 if one fails),
+    written to DIR/doctor.json (default runs/doctor)."""
     from suite.console import make_console
     from suite.numerics import machine
     from suite.results import atomic_write_json
@@ -268,12 +277,12 @@ def main(args: list[str]) -> int:
     bad = [a for a in args if "=" not in a or a.split("=", 1)[0] != "out"]
     if bad:
         raise ValueError(f"suite doctor: unknown argument(s) {bad}; it takes out=DIR only")
-    out = Path(opts.get("out", "results/doctor"))
+    out = Path(opts.get("out", DEFAULT_OUT))
     console = make_console()
     t0 = time.perf_counter()
     rows = run_doctor(out, console)
-    table = Table(title=f"suite doctor: {sum(r.ok for r in rows)}/{len(rows)} pass on "
-                        f"{machine.label(machine.describe('auto', 1)) if not torch.cuda.is_available() else _device()}")
+    table = Table(title=f"suite doctor: {sum(r.ok for r in rows)}/{len(rows)} pass on {_device()}, "
+                        f"{machine.label(machine.describe('auto', 1, device=_device()))}")
     for col in ("check", "", "measured", "expected"):
         table.add_column(col)
     for r in rows:

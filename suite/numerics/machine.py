@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from suite import dist
 from suite.numerics.precision import _cpu_flags, gemm_backend
 
 # x86 ISA levels that change torch's CPU kernels, most capable first.
@@ -74,14 +75,19 @@ def gemm_label(backends: dict[str, str]) -> str:
     return values.pop() if len(values) == 1 else "mixed"
 
 
-def describe(gemm: str = "auto", threads: int | None = None) -> dict:
-    """This machine's class for a run with ``gemm=`` and ``threads`` (default: torch's current)."""
+def describe(gemm: str = "auto", threads: int | None = None, device: str | None = None) -> dict:
+    """The class of this machine computing on ``device`` for a run with ``gemm=`` and ``threads`` (default:
+    torch's current). ``device`` defaults to where this host computes (suite/dist.py); a tool that measured
+    elsewhere names its device, so that a CPU measurement on a GPU host is labelled with the CPU's class."""
     threads = torch.get_num_threads() if threads is None else threads
-    if torch.cuda.is_available():
-        name = torch.cuda.get_device_name(0)
+    dev = torch.device(device or dist.device_for(0))
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
         return {"id": f"cuda-{_slug(name)}", "device": "cuda", "gpu": name, "gpu_count": torch.cuda.device_count(),
                 "gpu_driver": _nvidia_driver(), "cuda": torch.version.cuda, "gemm": {"bf16": "native", "fp16": "native"},
                 "torch": torch.__version__, "threads": threads}
+    if dev.type != "cpu":  # a device this module knows no more of (mps, xpu, the tests' meta): its name, not the CPU's
+        return {"id": dev.type, "device": dev.type, "torch": torch.__version__, "threads": threads}
     backends = {k: gemm_backend(gemm, dt) for k, dt in (("bf16", torch.bfloat16), ("fp16", torch.float16))}
     isa = cpu_isa()
     return {"id": f"cpu-{isa}-{gemm_label(backends)}", "device": "cpu", "cpu_vendor": _cpuinfo_field("vendor_id"),
