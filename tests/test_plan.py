@@ -51,10 +51,11 @@ def test_fsdp2_divides_the_states_by_the_world_size():
     assert len(one.states) == 3  # one process: no gathered copies
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_activations_are_what_autograd_saves(precision):
+@pytest.mark.parametrize("precision, packed", [("fp32", False), ("bf16", False), ("fp32", True), ("bf16", True)])
+def test_the_activations_are_what_autograd_saves(precision, packed):
     """Every tensor the HF decoder saves for its backward (padding mask, autocast on the CPU), counted once per
-    storage, plus the boolean mask the forward holds, equals the plan's activations and rounded weights."""
+    storage, plus the boolean mask the forward holds, equals the plan's activations and rounded weights. Packed
+    (the two rows as one, position ids restarting: the trainer's packing forward), the mask spans the B S row."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     a = Arch(layers=2, hidden=32, heads=4, kv_heads=2, mlp=48, vocab=64)
@@ -66,7 +67,12 @@ def test_the_activations_are_what_autograd_saves(precision):
     B, S = 2, 24
     ids = torch.randint(3, a.vocab, (B, S))
     attn = torch.ones_like(ids)
-    attn[0, :3] = 0  # a left-padded prompt
+    if not packed:
+        attn[0, :3] = 0  # a left-padded prompt
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    # packed: the plan's rows are full, so the packed row is every token, positions restarting at each sequence
+    inputs = (dict(input_ids=ids.view(1, -1), position_ids=pos.view(1, -1), use_cache=False) if packed
+              else dict(input_ids=ids, attention_mask=attn, position_ids=pos))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = {}
 
@@ -78,9 +84,9 @@ def test_the_activations_are_what_autograd_saves(precision):
 
     c = 2 if precision == "bf16" else 4
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16, enabled=c == 2):
-        model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0))
-    s = Shape(micro_batch=B, prompt=0, response=S, compute=c)
-    bool_mask = B * S * S  # held by the forward, saved by nothing
+        model(**inputs)
+    s = Shape(micro_batch=B, prompt=0, response=S, compute=c, packing=packed)
+    bool_mask = B * S * s.mask_cols  # held by the forward, saved by nothing
     assert sum(saved.values()) + bool_mask == (a.layers * layer_activation(a, s) + shared_activation(a, s)) * B * S \
         + weight_copies(a, s)[1]
 

@@ -146,7 +146,7 @@ def shape(cfg, device: Device, world: int | None = None) -> Shape:
                  sampler_bytes=sampler_bytes, sampler_act=sdt.itemsize,
                  sampler_emulated=sdt.itemsize < 4 and gemm_backend(cfg.gemm, sdt, dev) == "emulated",
                  gen_batch=max(rollouts, 256 if cfg.eval.every else 0), vllm_bytes=vllm,
-                 vllm_asleep=cfg.engine == "vllm" and cfg.vllm.enable_sleep_mode)
+                 vllm_asleep=cfg.engine == "vllm" and cfg.vllm.enable_sleep_mode, packing=cfg.packing)
 
 
 def for_config(cfg, device: Device, world: int | None = None) -> tuple[Arch, Shape, Plan]:
