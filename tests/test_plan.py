@@ -37,6 +37,11 @@ def test_the_plan_of_a_tiny_config_is_the_hand_computation():
     chunked = plan(TINY, dataclasses.replace(s, logprob_chunk=1)).moments["trainer backward"]
     assert {i.name: i.bytes for i in chunked}["log-softmax (fp32)"] == 5 * 4 * 1 * 10
     assert {i.name: i.bytes for i in chunked}["logits gradient"] == 2 * 10 * 2
+    # Packed, two sequences: the mask spans the 8-token row (the per-layer cast 2 x 8, the shared mask 8 per token),
+    # and the head computes the 2 response positions' logits of each sequence only.
+    pk = dataclasses.replace(s, packing=True, micro_batch=2)
+    assert (layer_activation(TINY, pk), shared_activation(TINY, pk)) == (224 + 2 * 4, 72 + 4)
+    assert {i.name: i.bytes for i in plan(TINY, pk).moments["trainer forward"]}["logits"] == 2 * 2 * 10 * 2
     # Checkpointed: each layer keeps its fp32 input; a layer is recomputed, its gradients beside it.
     ck = plan(TINY, dataclasses.replace(s, checkpointing=True))
     assert ck.totals["layer backward"] == 3776 + 2 * 184 + 4 * (4 * 4 + 72) + 2 * 4 * 224

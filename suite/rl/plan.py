@@ -251,7 +251,8 @@ def cmd_plan(args: list[str]) -> int:
     budget = device.budget(cfg.nproc)
     title = (f"{cfg.task} tier={cfg.tier} model={cfg.model} precision={cfg.precision} engine={cfg.engine}: "
              f"{a.params / 1e9:.3g}B parameters, {s.world} rank(s), micro-batch {s.micro_batch} x ({s.prompt} + "
-             f"{s.response}) tokens, checkpointing {'on' if s.checkpointing else 'off'}, logprob_chunk {s.logprob_chunk}")
+             f"{s.response}) tokens, checkpointing {'on' if s.checkpointing else 'off'}, logprob_chunk {s.logprob_chunk}"
+             + (", packed (one row per micro-batch)" if s.packing else ""))
     console = make_console()
     console.print(table(p, a, s, device, budget, title))
     if p.peak > budget:
