@@ -9,7 +9,7 @@ from suite.experiments import attribute
 
 
 def test_configurations_and_stacks():
-    assert attribute.stack_of("bf16") == ("kernels", "kv_fp8", "top_p", "staleness", "micro_batch")
+    assert attribute.stack_of("bf16") == ("kernels", "kv_fp8", "top_p", "staleness", "micro_batch", "packing")
     assert "fp8_weights" in attribute.stack_of("bf16_fp8rollout")
     with pytest.raises(ValueError, match="sampler's code"):
         attribute.stack_of("exact")
@@ -17,6 +17,42 @@ def test_configurations_and_stacks():
     assert cfgs == [frozenset(), {"kernels"}, {"kv_fp8"}, {"kernels", "kv_fp8"}]
     vllm = attribute.configurations(("kernels", "kv_fp8"), engine="vllm")
     assert all("kernels" in c for c in vllm) and len(vllm) == 2
+
+
+def test_packing_is_switched_on_with_the_kernels_it_requires():
+    """packing exists only in the trainer's HF forward: its one-on configuration is base + kernels + packing, its
+    one-off full - packing, and switching kernels off switches packing off too. In order, deduplicated: matched,
+    one-on (kernels, kv_fp8, packing given kernels), full, then the one-off configurations not seen yet."""
+    k, kv, p = "kernels", "kv_fp8", "packing"
+    assert attribute.configurations((k, kv, p)) == [
+        frozenset(), {k}, {kv}, {k, p}, {k, kv, p},  # one-off kernels = {kv_fp8}, one-off kv_fp8 = {kernels, packing}
+        {k, kv}]  # one-off packing
+    assert attribute.configurations((k, p)) == [frozenset(), {k}, {k, p}]
+    assert attribute.configurations((k, kv, p), engine="vllm") == [{k}, {k, kv}, {k, p}, {k, kv, p}]
+    with pytest.raises(ValueError, match="packing requires kernels"):
+        attribute.configurations((kv, p))
+
+
+def test_summary_measures_packing_given_kernels_by_hand():
+    """Three sources, packing requiring kernels: matched 0, kernels 1, kv_fp8 2, kernels + packing 1.5, full 4,
+    kernels + kv_fp8 3.5. on: kernels 1, kv_fp8 2, packing 1.5 - 1 = 0.5 (from kernels, not from the matched pair);
+    interaction 4 - 3.5 = 0.5; off: kernels 4 - 2 (packing off with it), kv_fp8 4 - 1.5, packing 4 - 3.5."""
+    def row(cfg, v, seed):
+        return {"config": sorted(cfg), "batch": 0, "seed": seed, **{k: v for k in
+                ("k3", "dp", "tme", "out_0.9_1.1", "out_0.5_2", "kl_full", "tv")}}
+    values = {(): 0.0, ("kernels",): 1.0, ("kv_fp8",): 2.0, ("kernels", "packing"): 1.5,
+              ("kernels", "kv_fp8", "packing"): 4.0, ("kernels", "kv_fp8"): 3.5}
+    rows = [row(c, v, seed) for seed in (0, 1) for c, v in values.items()]
+    s = summarise(rows, ["kernels", "kv_fp8", "packing"], [], {"packing": ["kernels"]})
+    k3 = s["metrics"]["k3"]
+    assert {x: k3["on"][x]["mean"] for x in s["sources"]} == {"kernels": 1.0, "kv_fp8": 2.0, "packing": 0.5}
+    assert {x: k3["off"][x]["mean"] for x in s["sources"]} == {"kernels": 2.0, "kv_fp8": 2.5, "packing": 0.5}
+    assert k3["interaction"]["mean"] == 0.5 and k3["total"]["mean"] == 4.0
+    assert [k3["share"][x]["mean"] for x in ("kernels", "kv_fp8", "packing", "interaction")] == [0.25, 0.5, 0.125, 0.125]
+    assert k3["additivity_error"] == 0.0 and s["requires"] == {"packing": ["kernels"]}
+    md = table_markdown(s, "t")
+    assert "| packing (given kernels) | 5.00e-01 [5.00e-01, 5.00e-01] | 12% [12%, 12%] | 5.00e-01" in md
+    assert "| kernels | 1.00e+00" in md
 
 
 def test_summary_adds_up_by_hand():
@@ -81,3 +117,31 @@ def test_the_report_shows_each_attribution_with_its_table_check_and_waterfall(tm
     shutil.copytree(run, tmp_path / "res" / run.name)
     md = (report.write_report(tmp_path / "res") / "report.md").read_text()
     assert "Verdicts per cell" in md and "| b | 2.00e+00 [2.00e+00, 2.00e+00] | 50% [50%, 50%] |" in md
+
+
+def test_suite_attribute_measures_packing_given_kernels_end_to_end(tmp_path):
+    """`suite attribute --sources kernels,packing` on the smoke tier: three configurations (matched, kernels,
+    kernels + packing), the matched pair exactly 0, the table's packing row labelled as measured given kernels,
+    `requires` in the summary, and the one-on effects + interaction = full - base. Packing without kernels is
+    refused before any compute."""
+    import json
+
+    out = tmp_path / "attr"
+    with pytest.raises(ValueError, match="packing requires kernels"):
+        attribute.cli(["tier=smoke", "precision=bf16", "--batches", "1", "--seeds", "2", "--sources", "packing",
+                       "--out", str(out)])
+    assert attribute.cli(["tier=smoke", "precision=bf16", "--batches", "1", "--seeds", "2",
+                          "--sources", "kernels,packing", "--out", str(out)]) == 0
+    rows = json.loads((out / "rows.json").read_text())
+    assert sorted({tuple(r["config"]) for r in rows}) == [(), ("kernels",), ("kernels", "packing")]
+    assert all(r["k3"] == 0.0 and r["dp"] == 0.0 for r in rows if r["config"] == [])
+    s = json.loads((out / "attribution.json").read_text())
+    assert s["requires"] == {"packing": ["kernels"]} and s["sources"] == ["kernels", "packing"]
+    k3 = s["metrics"]["k3"]
+    # the packing row is the difference of the two trainer configurations, replicate by replicate
+    by = {(tuple(r["config"]), r["seed"]): r["k3"] for r in rows}
+    want = sum(by[(("kernels", "packing"), seed)] - by[(("kernels",), seed)] for seed in (0, 1)) / 2
+    assert abs(k3["on"]["packing"]["mean"] - want) <= 4 * math.ulp(max(1.0, abs(want)))
+    assert all(m["additivity_error"] <= 8 * math.ulp(max(1.0, abs(m["full"]["mean"]))) for m in s["metrics"].values())
+    assert "| packing (given kernels) |" in (out / "attribution.md").read_text()
+    assert (out / "waterfall.png").is_file()

@@ -37,6 +37,11 @@ def test_the_plan_of_a_tiny_config_is_the_hand_computation():
     chunked = plan(TINY, dataclasses.replace(s, logprob_chunk=1)).moments["trainer backward"]
     assert {i.name: i.bytes for i in chunked}["log-softmax (fp32)"] == 5 * 4 * 1 * 10
     assert {i.name: i.bytes for i in chunked}["logits gradient"] == 2 * 10 * 2
+    # Packed, two sequences: the mask spans the 8-token row (the per-layer cast 2 x 8, the shared mask 8 per token),
+    # and the head computes the 2 response positions' logits of each sequence only.
+    pk = dataclasses.replace(s, packing=True, micro_batch=2)
+    assert (layer_activation(TINY, pk), shared_activation(TINY, pk)) == (224 + 2 * 4, 72 + 4)
+    assert {i.name: i.bytes for i in plan(TINY, pk).moments["trainer forward"]}["logits"] == 2 * 2 * 10 * 2
     # Checkpointed: each layer keeps its fp32 input; a layer is recomputed, its gradients beside it.
     ck = plan(TINY, dataclasses.replace(s, checkpointing=True))
     assert ck.totals["layer backward"] == 3776 + 2 * 184 + 4 * (4 * 4 + 72) + 2 * 4 * 224
@@ -69,10 +74,11 @@ def test_deferred_gradient_sync_holds_the_whole_fp32_gradient_while_the_trainer_
     assert rlplan.shape(cfg, big, world=2).deferred_sync and not rlplan.shape(cfg, big).deferred_sync
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_activations_are_what_autograd_saves(precision):
+@pytest.mark.parametrize("precision, packed", [("fp32", False), ("bf16", False), ("fp32", True), ("bf16", True)])
+def test_the_activations_are_what_autograd_saves(precision, packed):
     """Every tensor the HF decoder saves for its backward (padding mask, autocast on the CPU), counted once per
-    storage, plus the boolean mask the forward holds, equals the plan's activations and rounded weights."""
+    storage, plus the boolean mask the forward holds, equals the plan's activations and rounded weights. Packed
+    (the two rows as one, position ids restarting: the trainer's packing forward), the mask spans the B S row."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     a = Arch(layers=2, hidden=32, heads=4, kv_heads=2, mlp=48, vocab=64)
@@ -84,7 +90,12 @@ def test_the_activations_are_what_autograd_saves(precision):
     B, S = 2, 24
     ids = torch.randint(3, a.vocab, (B, S))
     attn = torch.ones_like(ids)
-    attn[0, :3] = 0  # a left-padded prompt
+    if not packed:
+        attn[0, :3] = 0  # a left-padded prompt
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    # packed: the plan's rows are full, so the packed row is every token, positions restarting at each sequence
+    inputs = (dict(input_ids=ids.view(1, -1), position_ids=pos.view(1, -1), use_cache=False) if packed
+              else dict(input_ids=ids, attention_mask=attn, position_ids=pos))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved = {}
 
@@ -96,9 +107,9 @@ def test_the_activations_are_what_autograd_saves(precision):
 
     c = 2 if precision == "bf16" else 4
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", torch.bfloat16, enabled=c == 2):
-        model(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(1) - 1).clamp(min=0))
-    s = Shape(micro_batch=B, prompt=0, response=S, compute=c)
-    bool_mask = B * S * S  # held by the forward, saved by nothing
+        model(**inputs)
+    s = Shape(micro_batch=B, prompt=0, response=S, compute=c, packing=packed)
+    bool_mask = B * S * s.mask_cols  # held by the forward, saved by nothing
     assert sum(saved.values()) + bool_mask == (a.layers * layer_activation(a, s) + shared_activation(a, s)) * B * S \
         + weight_copies(a, s)[1]
 

@@ -4,10 +4,15 @@ Rows (suite/experiments/attribute.py ``run_probe``): one per (configuration, bat
 ``METRICS``. Per metric and replicate (batch, seed):
 
     total        = full - base                       (base: the matched pair; with vLLM, "kernels only")
-    on[s]        = (base + s) - base                 one source switched on from the base
-    off[s]       = full - (full - s)                 one source switched off from the full stack
+    on[s]        = (base + req(s) + s) - (base + req(s))   one source switched on, given what it requires
+    off[s]       = full - (full - s - dep(s))        one source switched off from the full stack
     interaction  = total - sum_s on[s]               so that sum_s on[s] + interaction = total exactly
     share[s]     = on[s] / total                     (and interaction / total): the shares sum to 1
+
+req(s): the sources ``s`` exists only with (``requires``; ``packing`` requires ``kernels``: packing is a property
+of the trainer's HF forward, which the matched pair does not run), empty for the others, so on[s] is the plain
+(base + s) - base; dep(s): the sources that require ``s``, switched off with it. The identity still holds exactly:
+the interaction is the residual whatever the on effects are.
 
 Means over replicates with 95% percentile-bootstrap intervals (suite/analysis/stats.py). A source whose ``on``
 and ``off`` differ interacts with the others (e.g. truncation shifts which tokens carry the rounding error).
@@ -46,13 +51,18 @@ def _interval(values) -> dict:
     return {"mean": float(np.mean(xs)), "lo": ci[0] if ci else None, "hi": ci[1] if ci else None, "n": len(xs)}
 
 
-def summarise(rows: list[dict], stack: list[str], base: list[str]) -> dict:
+def summarise(rows: list[dict], stack: list[str], base: list[str], requires: dict | None = None) -> dict:
     """Per metric: base and full values, on/off effects, interaction and shares, each with its interval, and the
-    additivity check (max over replicates of |sum on + interaction - total|, 0 up to float addition)."""
+    additivity check (max over replicates of |sum on + interaction - total|, 0 up to float addition).
+    ``requires``: source -> the sources it is measured given (suite/experiments/attribute.py REQUIRES)."""
     reps = _replicates(rows)
     base_k, full_k = _key(base), _key(stack)
     free = [s for s in stack if s not in base]
-    out = {"stack": list(stack), "base": list(base), "sources": free, "replicates": len(reps), "metrics": {}}
+    req = {s: frozenset((requires or {}).get(s, ())) for s in stack}
+    given = {s: base_k | req[s] for s in free}  # what the one-on effect of s is measured from
+    dropped = {s: {s} | {t for t in stack if s in req[t]} for s in free}  # switched off with s
+    out = {"stack": list(stack), "base": list(base), "sources": free, "replicates": len(reps), "metrics": {},
+           "requires": {s: sorted(req[s]) for s in free if req[s]}}
     for metric in METRIC_LABELS:
         per = {"base": [], "full": [], "total": [], "interaction": [], "check": []}
         on = {s: [] for s in free}
@@ -60,7 +70,7 @@ def summarise(rows: list[dict], stack: list[str], base: list[str]) -> dict:
         share = {s: [] for s in free + ["interaction"]}
         for cfgs in reps.values():
             b, f = cfgs[base_k][metric], cfgs[full_k][metric]
-            effects = {s: cfgs[base_k | {s}][metric] - b for s in free}
+            effects = {s: cfgs[given[s] | {s}][metric] - cfgs[given[s]][metric] for s in free}
             total = f - b
             inter = total - sum(effects.values())
             per["base"].append(b)
@@ -70,7 +80,7 @@ def summarise(rows: list[dict], stack: list[str], base: list[str]) -> dict:
             per["check"].append(abs(sum(effects.values()) + inter - total))
             for s in free:
                 on[s].append(effects[s])
-                off[s].append(f - cfgs[full_k - {s}][metric])
+                off[s].append(f - cfgs[full_k - dropped[s]][metric])
                 share[s].append(effects[s] / total if total else math.nan)
             share["interaction"].append(inter / total if total else math.nan)
         out["metrics"][metric] = {
@@ -89,12 +99,19 @@ def _fmt(iv: dict, pct: bool = False) -> str:
     return f(iv["mean"]) + (f" [{f(iv['lo'])}, {f(iv['hi'])}]" if iv["lo"] is not None else "")
 
 
+def label(summary: dict, source: str) -> str:
+    """A source's row label: "packing (given kernels)" for one measured given others (summaries written before
+    ``requires`` existed have none)."""
+    req = summary.get("requires", {}).get(source)
+    return f"{source} (given {', '.join(req)})" if req else source
+
+
 def table_rows(summary: dict) -> tuple[list[str], list[list[str]]]:
     """The attribution table: one row per source (on effect and share of k3, then the on effects of mean |dp|,
     TME - 1 and the fraction outside [0.9, 1.1]), the interaction, base and full stack."""
     m = summary["metrics"]
     head = ["source", "k3: on", "k3 share", "k3: off", *[f"{METRIC_LABELS[k]}: on" for k in TABLE_METRICS[1:]]]
-    rows = [[s, _fmt(m["k3"]["on"][s]), _fmt(m["k3"]["share"][s], True), _fmt(m["k3"]["off"][s]),
+    rows = [[label(summary, s), _fmt(m["k3"]["on"][s]), _fmt(m["k3"]["share"][s], True), _fmt(m["k3"]["off"][s]),
              *[_fmt(m[k]["on"][s]) for k in TABLE_METRICS[1:]]] for s in summary["sources"]]
     rows.append(["interaction", _fmt(m["k3"]["interaction"]), _fmt(m["k3"]["share"]["interaction"], True), "",
                  *[_fmt(m[k]["interaction"]) for k in TABLE_METRICS[1:]]])
@@ -146,7 +163,8 @@ def report_section(paths: list[Path], fig_dir: Path) -> list[tuple]:
 
     doc: list[tuple] = [("h", "Mismatch by source (suite attribute)", "attribution"),
                         ("p", "On the same batches, each source of the mismatch switched on alone from a matched pair "
-                              "(the trainer replaying the sampler's own decode loop: mismatch exactly 0) and off alone "
+                              "(the trainer replaying the sampler's own decode loop: mismatch exactly 0; a source that "
+                              "exists only with another, as packing with the trainer's kernels, given it) and off alone "
                               "from the full stack; the interaction is what the one-at-a-time effects leave of the "
                               "total (docs/attribution.md).")]
     fig_dir.mkdir(parents=True, exist_ok=True)
@@ -172,7 +190,7 @@ def waterfall(summary: dict, stem: Path, title: str, metrics=("k3", "out_0.9_1.1
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.6 * len(metrics), 3.8), squeeze=False)
     for ax, metric in zip(axes[0], metrics):
         m = summary["metrics"][metric]
-        names = ["base", *summary["sources"], "interaction", "full stack"]
+        names = ["base", *[label(summary, s) for s in summary["sources"]], "interaction", "full stack"]
         steps = [m["base"], *[m["on"][s] for s in summary["sources"]], m["interaction"]]
         level, x = 0.0, np.arange(len(names))
         for i, iv in enumerate(steps):

@@ -21,7 +21,14 @@ Sources (``SOURCES``; a flow's stack takes those it applies to, ``fp8_weights`` 
 - ``top_p``: the sampler draws from the top-p nucleus (``--top-p``) and records renormalised log-probs; the
   trainer scores the whole vocabulary (sampling.truncation=none, the common bug);
 - ``staleness``: the trainer holds the weights after one RL step of the flow, the sampler the ones before it;
-- ``micro_batch``: the trainer scores one sequence at a time instead of the whole batch (batch variance).
+- ``micro_batch``: the trainer scores one sequence at a time instead of the whole batch (batch variance);
+- ``packing``: the trainer scores its batch packed, every pad dropped and the sequences concatenated into one row
+  (config ``packing``, suite/numerics/packing.py), instead of padded (batch variance of another shape).
+
+Some sources exist only given another (``REQUIRES``): packing is a property of the trainer's HF-module forward, so
+it needs ``kernels`` (the matched pair replays the sampler's decode loop, which has no packing). Its one-on
+configuration is base + kernels + packing and its effect is measured from base + kernels ("packing given the
+module"); switching ``kernels`` off from the full stack switches packing off with it.
 
 Per configuration and replicate (a batch of prompts x a sampling seed): k3 KL, mean |dp|, NeMo-RL's
 token-multiplicative error (mean exp|dlogp|), the fraction of token ratios outside [0.9, 1.1] and [0.5, 2], and
@@ -46,7 +53,8 @@ from suite.numerics.sampling import sequence_seeds
 from suite.numerics.mismatch import distribution_divergence, mismatch_metrics, ratio_band_fractions
 from suite.numerics.precision import gemm_backend, resolve
 
-SOURCES = ("kernels", "fp8_weights", "kv_fp8", "top_p", "staleness", "micro_batch")
+SOURCES = ("kernels", "fp8_weights", "kv_fp8", "top_p", "staleness", "micro_batch", "packing")
+REQUIRES = {"packing": ("kernels",)}  # a source -> the sources it exists only with (its one-on effect is given them)
 SAMPLER_SOURCES = ("fp8_weights", "kv_fp8", "top_p")  # the rest change only the trainer
 # (key in the result rows, label, key of the measurement)
 METRICS = (("k3", "k3 KL", "mismatch/kl_k3"), ("dp", "mean |dp|", "mismatch/prob_diff/mean"),
@@ -65,12 +73,26 @@ def stack_of(precision: str, engine: str = "torch") -> tuple[str, ...]:
     return tuple(s for s in SOURCES if s != "fp8_weights" or flow.sampler_quant == "fp8")
 
 
+def requires(source: str) -> frozenset:
+    """The sources ``source`` exists only with (``REQUIRES``)."""
+    return frozenset(REQUIRES.get(source, ()))
+
+
 def configurations(stack: tuple[str, ...], engine: str = "torch") -> list[frozenset]:
-    """matched, each one on, full, each one off (deduplicated, in that order). With vLLM ``kernels`` is always on."""
+    """matched, each one on, full, each one off (deduplicated, in that order). With vLLM ``kernels`` is always on.
+
+    A source that requires others (``REQUIRES``) is switched on together with them (base | requires | {s}; its
+    effect is measured from base | requires), and switching a source off also switches off what requires it."""
     fixed = frozenset({"kernels"}) if engine == "vllm" else frozenset()
+    missing = [f"{s} requires {r}" for s in stack for r in requires(s) if r not in stack]
+    if missing:  # refused, not added behind the user's back: the table's rows are the sources asked for
+        raise ValueError(f"--sources: {'; '.join(missing)}: add it (a source measured given another, "
+                         "docs/attribution.md)")
     free = [s for s in stack if s not in fixed]
-    out = [fixed] + [fixed | {s} for s in free] + [frozenset(stack)] + [frozenset(stack) - {s} for s in free]
-    return list(dict.fromkeys(out))
+    full = frozenset(stack)
+    on = [fixed | requires(s) | {s} for s in free]
+    off = [full - {s} - {t for t in stack if s in requires(t)} for s in free]
+    return list(dict.fromkeys([fixed, *on, full, *off]))
 
 
 @dataclass
@@ -118,11 +140,13 @@ def _replay_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None)
     return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
-def _module_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None):
-    """The run's trainer: the HF module under the flow's autocast (or its emulation), fp32 masters."""
+def _module_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None, packing: bool = False):
+    """The run's trainer: the HF module under the flow's autocast (or its emulation), fp32 masters; ``packing``:
+    each call's rows scored as one packed row (the source decides it, whatever the config says)."""
     from suite.rl.train import batch_tensors, build_trainer
 
-    trainer = build_trainer(probe.cfg, copy.deepcopy(probe.model))
+    cfg = replace(probe.cfg, packing=packing, trim_padding=probe.cfg.trim_padding and not packing)
+    trainer = build_trainer(cfg, copy.deepcopy(probe.model))
     trainer.model.load_state_dict(weights)
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
     R, T = roll.tokens.shape[1], probe.cfg.sampling.temperature
@@ -168,8 +192,10 @@ def run_probe(probe: Probe, configs: list[frozenset], sampler_factory=None) -> l
                 for on in [c for c in configs if c & set(SAMPLER_SOURCES) == key]:
                     weights = probe.theta1 if "staleness" in on else probe.theta0
                     rows_per_call = 1 if "micro_batch" in on else None
-                    score = _module_scores if "kernels" in on else _replay_scores
-                    lp, full = score(probe, roll, weights, rows_per_call)
+                    if "kernels" in on:
+                        lp, full = _module_scores(probe, roll, weights, rows_per_call, packing="packing" in on)
+                    else:
+                        lp, full = _replay_scores(probe, roll, weights, rows_per_call)
                     rows.append({"config": sorted(on), "batch": b, "seed": seed, **measure(lp, full, roll)})
         finally:
             if hasattr(engine, "close"):
@@ -271,7 +297,7 @@ def cli(args: list[str]) -> int:
     factory = (lambda on: vllm_sampler(probe, on)) if cfg.engine == "vllm" else None
     rows = run_probe(probe, configs, factory)
     base = sorted(configs[0])
-    summary = summarise(rows, list(stack), base)
+    summary = summarise(rows, list(stack), base, {s: list(requires(s)) for s in stack if requires(s)})
     summary.update({"precision": cfg.precision, "engine": cfg.engine, "top_p": ns.top_p, "machine_class": cls,
                     "batches": ns.batches, "seeds": ns.seeds, "responses_per_batch": len(probe.batches[0])})
     title = title_of(summary)

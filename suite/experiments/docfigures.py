@@ -400,6 +400,13 @@ def f_attribution(cls: str, stack: str) -> str:
     return table_markdown(summary, title_of(summary))
 
 
+def f_attribution_on(cls: str, stack: str, source: str, metric: str) -> str:
+    """One source's one-on effect on a metric with its interval, as the committed attribution's table prints it."""
+    from suite.analysis.attribution import _fmt
+    summary = json.loads((REFERENCE_ROOT / cls / "attribute" / stack / "attribution.json").read_text())
+    return _fmt(summary["metrics"][metric]["on"][source])
+
+
 def f_source(path: str, part: str) -> str:
     """A committed source grid (suite/analysis/sources.py): its outcome sentence (part=outcome) or table (part=table)."""
     from suite.analysis import sources
@@ -431,7 +438,8 @@ FIGURES = {
     "perfectible": f_perfectible, "step0-table": f_step0_table, "cost-table": f_cost_table, "final": f_final,
     "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs, "gap-clipped": f_gap_clipped,
     "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids,
-    "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution, "source": f_source,
+    "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution,
+    "attribution-on": f_attribution_on, "source": f_source,
     "plan": f_plan, "memplan": f_memplan}
 
 

@@ -39,11 +39,19 @@ Emulated GEMMs (``lowp_linear``, ``lowp_attention``) save fp32 inputs (5 x 4 H +
 (r H); one layer is recomputed in the backward. Shared by all layers: the rotary cos/sin (2 x 4 head_dim) and
 the boolean mask (S bytes per token). Checked exactly against the tensors autograd saves on CPU (the tests).
 
+**Packing** (``packing``, suite/numerics/packing.py): a micro-batch is one row of N tokens. The plan's rows are
+already full (prompt + max_new_tokens, no pads), so packing removes no token here; what changes is the mask:
+SDPA's and eager's block-diagonal mask spans the whole row, so every S above that counts mask columns becomes
+N = B S (the boolean mask, its per-layer cast, the emulated attention's probabilities): quadratic in the
+micro-batch, the price of packing without flash-attention's varlen kernel (which the plan does not model). The
+head's input is still counted at every position, though packed it is gathered at the response positions only.
+
 **The log-prob pass** (``Trainer._logprobs``): the logits of the whole padded sequence in the compute dtype
 (B S V c), and the fp32 log-softmax and entropy of the R response positions: the backward of ``_logp_entropy``
 holds five fp32 (B, R, V) tensors at once (log-probs and their exp saved, three gradients), the forward three
 beside the logits. With ``logprob_chunk`` = C the five are of one chunk (B, C, V), but the logits stay alive for
-the chunks' recomputation and their gradient accumulates over the chunks (B R V c). Not counted: each chunk's
+the chunks' recomputation and their gradient accumulates over the chunks (B R V c). Packed, the head computes the
+logits of the response positions only (``logits_to_keep``), B R V c. Not counted: each chunk's
 gradient is expanded to the whole (B, R, V) slice before it is added (autograd's slice backward), a transient
 that makes the plan 14% low on the chunked fp32 row of ``suite bench-memory --plan`` (docs/tasks.md).
 
@@ -147,6 +155,7 @@ class Shape:
     gen_batch: int = 1  # sequences the built-in engine decodes at once (rollouts, or evaluation chunks)
     vllm_bytes: int = 0  # vLLM's share (computed by the caller from the device and the config)
     vllm_asleep: bool = False  # vllm.enable_sleep_mode: the share is alive while sampling only
+    packing: bool = False  # the micro-batch scored as one row (suite/numerics/packing.py)
 
     @property
     def seq(self) -> int:
@@ -156,6 +165,11 @@ class Shape:
     def deferred_sync(self) -> bool:
         """Whether unsharded gradients accumulate over micro-batches (sharded, deferred, more than one micro-batch)."""
         return self.defer_grad_sync and self.world > 1 and self.update_rows > self.micro_batch
+
+    @property
+    def mask_cols(self) -> int:
+        """Key positions of the attention mask per token: a padded row's length, or the packed row's (B S)."""
+        return self.micro_batch * self.seq if self.packing else self.seq
 
 
 @dataclass(frozen=True)
@@ -191,7 +205,7 @@ class Plan:
 
 def layer_activation(a: Arch, s: Shape, r: int = 4) -> int:
     """Bytes one decoder layer saves for its backward, per token (the formula of the module docstring)."""
-    c, H, S = s.compute, a.hidden, s.seq
+    c, H, S = s.compute, a.hidden, s.mask_cols
     norms = 2 * (2 * r * H + 4)
     mlp = 4 * c * a.mlp * max(a.top_k, 1) + (4 * a.experts if a.experts else 0)  # + the router's logits
     qk = (2 * r + c) * (a.q + a.kv) if a.qk_norm else 0
@@ -206,7 +220,7 @@ def shared_activation(a: Arch, s: Shape, r: int = 4) -> int:
     """Bytes per token saved once for all layers: rotary cos/sin, the boolean mask, the final norm, the head's
     input, the token ids."""
     head_in = r * a.hidden if s.compute == r else (4 if s.emulated else s.compute) * a.hidden
-    return 2 * 4 * a.d + s.seq + 2 * r * a.hidden + 4 + head_in + 8
+    return 2 * 4 * a.d + s.mask_cols + 2 * r * a.hidden + 4 + head_in + 8
 
 
 def logprob_pass(a: Arch, s: Shape, backward: bool) -> list[Item]:
@@ -214,7 +228,9 @@ def logprob_pass(a: Arch, s: Shape, backward: bool) -> list[Item]:
     B, R, V = s.micro_batch, s.response, a.vocab
     c = s.logits or s.compute
     chunk = s.logprob_chunk if 0 < s.logprob_chunk < R else R
-    logits = Item("logits", B * s.seq * V * c, f"{B} x {s.seq} x {V:,} x {c} B (the whole padded sequence)")
+    rows = R if s.packing else s.seq  # packed: the response positions' logits only (logits_to_keep)
+    logits = Item("logits", B * rows * V * c, f"{B} x {rows} x {V:,} x {c} B "
+                  + ("(the response positions, packed)" if s.packing else "(the whole padded sequence)"))
     n = 5 if backward else 3
     fp32 = Item("log-softmax (fp32)", n * 4 * B * chunk * V,
                 f"{n} x fp32 {B} x {chunk} x {V:,}" + (f" (chunks of {chunk})" if chunk < R else ""))

@@ -30,7 +30,7 @@ import math
 import torch
 
 from suite import dist
-from suite.numerics import moe, truncation
+from suite.numerics import moe, packing, truncation
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import (
     Flow,
@@ -149,9 +149,12 @@ class Trainer:
 
     def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False,
                  world: dist.World | None = None, gradient_checkpointing: bool = False, logprob_chunk: int = 0,
-                 kv_quant: str | None = None, trim_padding: bool = False, defer_grad_sync: bool = False):
+                 kv_quant: str | None = None, trim_padding: bool = False, defer_grad_sync: bool = False,
+                 packing: bool = False):
         self.world = world or dist.World()
-        self.trim_padding = trim_padding
+        if packing and trim_padding:  # config.validate refuses it first
+            raise ValueError("packing: drops every pad already; trim_padding must be off with it")
+        self.trim_padding, self.packing = trim_padding, packing
         self.defer_grad_sync = defer_grad_sync
         self.device = torch.device(self.world.device)
         self.model = model.float().to(self.device)
@@ -189,6 +192,8 @@ class Trainer:
                                     quant=flow.trainer_quant, device=str(self.device), kv_quant=kv_quant)
                         if flow.unified else None)
         self.logprob_chunk = logprob_chunk
+        if packing and (self.replay is not None or self.unified is not None):  # config.validate refuses it first
+            raise ValueError(f"packing: precision {flow.name} trains through the sampler's code, not the HF module")
         if gradient_checkpointing:
             if self.replay is not None or self.unified is not None:  # config.validate refuses it first
                 raise ValueError(f"gradient_checkpointing: precision {flow.name} trains through the sampler's code")
@@ -320,6 +325,8 @@ class Trainer:
             weights = self.unified.training_weights(dict(self.model.named_parameters()))
             return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights,
                                            None if routes is None else routes.to(self.device), kept)
+        if self.packing:
+            return self._packed_logprobs(ids, attn, n_resp, targets, temperature, kept)
         if self.trim_padding:
             return _padded_back(self._hf_logprobs, ids, attn, n_resp, targets, temperature, kept)
         return self._hf_logprobs(ids, attn, n_resp, targets, temperature, kept)
@@ -328,8 +335,12 @@ class Trainer:
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
-        logits = logits[:, -n_resp - 1:-1]  # (B, R, V)
-        if not self.logprob_chunk or self.logprob_chunk >= n_resp:
+        return self._scores(logits[:, -n_resp - 1:-1], targets, temperature, kept)  # logits (B, R, V)
+
+    def _scores(self, logits, targets, temperature, kept):
+        """Log-probs and entropies (B, R) of logits (B, R, V), in chunks of ``logprob_chunk`` positions when set."""
+        n = logits.shape[1]
+        if not self.logprob_chunk or self.logprob_chunk >= n:
             return _logp_entropy(logits, targets, temperature, kept)
         # Chunks of positions, each recomputed in the backward pass: the fp32 log-softmax of one chunk is alive
         # at a time. Positions are independent, so the values equal the unchunked ones.
@@ -337,16 +348,44 @@ class Trainer:
 
         c = self.logprob_chunk
         parts = [checkpoint(_logp_entropy, logits[:, i:i + c], targets[:, i:i + c], temperature,
-                            None if kept is None else kept[:, i:i + c], use_reentrant=False) for i in range(0, n_resp, c)]
+                            None if kept is None else kept[:, i:i + c], use_reentrant=False) for i in range(0, n, c)]
         return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
+
+    def _packed_logprobs(self, ids, attn, n_resp, targets, temperature, kept):
+        """``packing``: the micro-batch scored as one row (suite/numerics/packing.py). Only the M scored positions'
+        logits are computed (1, M, V), their log-probs and entropies come back in the (B, R) shape, 0 elsewhere."""
+        where, idx = packing.scored(attn, n_resp)
+        logits = self._packed_logits(ids, attn, idx)
+        logp, ent = self._scores(logits, targets[where][None], temperature,
+                                 None if kept is None else kept[where][None])
+        return packing.unpack(logp[0], where), packing.unpack(ent[0], where)
+
+    def _packed_logits(self, ids, attn, idx):
+        """The HF module's forward on the packed row: no attention mask and no cache, so that transformers builds
+        the block-diagonal causal mask from the restarting position ids (packing.py says why); ``logits_to_keep``
+        (a 1-D index tensor) keeps the head's GEMM to the predicting positions ``idx``. A mixture of experts replays
+        the sampler's experts of the kept positions and reports its own in the padded layout."""
+        packed, pos, keep = packing.pack(ids, attn)
+        if self.routing is not None and self.routing.replay is not None:
+            self.routing.replay = self.routing.replay[keep][None]  # (B, S, L, k) -> (1, N, L, k)
+        with self._autocast():
+            logits = self.model(input_ids=packed, position_ids=pos, use_cache=False, logits_to_keep=idx).logits
+        if self.routing is not None:
+            self.routing.seen = {i: packing.unpack_routes(s, keep) for i, s in self.routing.seen.items()}
+        return logits  # (1, M, V)
 
     @torch.no_grad()
     def log_distribution(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, temperature: float) -> torch.Tensor:
         """The trainer's full fp32 log-distribution (B, R, V) at each response position (HF module flows): for the
-        full-vocabulary divergences of ``suite attribute`` and ``suite gate`` (mismatch.distribution_divergence)."""
+        full-vocabulary divergences of ``suite attribute`` and ``suite gate`` (mismatch.distribution_divergence).
+        Packed, the positions it does not score (after a row's EOS) are 0, as its log-probs."""
         if self.replay is not None or self.unified is not None:
             raise ValueError(f"precision {self.flow.name}: the full distribution is read from the sampler's code")
         ids, attn = ids.to(self.device), attn.to(self.device)
+        if self.packing:
+            where, idx = packing.scored(attn, n_resp)
+            logits = self._packed_logits(ids, attn, idx)[0]  # (M, V)
+            return packing.unpack(torch.log_softmax(logits.float() / temperature, dim=-1), where)
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits

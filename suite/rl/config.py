@@ -192,7 +192,9 @@ def _apply_model_recipe(cfg: RunConfig) -> None:
     from suite.rl.models import PRESETS
 
     if cfg.model in PRESETS:
-        _fill_defaults(cfg, PRESETS[cfg.model].recipe, f"model preset {cfg.model}")
+        # packing=true drops every pad already: the recipe's trim_padding would only be refused beside it
+        recipe = {k: v for k, v in PRESETS[cfg.model].recipe.items() if not (cfg.packing and k == "trim_padding")}
+        _fill_defaults(cfg, recipe, f"model preset {cfg.model}")
 
 
 def _fill_defaults(cfg: RunConfig, values: dict[str, Any], source: str) -> None:
@@ -320,6 +322,8 @@ def validate(cfg: RunConfig) -> RunConfig:
          "FP8 flows quantise the dense projections only; the experts would silently stay bf16"),
         ("policy.experts", lambda c: c.policy.experts == 0 or c.nproc * c.nnodes == 1,
          "the mixture-of-experts policy is not supported sharded (nproc x nnodes must be 1)"),
+        ("packing", lambda c: not (c.packing and c.trim_padding),
+         "drops every pad of a micro-batch already; set trim_padding=false with it"),
         ("routing_replay", lambda c: not c.routing_replay or c.policy.experts > 0 or c.policy.path is not None
          or c.model != "embedded", "needs a mixture-of-experts policy (policy.experts > 0, or a given MoE model)"),
         ("routing_replay", lambda c: not c.routing_replay or c.engine == "torch",
@@ -349,7 +353,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         if resolve_flow(cfg).sampler_code:
             raise ValueError(f"precision: {cfg.precision} trains through the sampler's own engine code on the full "
                              "weights, outside FSDP2's sharded forward; run it with nproc=1 (docs/distributed.md)")
-    on = [k for k in ("gradient_checkpointing", "logprob_chunk", "trim_padding") if getattr(cfg, k)]
+    on = [k for k in ("gradient_checkpointing", "logprob_chunk", "trim_padding", "packing") if getattr(cfg, k)]
     if on and resolve_flow(cfg).sampler_code:
         raise ValueError(f"{on[0]}: precision {cfg.precision} trains through the sampler's own engine code, not the "
                          "HF model these act on")

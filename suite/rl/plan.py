@@ -148,7 +148,7 @@ def shape(cfg, device: Device, world: int | None = None) -> Shape:
                  sampler_bytes=sampler_bytes, sampler_act=sdt.itemsize,
                  sampler_emulated=sdt.itemsize < 4 and gemm_backend(cfg.gemm, sdt, dev) == "emulated",
                  gen_batch=max(rollouts, TorchEngine.max_batch if cfg.eval.every else 0), vllm_bytes=vllm,
-                 vllm_asleep=cfg.engine == "vllm" and cfg.vllm.enable_sleep_mode)
+                 vllm_asleep=cfg.engine == "vllm" and cfg.vllm.enable_sleep_mode, packing=cfg.packing)
 
 
 def for_config(cfg, device: Device, world: int | None = None) -> tuple[Arch, Shape, Plan]:
@@ -256,7 +256,8 @@ def cmd_plan(args: list[str]) -> int:
     budget = device.budget(cfg.nproc)
     title = (f"{cfg.task} tier={cfg.tier} model={cfg.model} precision={cfg.precision} engine={cfg.engine}: "
              f"{a.params / 1e9:.3g}B parameters, {s.world} rank(s), micro-batch {s.micro_batch} x ({s.prompt} + "
-             f"{s.response}) tokens, checkpointing {'on' if s.checkpointing else 'off'}, logprob_chunk {s.logprob_chunk}")
+             f"{s.response}) tokens, checkpointing {'on' if s.checkpointing else 'off'}, logprob_chunk {s.logprob_chunk}"
+             + (", packed (one row per micro-batch)" if s.packing else ""))
     console = make_console()
     console.print(table(p, a, s, device, budget, title))
     if p.peak > budget:

@@ -242,6 +242,11 @@ class RunConfig:
     """Per-micro-batch padding: the trainer scores only the columns some row of a micro-batch attends to, instead
     of the rollout batch's longest prompt + response (suite/numerics/trainer.py: _padded_back). Same log-probs up
     to summation order; false keeps every committed figure's shapes. The real-model recipe turns it on."""
+    packing: bool = False
+    """Sequence packing (verl's use_remove_padding, TRL's padding_free): the trainer's HF forward drops every pad
+    and scores a micro-batch as one row, position ids restarting per sequence, attention block-diagonal and causal
+    (suite/numerics/packing.py). Same log-probs up to summation order (batch variance, a source of suite attribute);
+    with SDPA or eager attention the row's N x N mask is materialised. Not with trim_padding (nothing left to trim)."""
     updates_per_step: int = 2
     """Optimizer updates (minibatches) per rollout batch, 1 PPO epoch; the published recipe uses 4."""
     threshold: float = 0.95
