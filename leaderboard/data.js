@@ -5,6 +5,13 @@ window.LEADERBOARD = {
  "changelog": [
   {
    "changes": [
+    "The reported slime threshold says what slime's number is: a mean over samples of each sample's token mean of |dlogp| (its source), which the suite's pooled token mean equals only with --calculate-per-token-loss or equal lengths."
+   ],
+   "date": "2026-11-26",
+   "version": "2.2"
+  },
+  {
+   "changes": [
     "An algorithm whose name verl and TRL use for other settings says so next to its name (grpo: not verl's and TRL's GRPO, with the knobs that make it theirs), and each entry page says what its algorithm computes."
    ],
    "date": "2026-11-25",
@@ -43,7 +50,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": null,
@@ -56,9 +63,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "7b5c4c7b40e5a8f8",
+       "id": "0cb98f0ec082a712",
        "improvement": {
-        "baseline": "cd16631b595d1d37",
+        "baseline": "6b51940f39dbfe7b",
         "hi": 1.0,
         "lo": 0.27638888888890123,
         "n_x": 3,
@@ -650,7 +657,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "7b5c4c7b40e5a8f8",
+         "group": "0cb98f0ec082a712",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -663,10 +670,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -695,7 +705,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__exact__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__exact__s0",
          "summary": {
           "accuracy/final": 0.9609375,
@@ -1281,7 +1291,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "7b5c4c7b40e5a8f8",
+         "group": "0cb98f0ec082a712",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -1294,10 +1304,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -1326,7 +1339,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__exact__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__exact__s1",
          "summary": {
           "accuracy/final": 0.95703125,
@@ -1912,7 +1925,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "7b5c4c7b40e5a8f8",
+         "group": "0cb98f0ec082a712",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -1925,10 +1938,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -1957,7 +1973,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__exact__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__exact__s2",
          "summary": {
           "accuracy/final": 0.95234375,
@@ -2033,7 +2049,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": null,
@@ -2046,9 +2062,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "ef8ec2818d15f625",
+       "id": "c98afea7dc195515",
        "improvement": {
-        "baseline": "8570615f39878a2b",
+        "baseline": "0bb8f06e38d4239b",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -2640,7 +2656,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "ef8ec2818d15f625",
+         "group": "c98afea7dc195515",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -2653,10 +2669,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -2685,7 +2704,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__exact__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__exact__s0",
          "summary": {
           "accuracy/final": 0.93125,
@@ -3271,7 +3290,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "ef8ec2818d15f625",
+         "group": "c98afea7dc195515",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -3284,10 +3303,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -3316,7 +3338,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__exact__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__exact__s1",
          "summary": {
           "accuracy/final": 0.940625,
@@ -3902,7 +3924,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "ef8ec2818d15f625",
+         "group": "c98afea7dc195515",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -3915,10 +3937,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -3947,7 +3972,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__exact__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__exact__s2",
          "summary": {
           "accuracy/final": 0.96171875,
@@ -4023,7 +4048,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": null,
@@ -4036,9 +4061,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "ebeb0db38d78a018",
+       "id": "1ea4830ad39e11f1",
        "improvement": {
-        "baseline": "6dc18f4313fcbf59",
+        "baseline": "08fa28ff73c0d088",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -4630,7 +4655,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "ebeb0db38d78a018",
+         "group": "1ea4830ad39e11f1",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -4643,10 +4668,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -4675,7 +4703,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__exact__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__exact__s0",
          "summary": {
           "accuracy/final": 0.93125,
@@ -5261,7 +5289,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "ebeb0db38d78a018",
+         "group": "1ea4830ad39e11f1",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -5274,10 +5302,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -5306,7 +5337,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__exact__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__exact__s1",
          "summary": {
           "accuracy/final": 0.940625,
@@ -5892,7 +5923,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "ebeb0db38d78a018",
+         "group": "1ea4830ad39e11f1",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -5905,10 +5936,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -5937,7 +5971,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__exact__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__exact__s2",
          "summary": {
           "accuracy/final": 0.96171875,
@@ -6010,7 +6044,7 @@ window.LEADERBOARD = {
      ],
      "entries": 24,
      "fill_sweep": null,
-     "id": "d3862d566cc9ea92",
+     "id": "a301140064aabd73",
      "ranked": [
       {
        "algorithm": "grpo",
@@ -6018,7 +6052,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -6031,9 +6065,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "8da6cbbacfcb54a4",
+       "id": "af5810d1da6b8662",
        "improvement": {
-        "baseline": "8570615f39878a2b",
+        "baseline": "0bb8f06e38d4239b",
         "hi": 1.0,
         "lo": 1.0,
         "n_x": 3,
@@ -6625,7 +6659,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8da6cbbacfcb54a4",
+         "group": "af5810d1da6b8662",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -6638,10 +6672,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -6670,7 +6707,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16__s0",
          "summary": {
           "accuracy/final": 0.9625,
@@ -7256,7 +7293,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8da6cbbacfcb54a4",
+         "group": "af5810d1da6b8662",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -7269,10 +7306,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -7301,7 +7341,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16__s1",
          "summary": {
           "accuracy/final": 0.96015625,
@@ -7887,7 +7927,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8da6cbbacfcb54a4",
+         "group": "af5810d1da6b8662",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -7900,10 +7940,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -7932,7 +7975,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16__s2",
          "summary": {
           "accuracy/final": 0.95703125,
@@ -8008,7 +8051,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -8021,9 +8064,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "93f457ff11633af4",
+       "id": "22d289035f92bfda",
        "improvement": {
-        "baseline": "8570615f39878a2b",
+        "baseline": "0bb8f06e38d4239b",
         "hi": 1.0,
         "lo": 1.0,
         "n_x": 3,
@@ -8615,7 +8658,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "93f457ff11633af4",
+         "group": "22d289035f92bfda",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -8628,10 +8671,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -8660,7 +8706,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp32__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp32__s0",
          "summary": {
           "accuracy/final": 0.95234375,
@@ -9246,7 +9292,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "93f457ff11633af4",
+         "group": "22d289035f92bfda",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -9259,10 +9305,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -9291,7 +9340,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp32__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp32__s1",
          "summary": {
           "accuracy/final": 0.959375,
@@ -9877,7 +9926,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "93f457ff11633af4",
+         "group": "22d289035f92bfda",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -9890,10 +9939,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -9922,7 +9974,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp32__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp32__s2",
          "summary": {
           "accuracy/final": 0.959375,
@@ -9998,7 +10050,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -10011,9 +10063,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "d3645e4417a6b127",
+       "id": "d7d3267243fdb3ca",
        "improvement": {
-        "baseline": "6dc18f4313fcbf59",
+        "baseline": "08fa28ff73c0d088",
         "hi": 1.0,
         "lo": 0.2777777777777778,
         "n_x": 3,
@@ -10605,7 +10657,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d3645e4417a6b127",
+         "group": "d7d3267243fdb3ca",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -10618,10 +10670,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -10650,7 +10705,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.95625,
@@ -11236,7 +11291,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d3645e4417a6b127",
+         "group": "d7d3267243fdb3ca",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -11249,10 +11304,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -11281,7 +11339,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp32rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp32rollout__s1",
          "summary": {
           "accuracy/final": 0.9625,
@@ -11867,7 +11925,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d3645e4417a6b127",
+         "group": "d7d3267243fdb3ca",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -11880,10 +11938,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -11912,7 +11973,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp32rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp32rollout__s2",
          "summary": {
           "accuracy/final": 0.946875,
@@ -11988,7 +12049,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -12001,9 +12062,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "d6c926dd81e8bace",
+       "id": "8ccfa0b00a8cce42",
        "improvement": {
-        "baseline": "6dc18f4313fcbf59",
+        "baseline": "08fa28ff73c0d088",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -12595,7 +12656,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d6c926dd81e8bace",
+         "group": "8ccfa0b00a8cce42",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -12608,10 +12669,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -12640,7 +12704,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp32__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp32__s0",
          "summary": {
           "accuracy/final": 0.94765625,
@@ -13226,7 +13290,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d6c926dd81e8bace",
+         "group": "8ccfa0b00a8cce42",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -13239,10 +13303,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -13271,7 +13338,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp32__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp32__s1",
          "summary": {
           "accuracy/final": 0.96015625,
@@ -13857,7 +13924,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d6c926dd81e8bace",
+         "group": "8ccfa0b00a8cce42",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -13870,10 +13937,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -13902,7 +13972,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp32__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp32__s2",
          "summary": {
           "accuracy/final": 0.953125,
@@ -13978,7 +14048,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -13991,9 +14061,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "5fdd0b1b33bde8c0",
+       "id": "579af7a3745d413c",
        "improvement": {
-        "baseline": "8570615f39878a2b",
+        "baseline": "0bb8f06e38d4239b",
         "hi": 1.0,
         "lo": 1.0,
         "n_x": 3,
@@ -14585,7 +14655,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "5fdd0b1b33bde8c0",
+         "group": "579af7a3745d413c",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -14598,10 +14668,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -14630,7 +14703,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.94921875,
@@ -15216,7 +15289,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "5fdd0b1b33bde8c0",
+         "group": "579af7a3745d413c",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -15229,10 +15302,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -15261,7 +15337,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp16rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp16rollout__s1",
          "summary": {
           "accuracy/final": 0.96015625,
@@ -15847,7 +15923,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "5fdd0b1b33bde8c0",
+         "group": "579af7a3745d413c",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -15860,10 +15936,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -15892,7 +15971,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp16rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp16rollout__s2",
          "summary": {
           "accuracy/final": 0.95078125,
@@ -15968,7 +16047,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -15981,9 +16060,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "a4d327b41e969e44",
+       "id": "dbf175a1226e0222",
        "improvement": {
-        "baseline": "8570615f39878a2b",
+        "baseline": "0bb8f06e38d4239b",
         "hi": 1.0,
         "lo": 1.0,
         "n_x": 3,
@@ -16575,7 +16654,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "a4d327b41e969e44",
+         "group": "dbf175a1226e0222",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -16588,10 +16667,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -16620,7 +16702,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp8__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp8__s0",
          "summary": {
           "accuracy/final": 0.95859375,
@@ -17206,7 +17288,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "a4d327b41e969e44",
+         "group": "dbf175a1226e0222",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -17219,10 +17301,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -17251,7 +17336,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp8__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp8__s1",
          "summary": {
           "accuracy/final": 0.95234375,
@@ -17837,7 +17922,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "a4d327b41e969e44",
+         "group": "dbf175a1226e0222",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -17850,10 +17935,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -17882,7 +17970,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp8__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp8__s2",
          "summary": {
           "accuracy/final": 0.9484375,
@@ -17958,7 +18046,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -17971,7 +18059,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "6dc18f4313fcbf59",
+       "id": "08fa28ff73c0d088",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -18561,7 +18649,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "6dc18f4313fcbf59",
+         "group": "08fa28ff73c0d088",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -18574,10 +18662,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -18606,7 +18697,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp16__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp16__s0",
          "summary": {
           "accuracy/final": 0.95625,
@@ -19192,7 +19283,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "6dc18f4313fcbf59",
+         "group": "08fa28ff73c0d088",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -19205,10 +19296,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -19237,7 +19331,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp16__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp16__s1",
          "summary": {
           "accuracy/final": 0.95390625,
@@ -19823,7 +19917,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "6dc18f4313fcbf59",
+         "group": "08fa28ff73c0d088",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -19836,10 +19930,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -19868,7 +19965,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp16__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp16__s2",
          "summary": {
           "accuracy/final": 0.94453125,
@@ -19944,7 +20041,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -19957,9 +20054,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "809ee231d63837df",
+       "id": "a003747e8f52cfef",
        "improvement": {
-        "baseline": "6dc18f4313fcbf59",
+        "baseline": "08fa28ff73c0d088",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -20551,7 +20648,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "809ee231d63837df",
+         "group": "a003747e8f52cfef",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -20564,10 +20661,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -20596,7 +20696,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.95859375,
@@ -21182,7 +21282,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "809ee231d63837df",
+         "group": "a003747e8f52cfef",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -21195,10 +21295,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -21227,7 +21330,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp8rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp8rollout__s1",
          "summary": {
           "accuracy/final": 0.946875,
@@ -21813,7 +21916,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "809ee231d63837df",
+         "group": "a003747e8f52cfef",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -21826,10 +21929,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -21858,7 +21964,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp8rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp8rollout__s2",
          "summary": {
           "accuracy/final": 0.94765625,
@@ -21934,7 +22040,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -21947,9 +22053,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "efa6f5962592b9cd",
+       "id": "7a8318777c12e99c",
        "improvement": {
-        "baseline": "6dc18f4313fcbf59",
+        "baseline": "08fa28ff73c0d088",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -22541,7 +22647,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "efa6f5962592b9cd",
+         "group": "7a8318777c12e99c",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -22554,10 +22660,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -22586,7 +22695,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp8__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp8__s0",
          "summary": {
           "accuracy/final": 0.959375,
@@ -23172,7 +23281,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "efa6f5962592b9cd",
+         "group": "7a8318777c12e99c",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -23185,10 +23294,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -23217,7 +23329,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp8__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp8__s1",
          "summary": {
           "accuracy/final": 0.9453125,
@@ -23803,7 +23915,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "efa6f5962592b9cd",
+         "group": "7a8318777c12e99c",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -23816,10 +23928,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -23848,7 +23963,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp8__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__fp8__s2",
          "summary": {
           "accuracy/final": 0.946875,
@@ -23924,7 +24039,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -23937,9 +24052,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "9f904ffaae5766a1",
+       "id": "95325b91f8b0e3cf",
        "improvement": {
-        "baseline": "6dc18f4313fcbf59",
+        "baseline": "08fa28ff73c0d088",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -24531,7 +24646,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "9f904ffaae5766a1",
+         "group": "95325b91f8b0e3cf",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -24544,10 +24659,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -24576,7 +24694,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.9546875,
@@ -25162,7 +25280,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "9f904ffaae5766a1",
+         "group": "95325b91f8b0e3cf",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -25175,10 +25293,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -25207,7 +25328,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp16rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp16rollout__s1",
          "summary": {
           "accuracy/final": 0.95546875,
@@ -25793,7 +25914,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "9f904ffaae5766a1",
+         "group": "95325b91f8b0e3cf",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -25806,10 +25927,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -25838,7 +25962,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp16rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16_fp16rollout__s2",
          "summary": {
           "accuracy/final": 0.93984375,
@@ -25914,7 +26038,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -25927,9 +26051,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "d7c678b0d710aef7",
+       "id": "c19c47ab83a37343",
        "improvement": {
-        "baseline": "cd16631b595d1d37",
+        "baseline": "6b51940f39dbfe7b",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -26521,7 +26645,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d7c678b0d710aef7",
+         "group": "c19c47ab83a37343",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -26534,10 +26658,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -26566,7 +26693,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.96015625,
@@ -27152,7 +27279,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d7c678b0d710aef7",
+         "group": "c19c47ab83a37343",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -27165,10 +27292,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -27197,7 +27327,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp32rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp32rollout__s1",
          "summary": {
           "accuracy/final": 0.9484375,
@@ -27783,7 +27913,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "d7c678b0d710aef7",
+         "group": "c19c47ab83a37343",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -27796,10 +27926,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -27828,7 +27961,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp32rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp32rollout__s2",
          "summary": {
           "accuracy/final": 0.94140625,
@@ -27904,7 +28037,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -27917,7 +28050,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "cd16631b595d1d37",
+       "id": "6b51940f39dbfe7b",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -28507,7 +28640,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "cd16631b595d1d37",
+         "group": "6b51940f39dbfe7b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -28520,10 +28653,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -28552,7 +28688,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp16__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp16__s0",
          "summary": {
           "accuracy/final": 0.95703125,
@@ -29138,7 +29274,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "cd16631b595d1d37",
+         "group": "6b51940f39dbfe7b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -29151,10 +29287,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -29183,7 +29322,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp16__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp16__s1",
          "summary": {
           "accuracy/final": 0.95390625,
@@ -29769,7 +29908,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "cd16631b595d1d37",
+         "group": "6b51940f39dbfe7b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -29782,10 +29921,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -29814,7 +29956,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp16__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp16__s2",
          "summary": {
           "accuracy/final": 0.9359375,
@@ -29890,7 +30032,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -29903,9 +30045,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "babd51244dba24bb",
+       "id": "e37e6bdf32e60f86",
        "improvement": {
-        "baseline": "cd16631b595d1d37",
+        "baseline": "6b51940f39dbfe7b",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -30497,7 +30639,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "babd51244dba24bb",
+         "group": "e37e6bdf32e60f86",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -30510,10 +30652,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -30542,7 +30687,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16__s0",
          "summary": {
           "accuracy/final": 0.946875,
@@ -31128,7 +31273,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "babd51244dba24bb",
+         "group": "e37e6bdf32e60f86",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -31141,10 +31286,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -31173,7 +31321,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16__s1",
          "summary": {
           "accuracy/final": 0.94375,
@@ -31759,7 +31907,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "babd51244dba24bb",
+         "group": "e37e6bdf32e60f86",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -31772,10 +31920,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -31804,7 +31955,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16__s2",
          "summary": {
           "accuracy/final": 0.95546875,
@@ -31880,7 +32031,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -31893,9 +32044,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "864a7bb98ced41e2",
+       "id": "9cfe192d15ad79a6",
        "improvement": {
-        "baseline": "cd16631b595d1d37",
+        "baseline": "6b51940f39dbfe7b",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -32487,7 +32638,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "864a7bb98ced41e2",
+         "group": "9cfe192d15ad79a6",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -32500,10 +32651,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -32532,7 +32686,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.95390625,
@@ -33118,7 +33272,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "864a7bb98ced41e2",
+         "group": "9cfe192d15ad79a6",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -33131,10 +33285,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -33163,7 +33320,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp16rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp16rollout__s1",
          "summary": {
           "accuracy/final": 0.9453125,
@@ -33749,7 +33906,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "864a7bb98ced41e2",
+         "group": "9cfe192d15ad79a6",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -33762,10 +33919,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -33794,7 +33954,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp16rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp16rollout__s2",
          "summary": {
           "accuracy/final": 0.9421875,
@@ -33870,7 +34030,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -33883,9 +34043,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "4bcc53b33ee1b003",
+       "id": "da32b9c688ae1030",
        "improvement": {
-        "baseline": "8570615f39878a2b",
+        "baseline": "0bb8f06e38d4239b",
         "hi": 1.0,
         "lo": 0.3333333333333333,
         "n_x": 3,
@@ -34477,7 +34637,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "4bcc53b33ee1b003",
+         "group": "da32b9c688ae1030",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -34490,10 +34650,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -34522,7 +34685,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.95234375,
@@ -35108,7 +35271,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "4bcc53b33ee1b003",
+         "group": "da32b9c688ae1030",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -35121,10 +35284,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -35153,7 +35319,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp32rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp32rollout__s1",
          "summary": {
           "accuracy/final": 0.9515625,
@@ -35739,7 +35905,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "4bcc53b33ee1b003",
+         "group": "da32b9c688ae1030",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -35752,10 +35918,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -35784,7 +35953,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp32rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp32rollout__s2",
          "summary": {
           "accuracy/final": 0.9359375,
@@ -35860,7 +36029,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -35873,9 +36042,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "690a1383ac136ee3",
+       "id": "52c75e60ee6f46b2",
        "improvement": {
-        "baseline": "8570615f39878a2b",
+        "baseline": "0bb8f06e38d4239b",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -36467,7 +36636,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "690a1383ac136ee3",
+         "group": "52c75e60ee6f46b2",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -36480,10 +36649,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -36512,7 +36684,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.959375,
@@ -37098,7 +37270,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "690a1383ac136ee3",
+         "group": "52c75e60ee6f46b2",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -37111,10 +37283,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -37143,7 +37318,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp8rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp8rollout__s1",
          "summary": {
           "accuracy/final": 0.95546875,
@@ -37729,7 +37904,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "690a1383ac136ee3",
+         "group": "52c75e60ee6f46b2",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -37742,10 +37917,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -37774,7 +37952,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp8rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__bf16_fp8rollout__s2",
          "summary": {
           "accuracy/final": 0.92421875,
@@ -37850,7 +38028,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -37863,9 +38041,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "746e7de5f61638ca",
+       "id": "64a73a11d02d3ed8",
        "improvement": {
-        "baseline": "cd16631b595d1d37",
+        "baseline": "6b51940f39dbfe7b",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -38457,7 +38635,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "746e7de5f61638ca",
+         "group": "64a73a11d02d3ed8",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -38470,10 +38648,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -38502,7 +38683,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp32__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp32__s0",
          "summary": {
           "accuracy/final": 0.94921875,
@@ -39088,7 +39269,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "746e7de5f61638ca",
+         "group": "64a73a11d02d3ed8",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -39101,10 +39282,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -39133,7 +39317,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp32__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp32__s1",
          "summary": {
           "accuracy/final": 0.94140625,
@@ -39719,7 +39903,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "746e7de5f61638ca",
+         "group": "64a73a11d02d3ed8",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -39732,10 +39916,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -39764,7 +39951,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp32__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp32__s2",
          "summary": {
           "accuracy/final": 0.93671875,
@@ -39840,7 +40027,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -39853,9 +40040,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "8f1c5ebecf712da1",
+       "id": "fb374ab2e0662b73",
        "improvement": {
-        "baseline": "6dc18f4313fcbf59",
+        "baseline": "08fa28ff73c0d088",
         "hi": 0.6666666666666666,
         "lo": 0.0,
         "n_x": 3,
@@ -40447,7 +40634,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8f1c5ebecf712da1",
+         "group": "fb374ab2e0662b73",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -40460,10 +40647,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -40492,7 +40682,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16__s0",
          "summary": {
           "accuracy/final": 0.9515625,
@@ -41078,7 +41268,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8f1c5ebecf712da1",
+         "group": "fb374ab2e0662b73",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -41091,10 +41281,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -41123,7 +41316,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16__s1",
          "summary": {
           "accuracy/final": 0.95,
@@ -41709,7 +41902,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8f1c5ebecf712da1",
+         "group": "fb374ab2e0662b73",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -41722,10 +41915,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -41754,7 +41950,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo_token_tis__bf16__s2",
          "summary": {
           "accuracy/final": 0.92109375,
@@ -41830,7 +42026,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -41843,7 +42039,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "8570615f39878a2b",
+       "id": "0bb8f06e38d4239b",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -42433,7 +42629,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8570615f39878a2b",
+         "group": "0bb8f06e38d4239b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -42446,10 +42642,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -42478,7 +42677,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp16__s0",
          "summary": {
           "accuracy/final": 0.93046875,
@@ -43064,7 +43263,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8570615f39878a2b",
+         "group": "0bb8f06e38d4239b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -43077,10 +43276,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -43109,7 +43311,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp16__s1",
          "summary": {
           "accuracy/final": 0.94140625,
@@ -43695,7 +43897,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "8570615f39878a2b",
+         "group": "0bb8f06e38d4239b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -43708,10 +43910,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -43740,7 +43945,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__grpo__fp16__s2",
          "summary": {
           "accuracy/final": 0.94609375,
@@ -43816,7 +44021,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -43829,9 +44034,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "792ad0d9a96228a7",
+       "id": "52adaf3d65ffe73b",
        "improvement": {
-        "baseline": "cd16631b595d1d37",
+        "baseline": "6b51940f39dbfe7b",
         "hi": 0.6666666666666666,
         "lo": 0.0,
         "n_x": 3,
@@ -44423,7 +44628,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "792ad0d9a96228a7",
+         "group": "52adaf3d65ffe73b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -44436,10 +44641,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -44468,7 +44676,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp8__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp8__s0",
          "summary": {
           "accuracy/final": 0.94140625,
@@ -45054,7 +45262,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "792ad0d9a96228a7",
+         "group": "52adaf3d65ffe73b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -45067,10 +45275,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -45099,7 +45310,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp8__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp8__s1",
          "summary": {
           "accuracy/final": 0.953125,
@@ -45685,7 +45896,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "792ad0d9a96228a7",
+         "group": "52adaf3d65ffe73b",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -45698,10 +45909,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -45730,7 +45944,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp8__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__fp8__s2",
          "summary": {
           "accuracy/final": 0.915625,
@@ -45806,7 +46020,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "d3862d566cc9ea92",
+       "board": "a301140064aabd73",
        "class_id": "cpu-avx512bf16-mixed",
        "control": null,
        "fill_command": null,
@@ -45819,9 +46033,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores"
        ],
-       "id": "6326e9303dc177a4",
+       "id": "ff785d39690b6191",
        "improvement": {
-        "baseline": "cd16631b595d1d37",
+        "baseline": "6b51940f39dbfe7b",
         "hi": 0.6666666666666666,
         "lo": 0.0,
         "n_x": 3,
@@ -46413,7 +46627,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "6326e9303dc177a4",
+         "group": "ff785d39690b6191",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -46426,10 +46640,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -46458,7 +46675,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.9375,
@@ -47044,7 +47261,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "6326e9303dc177a4",
+         "group": "ff785d39690b6191",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -47057,10 +47274,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -47089,7 +47309,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp8rollout__s1",
          "seed": 1,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp8rollout__s1",
          "summary": {
           "accuracy/final": 0.884375,
@@ -47675,7 +47895,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ac3c6020a1dc",
-         "group": "6326e9303dc177a4",
+         "group": "ff785d39690b6191",
          "hardware": "cpu-avx512bf16-mixed: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -47688,10 +47908,13 @@ window.LEADERBOARD = {
           "cpu_model": "AMD EPYC",
           "dataset_sha256": "4fafdfb101ac9a80",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -47720,7 +47943,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp8rollout__s2",
          "seed": 2,
-         "setting": "d3862d566cc9ea92",
+         "setting": "a301140064aabd73",
          "source": "results/reference/cpu-avx512bf16-mixed/sanity/arith3__pg_seq_is__bf16_fp8rollout__s2",
          "summary": {
           "accuracy/final": 0.9421875,
@@ -47869,7 +48092,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=exact seed=$s tier=small name=sanity; done",
@@ -47882,7 +48105,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "973b0f3b5c31934f",
+       "id": "10d7b6113752fb62",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -48446,7 +48669,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "973b0f3b5c31934f",
+         "group": "10d7b6113752fb62",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -48468,18 +48691,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -48508,7 +48734,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__exact__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__pg_seq_is__exact__s0",
          "summary": {
           "accuracy/final": 0.9515625,
@@ -48580,7 +48806,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": "control of the trainer's numerics (the trainer runs the sampler's pure-bf16 code on the full sequence (mismatch only from GEMM shapes and accumulation order))",
        "fill_command": null,
@@ -48593,9 +48819,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "52db31c3456ce205",
+       "id": "9a4dfa611b642620",
        "improvement": {
-        "baseline": "5448d268bd355dbb",
+        "baseline": "429a8cdd02f92de5",
         "hi": 1.0,
         "lo": 0.16666666666666666,
         "n_x": 3,
@@ -49184,7 +49410,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "52db31c3456ce205",
+         "group": "9a4dfa611b642620",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_unified",
@@ -49197,13 +49423,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -49232,7 +49461,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_unified__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__bf16_unified__s0",
          "summary": {
           "accuracy/final": 0.94921875,
@@ -49815,7 +50044,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "52db31c3456ce205",
+         "group": "9a4dfa611b642620",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_unified",
@@ -49828,13 +50057,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -49863,7 +50095,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_unified__s1",
          "seed": 1,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__bf16_unified__s1",
          "summary": {
           "accuracy/final": 0.940625,
@@ -50446,7 +50678,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "52db31c3456ce205",
+         "group": "9a4dfa611b642620",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_unified",
@@ -50459,13 +50691,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -50494,7 +50729,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_unified__s2",
          "seed": 2,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__bf16_unified__s2",
          "summary": {
           "accuracy/final": 0.93984375,
@@ -50570,7 +50805,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": "control of the trainer's numerics (the trainer runs the sampler's pure-fp16 code on the full sequence, with dynamic loss scaling)",
        "fill_command": null,
@@ -50583,9 +50818,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "f768c0f5e3bbf0e2",
+       "id": "2a158eb1e618c851",
        "improvement": {
-        "baseline": "5448d268bd355dbb",
+        "baseline": "429a8cdd02f92de5",
         "hi": 1.0,
         "lo": 0.6666666666666666,
         "n_x": 3,
@@ -51174,7 +51409,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "f768c0f5e3bbf0e2",
+         "group": "2a158eb1e618c851",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16_unified",
@@ -51187,13 +51422,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -51222,7 +51460,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16_unified__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__fp16_unified__s0",
          "summary": {
           "accuracy/final": 0.9453125,
@@ -51805,7 +52043,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "f768c0f5e3bbf0e2",
+         "group": "2a158eb1e618c851",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16_unified",
@@ -51818,13 +52056,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -51853,7 +52094,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16_unified__s1",
          "seed": 1,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__fp16_unified__s1",
          "summary": {
           "accuracy/final": 0.940625,
@@ -52436,7 +52677,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "f768c0f5e3bbf0e2",
+         "group": "2a158eb1e618c851",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16_unified",
@@ -52449,13 +52690,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -52484,7 +52728,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16_unified__s2",
          "seed": 2,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__fp16_unified__s2",
          "summary": {
           "accuracy/final": 0.94140625,
@@ -52560,7 +52804,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": null,
@@ -52573,9 +52817,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "70df71cd5d517b05",
+       "id": "5fb83a934840159f",
        "improvement": {
-        "baseline": "5448d268bd355dbb",
+        "baseline": "429a8cdd02f92de5",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -53141,7 +53385,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "70df71cd5d517b05",
+         "group": "5fb83a934840159f",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -53163,18 +53407,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -53203,7 +53450,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__exact__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo__exact__s0",
          "summary": {
           "accuracy/final": 0.92890625,
@@ -53792,7 +54039,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "70df71cd5d517b05",
+         "group": "5fb83a934840159f",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -53805,13 +54052,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -53840,7 +54090,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__exact__s1",
          "seed": 1,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__exact__s1",
          "summary": {
           "accuracy/final": 0.93828125,
@@ -54423,7 +54673,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "70df71cd5d517b05",
+         "group": "5fb83a934840159f",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -54436,13 +54686,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -54471,7 +54724,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__exact__s2",
          "seed": 2,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__exact__s2",
          "summary": {
           "accuracy/final": 0.93671875,
@@ -54547,7 +54800,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=exact seed=$s tier=small name=sanity; done",
@@ -54560,7 +54813,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "26ed800b50880ffd",
+       "id": "adefc94cd805fea8",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -55124,7 +55377,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "26ed800b50880ffd",
+         "group": "adefc94cd805fea8",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -55146,18 +55399,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -55186,7 +55442,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__exact__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo_token_tis__exact__s0",
          "summary": {
           "accuracy/final": 0.92890625,
@@ -55255,7 +55511,7 @@ window.LEADERBOARD = {
      ],
      "entries": 26,
      "fill_sweep": "suite sweep grid=sanity seed=1,2 name=sanity-seeds launcher=local jobs=2",
-     "id": "1a18b62ba3f3c063",
+     "id": "3d718afb68164c64",
      "ranked": [
       {
        "algorithm": "grpo",
@@ -55263,7 +55519,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": null,
@@ -55276,9 +55532,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "7b52975535abe1dc",
+       "id": "7dbb1dd505d2b2d0",
        "improvement": {
-        "baseline": "5448d268bd355dbb",
+        "baseline": "429a8cdd02f92de5",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -55844,7 +56100,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "7b52975535abe1dc",
+         "group": "7dbb1dd505d2b2d0",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -55866,18 +56122,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -55906,7 +56165,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo__bf16__s0",
          "summary": {
           "accuracy/final": 0.93359375,
@@ -56495,7 +56754,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "7b52975535abe1dc",
+         "group": "7dbb1dd505d2b2d0",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -56508,13 +56767,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -56543,7 +56805,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16__s1",
          "seed": 1,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__bf16__s1",
          "summary": {
           "accuracy/final": 0.95078125,
@@ -57126,7 +57388,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "7b52975535abe1dc",
+         "group": "7dbb1dd505d2b2d0",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -57139,13 +57401,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -57174,7 +57439,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16__s2",
          "seed": 2,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__bf16__s2",
          "summary": {
           "accuracy/final": 0.9328125,
@@ -57250,7 +57515,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": null,
@@ -57263,9 +57528,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "9d521b59225c80b8",
+       "id": "2e282a9c3243f002",
        "improvement": {
-        "baseline": "5448d268bd355dbb",
+        "baseline": "429a8cdd02f92de5",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -57831,7 +58096,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "9d521b59225c80b8",
+         "group": "2e282a9c3243f002",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -57853,18 +58118,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -57893,7 +58161,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp32__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo__fp32__s0",
          "summary": {
           "accuracy/final": 0.93046875,
@@ -58482,7 +58750,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "9d521b59225c80b8",
+         "group": "2e282a9c3243f002",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -58495,13 +58763,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -58530,7 +58801,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp32__s1",
          "seed": 1,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__fp32__s1",
          "summary": {
           "accuracy/final": 0.9453125,
@@ -59113,7 +59384,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "9d521b59225c80b8",
+         "group": "2e282a9c3243f002",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -59126,13 +59397,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -59161,7 +59435,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp32__s2",
          "seed": 2,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__fp32__s2",
          "summary": {
           "accuracy/final": 0.928125,
@@ -59237,7 +59511,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": null,
@@ -59250,7 +59524,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "5448d268bd355dbb",
+       "id": "429a8cdd02f92de5",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -59814,7 +60088,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "5448d268bd355dbb",
+         "group": "429a8cdd02f92de5",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -59836,18 +60110,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -59876,7 +60153,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo__fp16__s0",
          "summary": {
           "accuracy/final": 0.940625,
@@ -60465,7 +60742,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "5448d268bd355dbb",
+         "group": "429a8cdd02f92de5",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -60478,13 +60755,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -60513,7 +60793,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16__s1",
          "seed": 1,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__fp16__s1",
          "summary": {
           "accuracy/final": 0.91484375,
@@ -61096,7 +61376,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "5448d268bd355dbb",
+         "group": "429a8cdd02f92de5",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -61109,13 +61389,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -61144,7 +61427,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16__s2",
          "seed": 2,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__fp16__s2",
          "summary": {
           "accuracy/final": 0.940625,
@@ -61220,7 +61503,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": null,
@@ -61233,9 +61516,9 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "bc1e09df82edc62d",
+       "id": "a660a426b8fad964",
        "improvement": {
-        "baseline": "5448d268bd355dbb",
+        "baseline": "429a8cdd02f92de5",
         "hi": 1.0,
         "lo": 0.0,
         "n_x": 3,
@@ -61801,7 +62084,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "bc1e09df82edc62d",
+         "group": "a660a426b8fad964",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -61823,18 +62106,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -61863,7 +62149,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.91640625,
@@ -62452,7 +62738,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "bc1e09df82edc62d",
+         "group": "a660a426b8fad964",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -62465,13 +62751,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -62500,7 +62789,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp8rollout__s1",
          "seed": 1,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__bf16_fp8rollout__s1",
          "summary": {
           "accuracy/final": 0.94921875,
@@ -63083,7 +63372,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite eb33ea500f11",
-         "group": "bc1e09df82edc62d",
+         "group": "a660a426b8fad964",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -63096,13 +63385,16 @@ window.LEADERBOARD = {
           "cpu_model": "Intel(R) Xeon(R) Processor",
           "dataset_sha256": "2b97bcf2ef6afbb6",
           "fields_added_since": {
+           "deterministic": false,
            "kv_cache": "auto",
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -63131,7 +63423,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp8rollout__s2",
          "seed": 2,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/trainer-controls/arith3__grpo__bf16_fp8rollout__s2",
          "summary": {
           "accuracy/final": 0.92109375,
@@ -63266,7 +63558,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp32rollout seed=$s tier=small name=sanity; done",
@@ -63279,7 +63571,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "2be527170019c36f",
+       "id": "b9366448fd969876",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -63843,7 +64135,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "2be527170019c36f",
+         "group": "b9366448fd969876",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -63865,18 +64157,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -63905,7 +64200,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo_token_tis__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.9609375,
@@ -63977,7 +64272,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16_fp32rollout seed=$s tier=small name=sanity; done",
@@ -63990,7 +64285,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "440e77ba66a4aac9",
+       "id": "995599efe71a0b06",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 3)"
@@ -64554,7 +64849,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "440e77ba66a4aac9",
+         "group": "995599efe71a0b06",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -64576,18 +64871,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -64616,7 +64914,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.9546875,
@@ -64688,7 +64986,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16 seed=$s tier=small name=sanity; done",
@@ -64701,7 +64999,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "3c8d156835aea8f6",
+       "id": "dbc1efed5980d9f6",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -65265,7 +65563,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "3c8d156835aea8f6",
+         "group": "dbc1efed5980d9f6",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -65287,18 +65585,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -65327,7 +65628,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo_token_tis__bf16__s0",
          "summary": {
           "accuracy/final": 0.95,
@@ -65399,7 +65700,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp16 seed=$s tier=small name=sanity; done",
@@ -65412,7 +65713,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "b483ef9057c4aacf",
+       "id": "831ee606f4df69fb",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -65976,7 +66277,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "b483ef9057c4aacf",
+         "group": "831ee606f4df69fb",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -65998,18 +66299,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -66038,7 +66342,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp16__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__pg_seq_is__fp16__s0",
          "summary": {
           "accuracy/final": 0.94765625,
@@ -66110,7 +66414,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp32rollout seed=$s tier=small name=sanity; done",
@@ -66123,7 +66427,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "d97d96d2766960ef",
+       "id": "79f6a3d80921d4ba",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -66687,7 +66991,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "d97d96d2766960ef",
+         "group": "79f6a3d80921d4ba",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -66709,18 +67013,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -66749,7 +67056,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__pg_seq_is__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.94375,
@@ -66821,7 +67128,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp8 seed=$s tier=small name=sanity; done",
@@ -66834,7 +67141,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "ea8c46f0b1f6a755",
+       "id": "af437a65a1e30f2d",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -67398,7 +67705,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "ea8c46f0b1f6a755",
+         "group": "af437a65a1e30f2d",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -67420,18 +67727,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -67460,7 +67770,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp8__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo_token_tis__fp8__s0",
          "summary": {
           "accuracy/final": 0.94296875,
@@ -67532,7 +67842,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=fp8 seed=$s tier=small name=sanity; done",
@@ -67545,7 +67855,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "dd53f98946785655",
+       "id": "a6365acabb2efe4b",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 3)"
@@ -68109,7 +68419,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "dd53f98946785655",
+         "group": "a6365acabb2efe4b",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -68131,18 +68441,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -68171,7 +68484,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp8__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo__fp8__s0",
          "summary": {
           "accuracy/final": 0.94296875,
@@ -68243,7 +68556,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp32 seed=$s tier=small name=sanity; done",
@@ -68256,7 +68569,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "389a9b1ba5fa198f",
+       "id": "01d7e73ddbc4cbee",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -68820,7 +69133,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "389a9b1ba5fa198f",
+         "group": "01d7e73ddbc4cbee",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -68842,18 +69155,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -68882,7 +69198,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp32__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo_token_tis__fp32__s0",
          "summary": {
           "accuracy/final": 0.9421875,
@@ -68954,7 +69270,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16 seed=$s tier=small name=sanity; done",
@@ -68967,7 +69283,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "615f65efc297ecc5",
+       "id": "dccd6b3d0d0ee20e",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -69531,7 +69847,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "615f65efc297ecc5",
+         "group": "dccd6b3d0d0ee20e",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -69553,18 +69869,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -69593,7 +69912,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__pg_seq_is__bf16__s0",
          "summary": {
           "accuracy/final": 0.9421875,
@@ -69665,7 +69984,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp16rollout seed=$s tier=small name=sanity; done",
@@ -69678,7 +69997,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "6322a2291b46d05b",
+       "id": "7b2342fa6eec4274",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -70242,7 +70561,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "6322a2291b46d05b",
+         "group": "7b2342fa6eec4274",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -70264,18 +70583,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -70304,7 +70626,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__pg_seq_is__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.93515625,
@@ -70376,7 +70698,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp8rollout seed=$s tier=small name=sanity; done",
@@ -70389,7 +70711,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "927870aca975ce5e",
+       "id": "19568299bd19d72e",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -70953,7 +71275,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "927870aca975ce5e",
+         "group": "19568299bd19d72e",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -70975,18 +71297,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -71015,7 +71340,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo_token_tis__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.9328125,
@@ -71087,7 +71412,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp32 seed=$s tier=small name=sanity; done",
@@ -71100,7 +71425,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "47baf830515c2603",
+       "id": "8c43037056b76cc5",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -71664,7 +71989,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "47baf830515c2603",
+         "group": "8c43037056b76cc5",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -71686,18 +72011,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -71726,7 +72054,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp32__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__pg_seq_is__fp32__s0",
          "summary": {
           "accuracy/final": 0.93203125,
@@ -71798,7 +72126,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp8rollout seed=$s tier=small name=sanity; done",
@@ -71811,7 +72139,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "4e4d04702fd65b7d",
+       "id": "6b1f0c8632dc72f6",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -72375,7 +72703,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "4e4d04702fd65b7d",
+         "group": "6b1f0c8632dc72f6",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -72397,18 +72725,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -72437,7 +72768,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__pg_seq_is__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.93203125,
@@ -72509,7 +72840,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp16rollout seed=$s tier=small name=sanity; done",
@@ -72522,7 +72853,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "c73088c40d4e6ef3",
+       "id": "1617fd7e84c89cc0",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -73086,7 +73417,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "c73088c40d4e6ef3",
+         "group": "1617fd7e84c89cc0",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -73108,18 +73439,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -73148,7 +73482,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo_token_tis__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.9296875,
@@ -73220,7 +73554,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16_fp16rollout seed=$s tier=small name=sanity; done",
@@ -73233,7 +73567,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "30244cc858a1adfb",
+       "id": "8aa0db353f9bc1b3",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 3)"
@@ -73797,7 +74131,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "30244cc858a1adfb",
+         "group": "8aa0db353f9bc1b3",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -73819,18 +74153,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -73859,7 +74196,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.9265625,
@@ -73931,7 +74268,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp16 seed=$s tier=small name=sanity; done",
@@ -73944,7 +74281,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "33f87054200ddd25",
+       "id": "d9d8d84429410f29",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -74508,7 +74845,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "33f87054200ddd25",
+         "group": "d9d8d84429410f29",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -74530,18 +74867,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -74570,7 +74910,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp16__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__grpo_token_tis__fp16__s0",
          "summary": {
           "accuracy/final": 0.925,
@@ -74642,7 +74982,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "1a18b62ba3f3c063",
+       "board": "3d718afb68164c64",
        "class_id": "cpu-amx-native",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp8 seed=$s tier=small name=sanity; done",
@@ -74655,7 +74995,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "bd8fcc5a5a3c044e",
+       "id": "298a6d8c3947bb7d",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -75219,7 +75559,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "bd8fcc5a5a3c044e",
+         "group": "298a6d8c3947bb7d",
          "hardware": "cpu-amx-native: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -75241,18 +75581,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -75281,7 +75624,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp8__s0",
          "seed": 0,
-         "setting": "1a18b62ba3f3c063",
+         "setting": "3d718afb68164c64",
          "source": "results/reference/cpu-amx-native/sanity/arith3__pg_seq_is__fp8__s0",
          "summary": {
           "accuracy/final": 0.91796875,
@@ -75368,7 +75711,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=exact seed=$s tier=small gemm=emulated name=sanity; done",
@@ -75381,7 +75724,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "3b6dfbde7183a4ea",
+       "id": "38c36cd4fad65534",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -75945,7 +76288,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "3b6dfbde7183a4ea",
+         "group": "38c36cd4fad65534",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -75967,18 +76310,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -76007,7 +76353,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__exact__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo__exact__s0",
          "summary": {
           "accuracy/final": 0.946875,
@@ -76079,7 +76425,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=exact seed=$s tier=small gemm=emulated name=sanity; done",
@@ -76092,7 +76438,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "4dd1563a6a9f1a10",
+       "id": "9ff44ca2cec107ed",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -76656,7 +77002,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "4dd1563a6a9f1a10",
+         "group": "9ff44ca2cec107ed",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -76678,18 +77024,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -76718,7 +77067,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__exact__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo_token_tis__exact__s0",
          "summary": {
           "accuracy/final": 0.946875,
@@ -76790,7 +77139,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=exact seed=$s tier=small gemm=emulated name=sanity; done",
@@ -76803,7 +77152,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "cb2a358f7924b8fd",
+       "id": "058b126aca34867d",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -77367,7 +77716,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "cb2a358f7924b8fd",
+         "group": "058b126aca34867d",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -77389,18 +77738,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -77429,7 +77781,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__exact__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__pg_seq_is__exact__s0",
          "summary": {
           "accuracy/final": 0.94609375,
@@ -77498,7 +77850,7 @@ window.LEADERBOARD = {
      ],
      "entries": 24,
      "fill_sweep": "suite sweep grid=sanity seed=1,2 name=sanity-seeds launcher=local jobs=2",
-     "id": "46fbf39aceec098a",
+     "id": "91068310a9513170",
      "ranked": [],
      "setting": {
       "differs": [
@@ -77564,7 +77916,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16_fp16rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -77577,7 +77929,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "fad434c03d096773",
+       "id": "2ea932f88d1f5386",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -78141,7 +78493,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "fad434c03d096773",
+         "group": "2ea932f88d1f5386",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -78163,18 +78515,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -78203,7 +78558,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.95546875,
@@ -78275,7 +78630,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -78288,7 +78643,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "da279b9999140d14",
+       "id": "f9ee0cdd6d20077c",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -78852,7 +79207,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "da279b9999140d14",
+         "group": "f9ee0cdd6d20077c",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -78874,18 +79229,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -78914,7 +79272,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__pg_seq_is__bf16__s0",
          "summary": {
           "accuracy/final": 0.9515625,
@@ -78986,7 +79344,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=fp16 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -78999,7 +79357,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "5d461a66596fb33e",
+       "id": "d4c77c0193d425de",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -79563,7 +79921,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "5d461a66596fb33e",
+         "group": "d4c77c0193d425de",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -79585,18 +79943,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -79625,7 +79986,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo__fp16__s0",
          "summary": {
           "accuracy/final": 0.94921875,
@@ -79697,7 +80058,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -79710,7 +80071,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "c4109a68f2a11025",
+       "id": "dc3d234d1cda7bba",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -80274,7 +80635,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "c4109a68f2a11025",
+         "group": "dc3d234d1cda7bba",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -80296,18 +80657,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -80336,7 +80700,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo__bf16__s0",
          "summary": {
           "accuracy/final": 0.94375,
@@ -80408,7 +80772,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16_fp8rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -80421,7 +80785,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "d6010e69ccfcf4e4",
+       "id": "ba17885e6dd32d0e",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -80985,7 +81349,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "d6010e69ccfcf4e4",
+         "group": "ba17885e6dd32d0e",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -81007,18 +81371,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -81047,7 +81414,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.94296875,
@@ -81119,7 +81486,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp32 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -81132,7 +81499,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "9016d0d1f0bdde1e",
+       "id": "6d56cd5b5eea809d",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -81696,7 +82063,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "9016d0d1f0bdde1e",
+         "group": "6d56cd5b5eea809d",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -81718,18 +82085,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -81758,7 +82128,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp32__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo_token_tis__fp32__s0",
          "summary": {
           "accuracy/final": 0.9421875,
@@ -81830,7 +82200,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp16 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -81843,7 +82213,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "1f52628371a365ab",
+       "id": "4a013c277f0fd659",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -82407,7 +82777,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "1f52628371a365ab",
+         "group": "4a013c277f0fd659",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -82429,18 +82799,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -82469,7 +82842,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp16__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo_token_tis__fp16__s0",
          "summary": {
           "accuracy/final": 0.94140625,
@@ -82541,7 +82914,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp32rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -82554,7 +82927,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "ebede0a1d93f6d22",
+       "id": "a6ba4041acba5032",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -83118,7 +83491,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "ebede0a1d93f6d22",
+         "group": "a6ba4041acba5032",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -83140,18 +83513,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -83180,7 +83556,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__pg_seq_is__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.94140625,
@@ -83252,7 +83628,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -83265,7 +83641,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "f915009c097e6ae0",
+       "id": "0112a768fabf8c7d",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -83829,7 +84205,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "f915009c097e6ae0",
+         "group": "0112a768fabf8c7d",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -83851,18 +84227,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -83891,7 +84270,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo_token_tis__bf16__s0",
          "summary": {
           "accuracy/final": 0.940625,
@@ -83963,7 +84342,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp8rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -83976,7 +84355,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "fe56be7ff9d1ea28",
+       "id": "79cda0c22114db73",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -84540,7 +84919,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "fe56be7ff9d1ea28",
+         "group": "79cda0c22114db73",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -84562,18 +84941,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -84602,7 +84984,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__pg_seq_is__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.93984375,
@@ -84674,7 +85056,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp16 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -84687,7 +85069,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "fbd10e0c538c8146",
+       "id": "84ebbca9ca2abae1",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -85251,7 +85633,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "fbd10e0c538c8146",
+         "group": "84ebbca9ca2abae1",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -85273,18 +85655,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -85313,7 +85698,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp16__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__pg_seq_is__fp16__s0",
          "summary": {
           "accuracy/final": 0.9390625,
@@ -85385,7 +85770,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16_fp32rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -85398,7 +85783,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "929318ee7cbb3c0a",
+       "id": "326d627259bb9f84",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -85962,7 +86347,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "929318ee7cbb3c0a",
+         "group": "326d627259bb9f84",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -85984,18 +86369,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -86024,7 +86412,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.93515625,
@@ -86096,7 +86484,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp8rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -86109,7 +86497,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "a50b4ab592db7128",
+       "id": "da3c7191c1dbe3ba",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -86673,7 +87061,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "a50b4ab592db7128",
+         "group": "da3c7191c1dbe3ba",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -86695,18 +87083,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -86735,7 +87126,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo_token_tis__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.9328125,
@@ -86807,7 +87198,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp32 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -86820,7 +87211,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "233513e817f29523",
+       "id": "41dfd7117498536d",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -87384,7 +87775,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "233513e817f29523",
+         "group": "41dfd7117498536d",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -87406,18 +87797,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -87446,7 +87840,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp32__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__pg_seq_is__fp32__s0",
          "summary": {
           "accuracy/final": 0.93203125,
@@ -87518,7 +87912,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=fp32 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -87531,7 +87925,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "37e049b4d237a1b1",
+       "id": "41d22021131cea5c",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -88095,7 +88489,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "37e049b4d237a1b1",
+         "group": "41d22021131cea5c",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -88117,18 +88511,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -88157,7 +88554,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp32__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo__fp32__s0",
          "summary": {
           "accuracy/final": 0.93046875,
@@ -88229,7 +88626,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp8 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -88242,7 +88639,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "059267342afa8028",
+       "id": "56027253d2a1ecf2",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -88806,7 +89203,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "059267342afa8028",
+         "group": "56027253d2a1ecf2",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -88828,18 +89225,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -88868,7 +89268,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp8__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo_token_tis__fp8__s0",
          "summary": {
           "accuracy/final": 0.92890625,
@@ -88940,7 +89340,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp32rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -88953,7 +89353,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "5ebd310cf5399d44",
+       "id": "cc773642389da8cd",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -89517,7 +89917,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "5ebd310cf5399d44",
+         "group": "cc773642389da8cd",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -89539,18 +89939,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -89579,7 +89982,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo_token_tis__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.92421875,
@@ -89651,7 +90054,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp16rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -89664,7 +90067,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "44163b5fdf909b99",
+       "id": "831aa9646dd7c550",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -90228,7 +90631,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "44163b5fdf909b99",
+         "group": "831aa9646dd7c550",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -90250,18 +90653,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -90290,7 +90696,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo_token_tis__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.9234375,
@@ -90362,7 +90768,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=fp8 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -90375,7 +90781,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "644184ce1d3bfb0b",
+       "id": "2a3bc64db72353d2",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -90939,7 +91345,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "644184ce1d3bfb0b",
+         "group": "2a3bc64db72353d2",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -90961,18 +91367,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -91001,7 +91410,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp8__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__grpo__fp8__s0",
          "summary": {
           "accuracy/final": 0.92265625,
@@ -91073,7 +91482,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp16rollout seed=$s tier=small gemm=emulated name=sanity; done",
@@ -91086,7 +91495,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "9118985b55cdc654",
+       "id": "f4d573ddf646f7cd",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -91650,7 +92059,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "9118985b55cdc654",
+         "group": "f4d573ddf646f7cd",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -91672,18 +92081,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -91712,7 +92124,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__pg_seq_is__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.92265625,
@@ -91784,7 +92196,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "46fbf39aceec098a",
+       "board": "91068310a9513170",
        "class_id": "cpu-amx-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp8 seed=$s tier=small gemm=emulated name=sanity; done",
@@ -91797,7 +92209,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores"
        ],
-       "id": "9d32e311056e99a6",
+       "id": "530ee47a31542902",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -92361,7 +92773,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite 39d0b7dc4ef7",
-         "group": "9d32e311056e99a6",
+         "group": "530ee47a31542902",
          "hardware": "cpu-amx-emulated: CPU Intel(R) Xeon(R) Processor, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -92383,18 +92795,21 @@ window.LEADERBOARD = {
            "algo.kl_coef": 0.0,
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
+           "deterministic": false,
            "inject.kind": "none",
            "inject.scale": 0.0,
            "inject.threshold": 0.1,
            "kv_cache": "auto",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "policy.experts": 0,
            "policy.top_k": 2,
            "routing_replay": false,
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
-           "staleness": 0
+           "staleness": 0,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -92423,7 +92838,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp8__s0",
          "seed": 0,
-         "setting": "46fbf39aceec098a",
+         "setting": "91068310a9513170",
          "source": "results/reference/cpu-amx-emulated/sanity/arith3__pg_seq_is__fp8__s0",
          "summary": {
           "accuracy/final": 0.9140625,
@@ -92510,7 +92925,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=exact seed=$s tier=small name=sanity; done",
@@ -92523,7 +92938,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "3d71255c878d6620",
+       "id": "7d1bde36e7551e79",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -93072,7 +93487,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "3d71255c878d6620",
+         "group": "7d1bde36e7551e79",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -93095,6 +93510,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -93109,6 +93525,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -93117,7 +93534,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -93146,7 +93564,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__exact__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo__exact__s0",
          "summary": {
           "accuracy/final": 0.96953125,
@@ -93218,7 +93636,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=exact seed=$s tier=small name=sanity; done",
@@ -93231,7 +93649,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "112b263d09fc75c8",
+       "id": "78d19ccde5cde2c0",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -93780,7 +94198,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "112b263d09fc75c8",
+         "group": "78d19ccde5cde2c0",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -93803,6 +94221,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -93817,6 +94236,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -93825,7 +94245,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -93854,7 +94275,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__exact__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo_token_tis__exact__s0",
          "summary": {
           "accuracy/final": 0.96953125,
@@ -93926,7 +94347,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": "control: bitwise on-policy by construction (the trainer replays the sampler), mismatch exactly 0",
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=exact seed=$s tier=small name=sanity; done",
@@ -93939,7 +94360,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "e779f30928625687",
+       "id": "61aa3689aaaa35e9",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -94488,7 +94909,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "e779f30928625687",
+         "group": "61aa3689aaaa35e9",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "exact",
@@ -94511,6 +94932,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -94525,6 +94947,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -94533,7 +94956,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -94562,7 +94986,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__exact__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__pg_seq_is__exact__s0",
          "summary": {
           "accuracy/final": 0.95859375,
@@ -94631,7 +95055,7 @@ window.LEADERBOARD = {
      ],
      "entries": 24,
      "fill_sweep": null,
-     "id": "fdfc8ec75cb306cd",
+     "id": "800715e0c93e3e37",
      "ranked": [],
      "setting": {
       "differs": [
@@ -94696,7 +95120,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16_fp16rollout seed=$s tier=small name=sanity; done",
@@ -94709,7 +95133,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "03f2c4bd796ec3ad",
+       "id": "432b22965ec331f5",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -95258,7 +95682,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "03f2c4bd796ec3ad",
+         "group": "432b22965ec331f5",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -95281,6 +95705,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -95295,6 +95720,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -95303,7 +95729,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -95332,7 +95759,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.965625,
@@ -95404,7 +95831,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16 seed=$s tier=small name=sanity; done",
@@ -95417,7 +95844,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "52ea6f217aa1b31e",
+       "id": "65cb69789ed46e92",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -95966,7 +96393,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "52ea6f217aa1b31e",
+         "group": "65cb69789ed46e92",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -95989,6 +96416,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -96003,6 +96431,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -96011,7 +96440,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -96040,7 +96470,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo_token_tis__bf16__s0",
          "summary": {
           "accuracy/final": 0.96328125,
@@ -96112,7 +96542,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=fp16 seed=$s tier=small name=sanity; done",
@@ -96125,7 +96555,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "06fb1659875de12d",
+       "id": "4e76abda642a2109",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -96674,7 +97104,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "06fb1659875de12d",
+         "group": "4e76abda642a2109",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -96697,6 +97127,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -96711,6 +97142,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -96719,7 +97151,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -96748,7 +97181,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp16__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo__fp16__s0",
          "summary": {
           "accuracy/final": 0.9625,
@@ -96820,7 +97253,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp16 seed=$s tier=small name=sanity; done",
@@ -96833,7 +97266,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "ac08b30ac7d393f3",
+       "id": "095eedad5048e16c",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -97382,7 +97815,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "ac08b30ac7d393f3",
+         "group": "095eedad5048e16c",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -97405,6 +97838,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -97419,6 +97853,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -97427,7 +97862,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -97456,7 +97892,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp16__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo_token_tis__fp16__s0",
          "summary": {
           "accuracy/final": 0.9609375,
@@ -97528,7 +97964,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp16rollout seed=$s tier=small name=sanity; done",
@@ -97541,7 +97977,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "3a4bb361ff5173f1",
+       "id": "341772b4bb5f248a",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -98090,7 +98526,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "3a4bb361ff5173f1",
+         "group": "341772b4bb5f248a",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -98113,6 +98549,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -98127,6 +98564,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -98135,7 +98573,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -98164,7 +98603,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__pg_seq_is__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.9609375,
@@ -98236,7 +98675,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=fp8 seed=$s tier=small name=sanity; done",
@@ -98249,7 +98688,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "143fe86ae9cd6e98",
+       "id": "89b9c7d8c81254db",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -98798,7 +99237,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "143fe86ae9cd6e98",
+         "group": "89b9c7d8c81254db",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -98821,6 +99260,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -98835,6 +99275,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -98843,7 +99284,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -98872,7 +99314,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp8__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo__fp8__s0",
          "summary": {
           "accuracy/final": 0.95703125,
@@ -98944,7 +99386,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp16rollout seed=$s tier=small name=sanity; done",
@@ -98957,7 +99399,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "88a9860c528d85bc",
+       "id": "732999f75b0f5a23",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -99506,7 +99948,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "88a9860c528d85bc",
+         "group": "732999f75b0f5a23",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp16rollout",
@@ -99529,6 +99971,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -99543,6 +99986,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -99551,7 +99995,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -99580,7 +100025,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp16rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo_token_tis__bf16_fp16rollout__s0",
          "summary": {
           "accuracy/final": 0.9546875,
@@ -99652,7 +100097,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp32rollout seed=$s tier=small name=sanity; done",
@@ -99665,7 +100110,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "5d6f0b9961c83004",
+       "id": "8f5b87b06b8785ff",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -100214,7 +100659,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "5d6f0b9961c83004",
+         "group": "8f5b87b06b8785ff",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -100237,6 +100682,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -100251,6 +100697,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -100259,7 +100706,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -100288,7 +100736,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo_token_tis__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.95390625,
@@ -100360,7 +100808,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=fp32 seed=$s tier=small name=sanity; done",
@@ -100373,7 +100821,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "95f84edb884090a7",
+       "id": "e4d7cdd858db9664",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -100922,7 +101370,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "95f84edb884090a7",
+         "group": "e4d7cdd858db9664",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -100945,6 +101393,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -100959,6 +101408,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -100967,7 +101417,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -100996,7 +101447,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__fp32__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo__fp32__s0",
          "summary": {
           "accuracy/final": 0.953125,
@@ -101068,7 +101519,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp32rollout seed=$s tier=small name=sanity; done",
@@ -101081,7 +101532,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "4d115bb57c621584",
+       "id": "143de2c3fbb3c5ab",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -101630,7 +102081,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "4d115bb57c621584",
+         "group": "143de2c3fbb3c5ab",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -101653,6 +102104,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -101667,6 +102119,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -101675,7 +102128,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -101704,7 +102158,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__pg_seq_is__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.95078125,
@@ -101776,7 +102230,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=bf16_fp8rollout seed=$s tier=small name=sanity; done",
@@ -101789,7 +102243,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "c7577beca762a8fc",
+       "id": "544eab6328b2e878",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -102338,7 +102792,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "c7577beca762a8fc",
+         "group": "544eab6328b2e878",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -102361,6 +102815,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -102375,6 +102830,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -102383,7 +102839,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -102412,7 +102869,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo_token_tis__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.95,
@@ -102484,7 +102941,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16_fp8rollout seed=$s tier=small name=sanity; done",
@@ -102497,7 +102954,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "f732ffafc521907b",
+       "id": "b07f9fde0df4af55",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -103046,7 +103503,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "f732ffafc521907b",
+         "group": "b07f9fde0df4af55",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -103069,6 +103526,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -103083,6 +103541,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -103091,7 +103550,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -103120,7 +103580,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.94921875,
@@ -103192,7 +103652,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp32 seed=$s tier=small name=sanity; done",
@@ -103205,7 +103665,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "c9b874c5c1be0dd2",
+       "id": "75e8efcb6c5b1bdf",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -103754,7 +104214,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "c9b874c5c1be0dd2",
+         "group": "75e8efcb6c5b1bdf",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -103777,6 +104237,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -103791,6 +104252,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -103799,7 +104261,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -103828,7 +104291,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp32__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__pg_seq_is__fp32__s0",
          "summary": {
           "accuracy/final": 0.9484375,
@@ -103900,7 +104363,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp16 seed=$s tier=small name=sanity; done",
@@ -103913,7 +104376,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "65ea17445d6d144a",
+       "id": "52bd38be0e93ee81",
        "improvement": {
         "p": null,
         "why": "the fp16 baseline itself"
@@ -104462,7 +104925,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "65ea17445d6d144a",
+         "group": "52bd38be0e93ee81",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp16",
@@ -104485,6 +104948,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -104499,6 +104963,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -104507,7 +104972,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -104536,7 +105002,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp16__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__pg_seq_is__fp16__s0",
          "summary": {
           "accuracy/final": 0.94765625,
@@ -104608,7 +105074,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp32 seed=$s tier=small name=sanity; done",
@@ -104621,7 +105087,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "38e13c296a6cd40a",
+       "id": "a31bf79ba9607345",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -105170,7 +105636,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "38e13c296a6cd40a",
+         "group": "a31bf79ba9607345",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp32",
@@ -105193,6 +105659,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -105207,6 +105674,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -105215,7 +105683,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -105244,7 +105713,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp32__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo_token_tis__fp32__s0",
          "summary": {
           "accuracy/final": 0.94609375,
@@ -105316,7 +105785,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16 seed=$s tier=small name=sanity; done",
@@ -105329,7 +105798,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "45165d3c22a00d02",
+       "id": "b96725ef66f65c94",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -105878,7 +106347,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "45165d3c22a00d02",
+         "group": "b96725ef66f65c94",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -105901,6 +106370,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -105915,6 +106385,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -105923,7 +106394,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -105952,7 +106424,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__pg_seq_is__bf16__s0",
          "summary": {
           "accuracy/final": 0.94609375,
@@ -106024,7 +106496,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); token TIS C=3; NOT verl's and TRL's GRPO (theirs: algorithm=grpo_token_tis algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo_token_tis precision=fp8 seed=$s tier=small name=sanity; done",
@@ -106037,7 +106509,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "c64599c2c6d941d4",
+       "id": "5a2ed4809072e376",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -106586,7 +107058,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "c64599c2c6d941d4",
+         "group": "5a2ed4809072e376",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -106609,6 +107081,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -106623,6 +107096,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -106631,7 +107105,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -106660,7 +107135,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo_token_tis__fp8__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo_token_tis__fp8__s0",
          "summary": {
           "accuracy/final": 0.94453125,
@@ -106732,7 +107207,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16 seed=$s tier=small name=sanity; done",
@@ -106745,7 +107220,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "414e9c991b81d0b0",
+       "id": "6a4b4d433638fc49",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -107294,7 +107769,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "414e9c991b81d0b0",
+         "group": "6a4b4d433638fc49",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16",
@@ -107317,6 +107792,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -107331,6 +107807,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -107339,7 +107816,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -107368,7 +107846,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo__bf16__s0",
          "summary": {
           "accuracy/final": 0.94375,
@@ -107440,7 +107918,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=fp8 seed=$s tier=small name=sanity; done",
@@ -107453,7 +107931,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "f22abc5c6e032415",
+       "id": "99175ba01c250e36",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -108002,7 +108480,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "f22abc5c6e032415",
+         "group": "99175ba01c250e36",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "fp8",
@@ -108025,6 +108503,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -108039,6 +108518,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -108047,7 +108527,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -108076,7 +108557,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__fp8__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__pg_seq_is__fp8__s0",
          "summary": {
           "accuracy/final": 0.94140625,
@@ -108148,7 +108629,7 @@ window.LEADERBOARD = {
         "elsewhere": "NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); PPO-clip [0.8, 1.28] (clip-higher); no IS correction; NOT verl's and TRL's GRPO (theirs: algorithm=grpo algo.advantage=std algo.clip_high=0.2 algo.agg=token-mean)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=grpo precision=bf16_fp32rollout seed=$s tier=small name=sanity; done",
@@ -108161,7 +108642,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "65791705b4e1b806",
+       "id": "6109c9a01a5bb548",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -108710,7 +109191,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "65791705b4e1b806",
+         "group": "6109c9a01a5bb548",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp32rollout",
@@ -108733,6 +109214,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -108747,6 +109229,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -108755,7 +109238,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "native",
@@ -108784,7 +109268,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__grpo__bf16_fp32rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__grpo__bf16_fp32rollout__s0",
          "summary": {
           "accuracy/final": 0.940625,
@@ -108856,7 +109340,7 @@ window.LEADERBOARD = {
         "elsewhere": "",
         "words": "Dr.GRPO advantage and loss (r - mean, no std; token-sum / max length); policy gradient -A log pi (no PPO clip); seq IS (untruncated)"
        },
-       "board": "fdfc8ec75cb306cd",
+       "board": "800715e0c93e3e37",
        "class_id": "cpu-avx2-emulated",
        "control": null,
        "fill_command": "for s in 1 2; do suite run task=arith3 algorithm=pg_seq_is precision=bf16_fp8rollout seed=$s tier=small name=sanity; done",
@@ -108869,7 +109353,7 @@ window.LEADERBOARD = {
        "hardware": [
         "cpu-avx2-emulated: CPU AMD EPYC, 2 cores"
        ],
-       "id": "6ed24659512b5bb8",
+       "id": "1a293dcae914158d",
        "improvement": {
         "p": null,
         "why": "needs 3 seeds on both sides (this entry 1, fp16 1)"
@@ -109418,7 +109902,7 @@ window.LEADERBOARD = {
           "task_version": 1
          },
          "framework": "suite ce7023007d7a",
-         "group": "6ed24659512b5bb8",
+         "group": "1a293dcae914158d",
          "hardware": "cpu-avx2-emulated: CPU AMD EPYC, 2 cores",
          "model": "embedded Llama h96 L2",
          "precision": "bf16_fp8rollout",
@@ -109441,6 +109925,7 @@ window.LEADERBOARD = {
            "algo.kl_estimator": "k3",
            "algo.ppo_ref": "trainer",
            "data": null,
+           "deterministic": false,
            "eval.every": 0,
            "eval.prompts": null,
            "eval.samples": null,
@@ -109455,6 +109940,7 @@ window.LEADERBOARD = {
            "model": "embedded",
            "optim.schedule": "constant",
            "optim.warmup_steps": 0,
+           "packing": false,
            "perfectible.sampler": "fp32",
            "policy.experts": 0,
            "policy.top_k": 2,
@@ -109463,7 +109949,8 @@ window.LEADERBOARD = {
            "sampling.top_k": 0,
            "sampling.truncation": "renormalise",
            "staleness": 0,
-           "transfer": false
+           "transfer": false,
+           "trim_padding": false
           },
           "gemm_backend": {
            "sampler": "emulated",
@@ -109492,7 +109979,7 @@ window.LEADERBOARD = {
          },
          "run": "arith3__pg_seq_is__bf16_fp8rollout__s0",
          "seed": 0,
-         "setting": "fdfc8ec75cb306cd",
+         "setting": "800715e0c93e3e37",
          "source": "results/reference/cpu-avx2-emulated/sanity/arith3__pg_seq_is__bf16_fp8rollout__s0",
          "summary": {
           "accuracy/final": 0.93125,
@@ -109570,7 +110057,7 @@ window.LEADERBOARD = {
    "stale": 24
   }
  ],
- "date": "2026-11-25",
+ "date": "2026-11-26",
  "min_seeds": 3,
  "ranking": "Recipes with at least 3 seeds, by the IQM over seeds of the final training accuracy (descending), then passes / seeds, then step-0 k3 KL (ascending). Intervals: 95% stratified bootstrap over seeds (10,000 resamples; rliable, arXiv 2108.13264); entries whose intervals overlap are not separated by this data.",
  "rejected": [],
@@ -109612,10 +110099,10 @@ window.LEADERBOARD = {
    "where": "tests/test_suites/dependency_upgrade_tests/grpo-deepscaler-1.5b-8K.sh, the check_metrics.py call"
   },
   {
-   "compare": "the suite's mismatch/logprob_diff/mean",
+   "compare": "the suite's mismatch/logprob_diff/mean, the pooled token mean: the same number only with --calculate-per-token-loss or responses of equal length",
    "id": "slime-ci-logprob",
    "kind": "threshold",
-   "measures": "mean |logp_trainer - logp_rollout| over the trained tokens",
+   "measures": "|logp_trainer - logp_rollout| averaged per sample over its rollout's response tokens, then over the step's samples: a mean of per-sample means, not the pooled token mean (the pooled one with --calculate-per-token-loss); read from slime's loss.py and cp_utils.get_sum_of_sample_mean (docs/metrics.md)",
    "precision": "slime CI runs (Megatron trainer, SGLang rollouts)",
    "quote": "assert log_dict[\"train/train_rollout_logprob_abs_diff\"] <= 0.1",
    "source": "THUDM slime, CI mode of the Megatron training loop",
@@ -109669,5 +110156,5 @@ window.LEADERBOARD = {
   "results/reference/cpu-amx-native/trainer-controls"
  ],
  "verdict_rule": "acc_t = trailing mean of reward/mean over w = min(5, steps_done) steps; peak = max_t acc_t; final = mean of reward/mean over the last W = min(max(5, total_steps // 10), steps_done) steps; initial = reward/mean of the first step. incomplete: an error was recorded or steps_done < total_steps. pass: peak > threshold and final >= threshold - 0.05. collapse: otherwise, final <= peak - 0.25 or final < initial - 0.1 (fell far from its best or below where it started). unstable: otherwise (completed without passing and without collapsing: never held the pass threshold).",
- "version": "2.1"
+ "version": "2.2"
 };

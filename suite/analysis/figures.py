@@ -157,8 +157,8 @@ def _legend(fig, axes, note: str) -> None:
     _note(fig, note, axes.shape[1])
 
 
-NOTE = ("trailing mean over {w} steps; solid: mean of complete seeds, band: 95% bootstrap CI over seeds, "
-        "faint: individual seeds (dotted: incomplete or failed)")
+NOTE = ("trailing mean over {w} steps; bold line (one style per flow): mean of complete seeds, "
+        "band: 95% bootstrap CI over seeds, faint: individual seeds (dotted: incomplete or failed)")
 
 
 @_styled
