@@ -4,16 +4,16 @@ README.md, results/README.md and docs/*.md hold spans
 
     <!-- generated:NAME:ARG:... -->text<!-- /generated -->
 
-(inline in a sentence, or around a whole table) whose text is ``figure("NAME:ARG:...")``: a pure function of
-the files under results/reference/ (summary.json, metrics.jsonl, timing.jsonl, env.json of each run) or of
-the code (the tiers' policy sizes, the named grids). Markdown renders the comments as nothing.
+(inline in a sentence, or around a whole table) whose text is ``figure("NAME:ARG:...")``: a pure function of the
+files under results/reference/ (summary.json, metrics.jsonl, timing.jsonl, env.json of each run) or of the code (the
+tiers' policy sizes, the named grids). Markdown renders the comments as nothing.
 
     python -m suite.experiments.docfigures --write    # refill every span from the data
     python -m suite.experiments.docfigures            # check: exit 1, naming each span that disagrees
 
-tests/test_docs_figures.py runs the check, so a regenerated reference or a changed tier fails CI until the
-documents say what the data say. Figures are formatted once here (``_num``, ``_ratio``), so one number is
-written the same way everywhere it is quoted.
+tests/test_docs_figures.py runs the check, so a regenerated reference or a changed tier fails CI until the documents
+say what the data say. Figures are formatted once here (``_num``, ``_ratio``), so one number is written the same way
+everywhere it is quoted.
 """
 
 from __future__ import annotations
@@ -392,19 +392,12 @@ def f_grids_table() -> str:
     return "\n".join(lines)
 
 
-def f_attribution(cls: str, stack: str) -> str:
+def f_attribution(cls: str, stack: str, source: str = "", metric: str = "k3") -> str:
     """The attribution table of a committed ``suite attribute`` output (results/reference/<class>/attribute/<stack>/
-    attribution.json), with its title and check line, as the command prints it."""
-    from suite.analysis.attribution import table_markdown, title_of
+    attribution.json) as the command prints it, or, given a source, its one-on effect on ``metric`` with its interval."""
+    from suite.analysis.attribution import _fmt, table_markdown, title_of
     summary = json.loads((REFERENCE_ROOT / cls / "attribute" / stack / "attribution.json").read_text())
-    return table_markdown(summary, title_of(summary))
-
-
-def f_attribution_on(cls: str, stack: str, source: str, metric: str) -> str:
-    """One source's one-on effect on a metric with its interval, as the committed attribution's table prints it."""
-    from suite.analysis.attribution import _fmt
-    summary = json.loads((REFERENCE_ROOT / cls / "attribute" / stack / "attribution.json").read_text())
-    return _fmt(summary["metrics"][metric]["on"][source])
+    return _fmt(summary["metrics"][metric]["on"][source]) if source else table_markdown(summary, title_of(summary))
 
 
 def f_source(path: str, part: str) -> str:
@@ -425,8 +418,7 @@ def f_plan(*overrides: str) -> str:
 
 
 def f_memplan(cls: str, part: str = "table") -> str:
-    """The plan against measured peaks on a class (``suite bench-memory --plan --write``, committed): table, range,
-    under (the rows it underestimates)."""
+    """The plan against measured peaks on a class (``suite bench-memory --plan --write``): table, range or under."""
     return plan_markdown(REFERENCE_ROOT / cls / "memory_plan.json", part)
 
 
@@ -439,8 +431,7 @@ FIGURES = {
     "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs, "gap-clipped": f_gap_clipped,
     "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids,
     "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution,
-    "attribution-on": f_attribution_on, "source": f_source,
-    "plan": f_plan, "memplan": f_memplan}
+    "attribution-on": f_attribution, "source": f_source, "plan": f_plan, "memplan": f_memplan}
 
 
 def figure(name: str) -> str:

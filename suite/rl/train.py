@@ -176,9 +176,8 @@ def build_trainer(cfg, model, world: dist.World | None = None):
     flow, world = resolve(cfg.precision), world or dist.World()
     backend = gemm_backend(cfg.gemm, flow.trainer_dtype, world.device.split(":")[0])
     return Trainer(model, flow, backend, cfg.optim, lm_head_fp32=cfg.lm_head_fp32, world=world,
-                   gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk,
-                   kv_quant=kv_quant(cfg.kv_cache), trim_padding=cfg.trim_padding,
-                   defer_grad_sync=cfg.defer_grad_sync, packing=cfg.packing)
+                   gradient_checkpointing=cfg.gradient_checkpointing, logprob_chunk=cfg.logprob_chunk, packing=cfg.packing,
+                   kv_quant=kv_quant(cfg.kv_cache), trim_padding=cfg.trim_padding, defer_grad_sync=cfg.defer_grad_sync)
 
 
 def build_engines(cfg, model, world: dist.World | None = None):
