@@ -34,6 +34,49 @@ def test_probability_of_improvement_by_hand():
         stats.probability_of_improvement([1.0, float("nan")], [0.0, 1.0])
 
 
+def test_exact_permutation_test_by_hand():
+    # 3 seeds against 3 fully separated: 1 of the C(6, 3) = 20 splits is as extreme, p = 1/20, which
+    # is also the floor of any such test; the bootstrap says P = 1.00 [1.00, 1.00] for the same data.
+    got = stats.permutation_test([3.0, 4.0, 5.0], [0.0, 1.0, 2.0])
+    assert (got["p"], got["min_p"], got["exact"]) == (0.05, 0.05, True)
+    poi = stats.probability_of_improvement([3.0, 4.0, 5.0], [0.0, 1.0, 2.0])
+    assert poi["lo"] == poi["hi"] == 1.0  # the degenerate interval the board must not show as certainty
+    assert stats.permutation_test([0.0, 1.0, 2.0], [3.0, 4.0, 5.0])["p"] == 1.0
+    # [1, 2, 3] vs [0, 2, 5]: the sum 13 splits into x-sums >= 6 (the observed one) in 13 of 20 ways.
+    sums = [sum(c) for c in itertools.combinations([1, 2, 3, 0, 2, 5], 3)]
+    assert sum(v >= 6 for v in sums) == 13
+    assert stats.permutation_test([1.0, 2.0, 3.0], [0.0, 2.0, 5.0])["p"] == pytest.approx(13 / 20)
+    # Beyond EXACT_SPLITS the p-value is estimated: two equal samples sit near 0.5, never near 0.
+    big = stats.permutation_test(list(range(12)), list(range(12)))
+    assert not big["exact"] and 0.4 < big["p"] < 0.65
+    with pytest.raises(ValueError, match="finite value"):
+        stats.permutation_test([float("nan")], [1.0])
+
+
+def test_fisher_exact_by_hand():
+    assert stats.fisher_exact(3, 3, 0, 3) == pytest.approx(1 / 20)  # C(3,3) C(3,0) / C(6,3)
+    assert stats.fisher_exact(2, 3, 0, 3) == pytest.approx(4 / 20)  # C(2,2) C(4,1) / C(6,3)
+    assert stats.fisher_exact(3, 3, 3, 3) == 1.0
+    with pytest.raises(ValueError, match="passes must lie"):
+        stats.fisher_exact(4, 3, 0, 3)
+
+
+def _ranked(name, finals):
+    return {"id": name, "runs": [{"summary": {board.SCORE: v}} for v in finals]}
+
+
+def test_ranks_order_only_what_the_seeds_separate():
+    a = _ranked("a", [0.97, 0.96, 0.97])
+    c = _ranked("c", [0.95, 0.90, 0.99])  # the widest: separated from nobody
+    b = _ranked("b", [0.93, 0.94, 0.935])  # below a in every seed: p = 0.05
+    got = board.tied_ranks([a, c, b])
+    assert [(e["id"], e["rank"], e["tied"]) for e in got] == [("a", 1, 2), ("c", 1, 2), ("b", 2, 1)]
+    assert b["above"] == ["a"] and a["above"] == c["above"] == []
+    # One seed of b above one of a: no longer separated, all three tie.
+    b["runs"][0]["summary"][board.SCORE] = 0.975
+    assert {e["rank"] for e in board.tied_ranks([a, c, b])} == {1}
+
+
 def _exact_cdf(values: list[float], x: float, strict: bool) -> float:
     """P(IQM of a resample < x (strict) or <= x): every one of the n^n equally likely resamples."""
     n, hits = len(values), 0
@@ -154,3 +197,28 @@ def test_an_entry_says_what_its_algorithm_computes_with_the_knobs_it_recorded():
                                                                   "agg": "token-mean"}})
     assert theirs["elsewhere"] == "" and "[0.8, 1.2]" in theirs["words"]
     assert board.algorithm_words({"algorithm": "ppo_from_elsewhere"}) is None
+
+
+def test_the_board_says_where_it_reverses_ties_or_agrees_with_the_literature():
+    def entry(flow, finals):
+        e = _ranked(flow, finals)
+        return {**e, "precision": flow, "algorithm": "grpo", "model": "embedded"}
+
+    bf16, fp16 = entry("bf16", [0.97, 0.96, 0.97]), entry("fp16", [0.93, 0.94, 0.935])
+    (got,) = board.literature(board.tied_ranks([bf16, fp16]))
+    assert got["verdict"] == "reverses" and got["source"] == "precision-rl-fp16"
+    assert "puts bf16 above fp16 (exact p = 0.05)" in got["text"]
+    fp16["runs"][0]["summary"][board.SCORE] = 0.99  # one fp16 seed above every bf16 seed: a tie
+    (got,) = board.literature(board.tied_ranks([bf16, fp16]))
+    assert got["verdict"] == "ties" and "3 vs 3 seeds" in got["text"]
+    fp16["runs"] = [{"summary": {board.SCORE: v}} for v in (0.99, 0.985, 0.995)]
+    (got,) = board.literature(board.tied_ranks([bf16, fp16]))
+    assert got["verdict"] == "agrees"
+    # Different ranks are not a verdict: fp16 and bf16 each tied with a third, not separated from each other.
+    mid = entry("fp32", [0.95, 0.955, 0.96])
+    fp16["runs"] = [{"summary": {board.SCORE: v}} for v in (0.94, 0.99, 0.985)]
+    bf16["runs"] = [{"summary": {board.SCORE: v}} for v in (0.93, 0.97, 0.92)]
+    ranked = board.tied_ranks([fp16, mid, bf16])
+    (got,) = board.literature(ranked)
+    assert got["verdict"] == "ties"
+    assert {s for s in (r["id"] for r in reported.load())} >= {e[2] for e in board.LITERATURE}

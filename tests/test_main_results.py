@@ -20,12 +20,20 @@ CLASSES = sorted(p.parent.name for p in REFERENCE.glob("*/sanity"))
 KEYS = ("kl_k3", "prob_diff/mean", "seq_log_ratio/mean_abs")
 
 
-def _summaries(root: Path = ROOT) -> dict[tuple[str, str], dict]:
-    out = {}
+def _by_seed(root: Path = ROOT) -> dict[int, dict[tuple[str, str], dict]]:
+    """{seed: {(precision, algorithm): summary}}: a grid of several seeds is read whole, seed by seed."""
+    out: dict[int, dict] = {}
     for path in sorted(root.glob("*/summary.json")):
         s = json.loads(path.read_text())
-        out[(s["precision"], s["algorithm"])] = s
+        cell = out.setdefault(s["seed"], {})
+        assert (s["precision"], s["algorithm"]) not in cell, f"two runs of one cell and seed: {path}"
+        cell[(s["precision"], s["algorithm"])] = s
     return out
+
+
+def _summaries(root: Path = ROOT) -> dict[tuple[str, str], dict]:
+    """Seed 0's cells (every class ran it); the tests that hold for every seed use _by_seed."""
+    return _by_seed(root)[0]
 
 
 def test_references_of_three_classes_are_committed():
@@ -34,32 +42,36 @@ def test_references_of_three_classes_are_committed():
 
 @pytest.mark.parametrize("cls", CLASSES)
 def test_every_cell_of_the_sanity_grid_is_committed_and_complete(cls):
-    got = _summaries(REFERENCE / cls / "sanity")
     want = {(p, a) for p in main_flows() for a in grids.SANITY_ALGORITHMS}
-    assert set(got) == want
-    assert all(s["verdict"] in ("pass", "collapse", "unstable") for s in got.values())
-    assert all(got[("fp32", a)]["verdict"] == "pass" for a in grids.SANITY_ALGORITHMS)
+    seeds = _by_seed(REFERENCE / cls / "sanity")
+    assert 0 in seeds
+    for seed, got in seeds.items():
+        assert set(got) == want, seed
+        assert all(s["verdict"] in ("pass", "collapse", "unstable") for s in got.values())
+        assert all(got[("fp32", a)]["verdict"] == "pass" for a in grids.SANITY_ALGORITHMS), seed
 
 
 @pytest.mark.parametrize("cls", CLASSES)
 @pytest.mark.parametrize("algorithm", grids.SANITY_ALGORITHMS)
 @pytest.mark.parametrize("key", KEYS)
 def test_step0_mismatch_ordering(cls, algorithm, key):
-    """On every class: exact is exactly 0; fp32 < fp16 < bf16 < bf16_fp8rollout; unified fp8 < bf16_fp8rollout."""
-    s = {p: a_s[f"mismatch/step0/{key}"] for (p, a), a_s in _summaries(REFERENCE / cls / "sanity").items()
-         if a == algorithm}
-    assert s["exact"] == 0.0
-    assert 0.0 < s["fp32"] < s["fp16"] < s["bf16"] < s["bf16_fp8rollout"]
-    assert s["fp8"] < s["bf16_fp8rollout"]
+    """On every class and seed: exact is exactly 0; fp32 < fp16 < bf16 < bf16_fp8rollout; unified fp8 <
+    bf16_fp8rollout."""
+    for seed, cells in _by_seed(REFERENCE / cls / "sanity").items():
+        s = {p: a_s[f"mismatch/step0/{key}"] for (p, a), a_s in cells.items() if a == algorithm}
+        assert s["exact"] == 0.0, seed
+        assert 0.0 < s["fp32"] < s["fp16"] < s["bf16"] < s["bf16_fp8rollout"], seed
+        assert s["fp8"] < s["bf16_fp8rollout"], seed
 
 
 @pytest.mark.parametrize("cls", CLASSES)
 def test_step0_mismatch_is_a_property_of_the_flow_not_the_algorithm(cls):
     """Step 1 samples the same prompts with the same seed before any update, in every algorithm."""
-    by_flow: dict[str, set] = {}
-    for (p, _), s in _summaries(REFERENCE / cls / "sanity").items():
-        by_flow.setdefault(p, set()).add(s["mismatch/step0/kl_k3"])
-    assert all(len(v) == 1 for v in by_flow.values())
+    for seed, cells in _by_seed(REFERENCE / cls / "sanity").items():
+        by_flow: dict[str, set] = {}
+        for (p, _), s in cells.items():
+            by_flow.setdefault(p, set()).add(s["mismatch/step0/kl_k3"])
+        assert all(len(v) == 1 for v in by_flow.values()), seed
 
 
 def test_the_main_table_leads_with_the_mismatch():

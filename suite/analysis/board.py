@@ -39,9 +39,12 @@ PUBLISHED_TASK = "sanity_r1d"
 MISMATCH_SHOWN = ("kl_k3", "prob_diff/mean")
 EXTRA_PREFIXES = ("eval/", "transfer/")
 RANKING = (f"Recipes with at least {MIN_SEEDS} seeds, by the IQM over seeds of the final training accuracy "
-           "(descending), then passes / seeds, then step-0 k3 KL (ascending). Intervals: 95% stratified bootstrap "
-           f"over seeds ({stats.BOOT_SAMPLES:,} resamples; rliable, arXiv 2108.13264); entries whose intervals "
-           "overlap are not separated by this data.")
+           "(descending), then passes / seeds, then step-0 k3 KL (ascending). A rank is 1 + the number of "
+           "entries whose final accuracies lie above this one's by an exact one-sided permutation test at "
+           f"level {stats.ALPHA} (each pair on its own); entries that share a rank are tied (=). With 3 seeds "
+           "a side the test's smallest p-value is 1/C(6,3) = 0.05: only fully separated seeds separate. "
+           f"Intervals: 95% stratified bootstrap over seeds ({stats.BOOT_SAMPLES:,} resamples; rliable, "
+           "arXiv 2108.13264); a zero-width one is shown as such, never as certainty.")
 
 
 # ---------------------------------------------------------------------------- grouping keys
@@ -193,7 +196,28 @@ def improvement(e: dict, entries: list[dict]) -> dict:
     x, y = _finals(e), _finals(base[0])
     if len(x) < MIN_SEEDS or len(y) < MIN_SEEDS:
         return {"p": None, "why": f"needs {MIN_SEEDS} seeds on both sides (this entry {len(x)}, fp16 {len(y)})"}
-    return {**stats.probability_of_improvement(x, y), "baseline": base[0]["id"]}
+    poi = stats.probability_of_improvement(x, y)
+    exact = stats.permutation_test(x, y)
+    passes = stats.fisher_exact(e["passes"], e["seeds"], base[0]["passes"], base[0]["seeds"])
+    # A zero-width bootstrap interval (every resample separated alike) is not certainty: the board shows
+    # the exact test's p-value instead, and its floor 1 / C(n + m, n) for these seed counts.
+    return {**poi, "degenerate": poi["lo"] == poi["hi"], "perm_p": exact["p"], "perm_min_p": exact["min_p"],
+            "fisher_p": passes, "baseline": base[0]["id"]}
+
+
+def tied_ranks(ranked: list[dict]) -> list[dict]:
+    """Ranks that order entries only where the data separate them: an entry's rank is 1 + the number of
+    entries whose final accuracies lie above its own by an exact one-sided permutation test at level
+    stats.ALPHA (each pair on its own); entries with one rank are tied (``tied`` counts them). Sorted by
+    rank, then by the IQM order ``ranked`` came in."""
+    finals = [_finals(e) for e in ranked]
+    for e, x in zip(ranked, finals):
+        above = [f for f, y in zip(ranked, finals) if f is not e and x and y and stats.separated(y, x)]
+        e["rank"], e["above"] = 1 + len(above), [f["id"] for f in above]
+    for e in ranked:
+        e["tied"] = sum(f["rank"] == e["rank"] for f in ranked)
+    order = {id(e): i for i, e in enumerate(ranked)}
+    return sorted(ranked, key=lambda e: (e["rank"], order[id(e)]))
 
 
 def fill_command(e: dict) -> str | None:
@@ -226,8 +250,7 @@ def sections(entries: list[dict]) -> dict:
         else:
             e["why"] = None
             out["ranked"].append(e)
-    for n, e in enumerate(out["ranked"], start=1):
-        e["rank"] = n
+    out["ranked"] = tied_ranks(out["ranked"])
     for n, e in enumerate([e for e in out["stale"] if e["seeds"] >= MIN_SEEDS], start=1):
         e["rank"] = n  # ranked apart, among the entries that no longer reproduce
     return out
@@ -279,6 +302,45 @@ def setting(first: dict) -> dict:
     return facts
 
 
+# What the literature reports for pairs of flows, as (behind, ahead, source id in reported.yaml, what the
+# source says about its own setting); each board says whether its order agrees.
+LITERATURE = (
+    ("bf16", "fp16", "precision-rl-fp16", "arXiv 2510.26788 reports FP16 ahead of BF16"),
+    ("bf16_fp8rollout", "fp8", "jet-rl-fp8-rollout",
+     "arXiv 2601.14243 reports BF16-train + FP8-rollout collapsing and unified FP8 stable, under long "
+     "rollouts and hard tasks"),
+)
+
+
+def literature(ranked: list[dict]) -> list[dict]:
+    """For each pair of LITERATURE present in ``ranked`` with one algorithm: whether this board's data
+    agree with the source, tie, or reverse it by the pair's exact permutation test at stats.ALPHA, as a
+    sentence; the page puts them under the list of how the board's setting differs from the published
+    one (``setting``'s ``differs``)."""
+    out = []
+    for behind, ahead, source, says in LITERATURE:
+        for b in [e for e in ranked if e["precision"] == behind]:
+            a = next((e for e in ranked if e["precision"] == ahead and e["algorithm"] == b["algorithm"]
+                      and e["model"] == b["model"]), None)
+            if a is None:
+                continue
+            x, y = _finals(a), _finals(b)
+            p_ahead, p_behind = stats.permutation_test(x, y)["p"], stats.permutation_test(y, x)["p"]
+            # The pair's own test, not the ranks: two entries may hold different ranks because each is
+            # separated from a third entry while neither is separated from the other.
+            if p_ahead <= stats.ALPHA:
+                verdict, how = "agrees", f"puts {ahead} above {behind} (exact p = {p_ahead:.2f})"
+            elif p_behind <= stats.ALPHA:
+                verdict, how = "reverses", f"puts {behind} above {ahead} (exact p = {p_behind:.2f})"
+            else:
+                verdict, how = "ties", (f"does not separate {behind} and {ahead} (exact p = "
+                                        f"{min(p_ahead, p_behind):.2f} either way, {len(x)} vs {len(y)} seeds)")
+            text = f"{b['algorithm']}: this board {how}; {says}."
+            out.append({"source": source, "algorithm": b["algorithm"], "behind": behind, "ahead": ahead,
+                        "verdict": verdict, "text": text})
+    return out
+
+
 def board(entries: list[dict], class_id: str | None, root: Path = REFERENCE_ROOT) -> dict:
     """A board: its setting, its four sections, and the sweep that would fill it to MIN_SEEDS seeds."""
     first = entries[0]["runs"][0]
@@ -289,8 +351,9 @@ def board(entries: list[dict], class_id: str | None, root: Path = REFERENCE_ROOT
     grids = _reference(class_id, root)[0].get("grids") or []
     sweep = (f"suite sweep grid={grid} seed={','.join(map(str, short))} name={grid}-seeds launcher=local jobs=2"
              if short and grid in grids else None)
-    return {"id": entries[0]["board"], "class_id": class_id, "setting": setting(first), **parts,
-            "fill_sweep": sweep, "entries": len(entries)}
+    facts = setting(first)
+    return {"id": entries[0]["board"], "class_id": class_id, "setting": facts, **parts,
+            "literature": literature(parts["ranked"]), "fill_sweep": sweep, "entries": len(entries)}
 
 
 def classes(records: list[dict], root: Path = REFERENCE_ROOT) -> list[dict]:
