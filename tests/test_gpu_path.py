@@ -143,31 +143,42 @@ def test_every_flow_observes_its_dtypes_on_its_device_with_emulated_gemms(flow):
     assert seen["param_device"] == "meta" and seen["logits"] == str(resolve(flow).trainer_dtype)
 
 
-def test_deterministic_sets_torchs_flag_and_cublas_for_the_run_only(monkeypatch):
-    """Process-wide state: on inside, what it found afterwards (a sweep's next cell in this process starts clean),
-    also when the run dies; off changes nothing."""
+@pytest.mark.parametrize("given", [None, ":16:8"])
+def test_deterministic_sets_torchs_flag_for_the_run_and_cublas_for_the_process(monkeypatch, given):
+    """Process-wide state: on inside, torch's flag and vLLM's variable as found afterwards (a
+    sweep's next cell in this process starts clean), also when the run dies; cuBLAS's setting stays,
+    since cuBLAS reads it once per process (suite/numerics/determinism.py), and a deterministic
+    value the user set is kept; off changes nothing."""
     from suite.numerics import determinism
 
-    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8")
+    if given:
+        monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", given)
+    else:
+        monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     monkeypatch.delenv("VLLM_BATCH_INVARIANT", raising=False)
     assert not torch.are_deterministic_algorithms_enabled()
     with determinism.enabled(False):
         assert determinism.describe(False) == {"requested": False, "torch_deterministic_algorithms": False,
-                                               "CUBLAS_WORKSPACE_CONFIG": ":16:8", "VLLM_BATCH_INVARIANT": None}
+                                               "CUBLAS_WORKSPACE_CONFIG": given,
+                                               "VLLM_BATCH_INVARIANT": None}
     with pytest.raises(RuntimeError, match="died"), determinism.enabled(True):
         assert determinism.describe(True) == {"requested": True, "torch_deterministic_algorithms": True,
-                                              "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "VLLM_BATCH_INVARIANT": "1"}
+                                              "CUBLAS_WORKSPACE_CONFIG": given or ":4096:8",
+                                              "VLLM_BATCH_INVARIANT": "1"}
         raise RuntimeError("died")
     assert not torch.are_deterministic_algorithms_enabled()
-    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8" and "VLLM_BATCH_INVARIANT" not in os.environ
+    assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == (given or ":4096:8")
+    assert "VLLM_BATCH_INVARIANT" not in os.environ
 
 
-def test_a_deterministic_run_records_it_and_computes_the_same_on_cpu(tmp_path):
+def test_a_deterministic_run_records_it_and_computes_the_same_on_cpu(tmp_path, monkeypatch):
     """CPU kernels are deterministic already: deterministic=true changes no number of a run (metrics.jsonl byte for
     byte), and env.json records the state the run computed under."""
     import json
 
     from suite.rl import train
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)  # the run sets it for the process
 
     dirs = {}
     for on in (False, True):

@@ -432,6 +432,11 @@ def main(args: list[str]) -> int:
         return 0
 
     if todo:
+        from suite.numerics import determinism
+
+        # Before any cell's CUDA work: cuBLAS takes its workspace setting once per process
+        # (determinism.py); the launcher's processes inherit this environment.
+        determinism.reserve(any(c.cfg.deterministic for c in todo))
         if sweep.launcher == "local" or sweep.launcher in LOCAL_LAUNCHERS:
             prebuild(todo, console)
         if sweep.launcher == "local":

@@ -17,9 +17,18 @@ Both need every kernel to give the same bits for the same inputs:
 - **GPU, deterministic=false** (the default, the speed of production stacks): neither claim holds; a rerun
   differs from the first sampled token whose logits a reduction order changed.
 
-Process-wide state, so ``enabled`` restores what it found when the run ends: a sweep's next cell in the same
-process starts as it would alone. cuBLAS reads its workspace setting when torch first creates its handle,
-so a deterministic run should be the process's first CUDA work (``suite run`` is).
+Process-wide state, so ``enabled`` restores torch's flag and vLLM's variable when the run ends:
+a sweep's next cell in the same process starts as it would alone. ``CUBLAS_WORKSPACE_CONFIG`` is
+the exception: torch reads it once per process, at the first cuBLAS GEMM
+(aten/src/ATen/Context.cpp, ``alertCuBLASConfigNotDeterministic`` keeps the answer in a
+function-local static, as ``getChosenWorkspaceSize`` keeps the workspace size), so setting it
+for a run that follows another run's GEMMs changes nothing, and every GEMM of the deterministic
+run raises. It is therefore set once and kept: by ``reserve`` in a process that will start any
+deterministic run (a sweep, before its first cell), else by the first deterministic run before
+its CUDA work. A deterministic run in a process whose CUDA was initialised without it is refused
+before it computes. torch has no query for "cuBLAS has run"; ``torch.cuda.is_initialized()``,
+true before any GEMM, is the test: it may refuse a process that initialised CUDA without a GEMM,
+never accept one whose GEMMs would raise.
 """
 
 from __future__ import annotations
@@ -31,17 +40,42 @@ import torch
 
 # The environment a deterministic run sets (read by cuBLAS, and by vLLM when its engine starts).
 ENV = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8", "VLLM_BATCH_INVARIANT": "1"}
+CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
+CUBLAS_DETERMINISTIC = (":4096:8", ":16:8")  # the two values torch accepts (Context.cpp)
+
+
+def reserve(requested: bool) -> None:
+    """The deterministic cuBLAS workspace for the whole process, before its first CUDA work,
+    when any run it will start asks for ``deterministic`` (a sweep passes whether any cell
+    does); else nothing. Every run of the process then computes with it: cuBLAS holds one
+    setting per process."""
+    if requested:
+        _set_cublas()
+
+
+def _set_cublas() -> None:
+    if os.environ.get(CUBLAS) in CUBLAS_DETERMINISTIC:
+        return
+    if torch.cuda.is_initialized():
+        raise ValueError(
+            f"deterministic=true: this process initialised CUDA with {CUBLAS}="
+            f"{os.environ.get(CUBLAS)!r}, and torch reads that setting once, at the process's "
+            f"first cuBLAS call, so every GEMM of this run would raise. Run it in a fresh "
+            f"process (`suite run`), or export {CUBLAS}={ENV[CUBLAS]} before the process starts.")
+    os.environ[CUBLAS] = ENV[CUBLAS]
 
 
 @contextlib.contextmanager
 def enabled(on: bool):
-    """Deterministic algorithms and the environment ``ENV`` for the duration when ``on``; nothing otherwise."""
+    """Deterministic algorithms and the environment ``ENV`` for the duration when ``on`` (cuBLAS's
+    setting for the rest of the process, see above); nothing otherwise."""
     if not on:
         yield
         return
-    saved_env = {k: os.environ.get(k) for k in ENV}
+    _set_cublas()  # first: a refused run has changed nothing
+    saved_env = {k: os.environ.get(k) for k in ENV if k != CUBLAS}
     saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
-    os.environ.update(ENV)
+    os.environ.update({k: v for k, v in ENV.items() if k != CUBLAS})
     torch.use_deterministic_algorithms(True)
     try:
         yield

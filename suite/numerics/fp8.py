@@ -49,9 +49,12 @@ sm90: cuBLAS's "1D block scaling"), else one row-wise call per 128-wide K-slice 
 partial products are summed in fp32 (DeepGEMM's "promote to fp32 every K block"). Layout rules
 of ``_scaled_mm``: A row-major (M, K), B column-major (K, N) (``b.t()`` of a contiguous (N, K)
 tensor), dimensions multiples of 16 (operands are zero-padded, which changes no number).
-The first product on a device is checked against the emulation (equal up to fp32 summation
-order); a path that raises or disagrees is dropped, and the one a device runs, with the reason
-for every fallback, is recorded in env.json (``fp8_gemm``) and shown by ``suite doctor``.
+Before its first product a device runs each path on a probe of two 128-groups along K
+(``_probe``: with one group torch takes the row-wise kernel, and the block-scaled one would go
+unchecked) and compares it with the emulation, up to the rounding of the tensor cores' FP8
+accumulator (``agrees``); a path that raises or disagrees is dropped, and the one a device runs,
+with the reason for every fallback, is recorded in env.json (``fp8_gemm``) and shown by
+``suite doctor``.
 
 Cost of the emulation on CPU: the GEMMs are ordinary fp32 GEMMs; the overhead is the
 elementwise work (amax, divide, clamp, fp32 <-> fp8 casts, which torch does slowly on CPU),
@@ -237,46 +240,89 @@ def _padded(q: torch.Tensor, s: torch.Tensor, rows: int, cols: int) -> tuple[tor
     return qp, torch.nn.functional.pad(s, (0, 0, 0, rows - R), value=1.0)
 
 
+# FP8 tensor cores accumulate in a register that keeps about 14 significand bits, not fp32's 24
+# (DeepSeek-V3, arXiv 2412.19437, Sec. 3.3.2, measured on H800); one bit less here, as margin.
+ACC_BITS = 13
+
+
 def agrees(got: torch.Tensor, qa, sa, qb, sb) -> bool:
-    """Whether a tensor-core product equals the emulation's up to fp32 summation order: both add the same exact
-    products (E4M3 x E4M3 is exact in fp32 and so is each product's scaling up to one rounding), so
-    |diff| <= K eps32 sum_k |a_k b_k| (Higham, Accuracy and Stability of Numerical Algorithms, Eq. 3.5: |fl(x.y) -
-    x.y| <= gamma_K |x|.|y|, gamma_K ~ K eps), with 2 K for the scaling's roundings on both sides."""
+    """Whether a tensor-core product equals the emulation's up to accumulation rounding.
+
+    Both add the same exact products (E4M3 x E4M3 is exact in fp32, and so is each product's
+    scaling up to one rounding): the emulation in fp32, the tensor cores in an accumulator of
+    ``ACC_BITS`` significand bits that may truncate (unit roundoff u = 2^(1 - ACC_BITS)).
+    Recursive summation of K terms errs by at most gamma_K(u) sum_k |a_k b_k|, with
+    gamma_K(u) = K u / (1 - K u) (Higham, Accuracy and Stability of Numerical Algorithms,
+    Eq. 3.5), so |diff| <= (gamma_K(u) + 2 K eps32) sum_k |a_k b_k|, the second term for the
+    fp32 sums and scalings on both sides. All K terms count as summed in the short accumulator:
+    where cuBLAS promotes partial sums to fp32 is not documented. The bound is loose (6.7% of
+    sum |a b| at K = 256), so paths are chosen on ``_probe``, where a misread scale moves a
+    product by far more."""
     want = _fp8_gemm_emulated(qa, sa, qb, sb)
     K = qa.shape[1]
-    bound = 2 * K * torch.finfo(torch.float32).eps * (dequantize_groupwise(qa, sa).abs()
-                                                      @ dequantize_groupwise(qb, sb).abs().T)
+    Ku = K * 2.0 ** (1 - ACC_BITS)
+    rel = (Ku / (1 - Ku) if Ku < 1 else math.inf) + 2 * K * torch.finfo(torch.float32).eps
+    bound = rel * (dequantize_groupwise(qa, sa).abs() @ dequantize_groupwise(qb, sb).abs().T)
     return bool(((got - want).abs() <= bound + torch.finfo(torch.float32).tiny).all())
 
 
-def _tensor_core_gemm(qa, sa, qb, sb) -> torch.Tensor | None:
-    """The product on FP8 tensor cores through this device's path, choosing it on the first call; None: emulate."""
-    dev = str(qa.device)
-    M, K = qa.shape
-    N = qb.shape[0]
-    up = lambda n, m: -(-n // m) * m  # noqa: E731
-    (a, sa_), (b, sb_) = _padded(qa, sa, up(M, 16), up(K, BLOCK)), _padded(qb, sb, up(N, 16), up(K, BLOCK))
-    if dev in _PATH:
-        return None if _PATH[dev] == "emulated" else _CUDA_PATHS[_PATH[dev]](a, sa_, b, sb_)[:M, :N]
+def _probe(device) -> tuple[torch.Tensor, ...]:
+    """(qa, sa, qb, sb): the product each device chooses its path on, A and B (32, 256) quantised.
+
+    Two 128-groups along K, so the block-scaled kernel runs: with one group torch matches the
+    scales as row-wise first (ScaledBlas.cpp, ``get_joint_scaling``) and the block-scaled call
+    would go unchecked. Positive entries, so no sum cancels and a misread scale moves every
+    product it enters by its ratio, far beyond ``agrees``'s bound; magnitudes 2^e, e in -2..2
+    drawn per (row, group), so a transposed, swapped or shifted scale reads another value; the
+    second group ramps up along K, so the two groups' sums differ and exchanging their scales
+    shows too."""
+    g = torch.Generator().manual_seed(0)
+    ramp = torch.cat([torch.ones(BLOCK), torch.arange(1, BLOCK + 1) / BLOCK])  # (256,)
+
+    def operand():
+        e = torch.randint(-2, 3, (32, 2), generator=g).repeat_interleave(BLOCK, dim=1)
+        x = (0.5 + torch.rand(32, 2 * BLOCK, generator=g)) * ramp * torch.exp2(e.float())  # (32, K)
+        return quantize_groupwise(x.to(device))
+
+    return (*operand(), *operand())
+
+
+def _choose_path(dev: str, probe: tuple[torch.Tensor, ...]) -> None:
+    """Each tensor-core path on ``probe``; the device keeps the first that runs and agrees."""
     reasons = []
     for name, fn in _CUDA_PATHS.items():
         try:
-            out = fn(a, sa_, b, sb_)[:M, :N]
+            out = fn(*probe)
         except (RuntimeError, ValueError) as e:  # either type, by build: "not supported here"
             reasons.append(f"{name} raised {type(e).__name__}: {' '.join(str(e).split())[:200]}")
             continue
-        if not agrees(out, qa, sa, qb, sb):
-            reasons.append(f"{name} disagreed with the emulation beyond fp32 summation order")
+        if not agrees(out, *probe):
+            reasons.append(f"{name} disagreed with the emulation beyond accumulation rounding")
             continue
         _PATH[dev] = name
         _FALLBACK_REASON[dev] = "; ".join(reasons) or "FP8 tensor cores, fp32 output"
         if reasons:
-            warnings.warn(f"FP8 GEMM on {dev}: {_FALLBACK_REASON[dev]}; using {name}", RuntimeWarning, stacklevel=3)
-        return out
+            warnings.warn(f"FP8 GEMM on {dev}: {_FALLBACK_REASON[dev]}; using {name}",
+                          RuntimeWarning, stacklevel=2)
+        return
     _PATH[dev], _FALLBACK_REASON[dev] = "emulated", "; ".join(reasons)
-    warnings.warn(f"FP8 GEMM on {dev}: {_FALLBACK_REASON[dev]}; computing it emulated (exact products, fp32 sums) "
-                  "from now on", RuntimeWarning, stacklevel=3)
-    return None
+    warnings.warn(f"FP8 GEMM on {dev}: {_FALLBACK_REASON[dev]}; computing it emulated (exact "
+                  "products, fp32 sums) from now on", RuntimeWarning, stacklevel=2)
+
+
+def _tensor_core_gemm(qa, sa, qb, sb) -> torch.Tensor | None:
+    """The product on FP8 tensor cores through this device's path (chosen first); None: emulate."""
+    dev = str(qa.device)
+    if dev not in _PATH:
+        _choose_path(dev, _probe(qa.device))
+    if _PATH[dev] == "emulated":
+        return None
+    M, K = qa.shape
+    N = qb.shape[0]
+    up = lambda n, m: -(-n // m) * m  # noqa: E731
+    a, sa_ = _padded(qa, sa, up(M, 16), up(K, BLOCK))
+    b, sb_ = _padded(qb, sb, up(N, 16), up(K, BLOCK))
+    return _CUDA_PATHS[_PATH[dev]](a, sa_, b, sb_)[:M, :N]
 
 
 def gemm_path(device: str | torch.device) -> dict[str, str]:
@@ -286,13 +332,11 @@ def gemm_path(device: str | torch.device) -> dict[str, str]:
     run's first FP8 GEMM (a bf16_fp8rollout run computes none by then), and a build that refuses a path must be
     recorded as what it computes, not as what it was expected to."""
     device = str(device)
-    g = torch.Generator().manual_seed(0)
-    # K = 256: two 128-groups, so the probe exercises block scales (one group would match row-wise scaling)
-    q, s = quantize_groupwise(torch.randn(32, 2 * BLOCK, generator=g).to(device))
-    if not _has_fp8_tensor_cores(q):
+    probe = _probe(device)
+    if not _has_fp8_tensor_cores(probe[0]):
         return {"path": "emulated", "reason": "no FP8 tensor cores on this device"}
     if device not in _PATH:
-        _gemm(q, s, q, s)
+        _choose_path(device, probe)
     return {"path": _PATH[device], "reason": _FALLBACK_REASON[device]}
 
 
