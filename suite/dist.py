@@ -205,6 +205,20 @@ def gather_objects(obj, world: World) -> list:
     return out
 
 
+def peak_memory_mb(device: torch.device, world: World) -> dict[str, float]:
+    """The largest peak so far over the ranks (MiB; collective), each under its own name: the
+    process's resident set (host memory, on a GPU machine too) and, on a GPU, the caching
+    allocator's peak of allocated bytes, which no resident set contains."""
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    mine = {"memory/peak_rss_mb/max": rss}
+    if device.type == "cuda":
+        mine["memory/cuda_peak_allocated_mb/max"] = torch.cuda.max_memory_allocated(device) / 2**20
+    every = gather_objects(mine, world)
+    return {k: max(r[k] for r in every) for k in mine}
+
+
 def all_reduce(t: torch.Tensor, world: World, op: str = "sum") -> torch.Tensor:
     """In-place all-reduce of a tensor on the world's device (sum, max or min); returns it."""
     if world.distributed:

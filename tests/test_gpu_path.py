@@ -212,7 +212,7 @@ class _RecordingEngine:
     def __init__(self, max_batch):
         self.max_batch, self.calls = max_batch, []
 
-    def generate(self, prompts, max_new_tokens, temperature, top_p, generator):
+    def generate(self, prompts, max_new_tokens, temperature, top_p, generator, logprobs=True):
         from suite.numerics.engine import EOS, Rollout
 
         seeds = (generator.tolist() if isinstance(generator, torch.Tensor)

@@ -245,7 +245,10 @@ def test_validate_refuses_what_vllm_cannot_run():
     with pytest.raises(ValueError, match=r"precision: 'exact' is not supported with engine=vllm.*Supported here: fp32"):
         _cfg("precision=exact")
     for fp8 in ("fp8", "bf16_fp8rollout"):
-        if fp8_capable()[0]:
+        if fp8_capable()[0] and torch.cuda.is_available():  # vLLM's CUDA FP8 groups inputs by 128
+            with pytest.raises(ValueError, match=r"policy.hidden: .*hidden 64.*multiple of 128"):
+                _cfg(f"precision={fp8}")
+        elif fp8_capable()[0]:
             assert _cfg(f"precision={fp8}").precision == fp8
         else:
             with pytest.raises(ValueError, match=rf"precision: '{fp8}' needs an FP8 sampler.*cannot quantise"):

@@ -308,8 +308,11 @@ class TorchEngine:
     # ---- sampling ------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False) -> Rollout:
+                 generator: torch.Generator | torch.Tensor, top_k: int = 0,
+                 keep_dist: bool = False, *, logprobs: bool = True) -> Rollout:
         """Sample one response per prompt (prompts are left padded into one batch).
+        ``logprobs``: the engines' shared interface (vLLM skips them when False); this decode loop
+        has them anyway.
 
         Truncated sampling (``top_p < 1`` or ``top_k > 0``): the token is drawn from the kept set, and the
         recorded log-prob is renormalised over it, as vLLM's processed log-probs are; the kept ids and the kept

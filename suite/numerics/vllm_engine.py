@@ -65,6 +65,7 @@ from pathlib import Path
 
 import torch
 
+from suite.numerics import vllm_state
 from suite.numerics.engine import EOS, PAD, Rollout
 from suite.numerics.precision import Flow, resolve
 
@@ -75,6 +76,12 @@ UNSUPPORTED = {
 }
 # vLLM's online FP8 method for the table's block-scaled FP8 recipe (see the module docstring).
 FP8_METHOD = "fp8_per_block"
+# Its activations are quantised in (1, 128) groups along each linear's input width. On CUDA vLLM
+# 0.32 does this in per_token_group_quant_fp8 (layers/quantization/utils/fp8_utils.py), which
+# asserts width % 128 == 0 at the first forward (start-up), as DeepGEMM's block GEMM requires
+# (utils/deep_gemm.py: should_use_deepgemm_for_fp8_linear); only the CPU path
+# (QuantFP8.forward_native, layers/quantization/input_quant_fp8.py) pads a last partial group.
+FP8_GROUP = 128
 
 
 def device() -> str:
@@ -95,6 +102,19 @@ def fp8_capable() -> tuple[bool, str]:
     # vLLM 0.32's only CPU block-FP8 kernels (CPUFp8W8A8BlockScaledMMKernel, CPUFp8BlockScaledMMKernel in
     # model_executor/kernels/linear/scaled_mm/cpu.py) require AMX tiles; there is no fallback on CPU.
     return bool(torch.cpu._is_amx_tile_supported()), "this CPU has no AMX tiles, which vLLM's CPU FP8 kernels need"
+
+
+def fp8_width_problem(hidden: int, attention: int, mlp: int) -> str | None:
+    """Why vLLM's CUDA block-FP8 linears cannot take these input widths (None: they can):
+    ``hidden`` (q/k/v, gate/up), ``attention`` (heads x head size: the output projection) and
+    ``mlp`` (the down projection)."""
+    widths = {"hidden": hidden, "heads x head size": attention, "mlp": mlp}
+    bad = [f"{k} {v}" for k, v in widths.items() if v % FP8_GROUP]
+    if not bad:
+        return None
+    return (f"vLLM's block-scaled FP8 on CUDA quantises every linear's input in groups of "
+            f"{FP8_GROUP}, and {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a multiple "
+            f"of {FP8_GROUP}")
 
 
 def supported_flows() -> list[str]:
@@ -118,6 +138,14 @@ def check_supported(cfg) -> None:
         raise ValueError(f"precision: '{cfg.precision}' needs an FP8 sampler, and {where} cannot quantise: "
                          f"{fp8_capable()[1]}. Supported here: {', '.join(supported_flows())}; "
                          f"or use engine=torch (FP8 emulation).")
+    pol = cfg.policy
+    embedded = cfg.model == "embedded" and not pol.path
+    why = (flow.sampler_quant == "fp8" and device() == "cuda" and embedded
+           and fp8_width_problem(pol.hidden, pol.heads * (pol.hidden // pol.heads), pol.mlp))
+    if why:
+        raise ValueError(f"policy.hidden: {why}. Set policy.hidden and policy.mlp to multiples of "
+                         f"{FP8_GROUP} (e.g. regime=wide: 256 and 640), or use engine=torch (FP8 "
+                         "emulation) or a non-FP8 precision.")
     if (cfg.sampling.top_p < 1 or cfg.sampling.top_k > 0) and cfg.sampling.temperature != 1.0:
         raise ValueError(f"sampling.temperature: truncated sampling with {where} reads vLLM's raw distribution, taken "
                          "before temperature, so it needs temperature 1 (or use engine=torch).")
@@ -240,8 +268,16 @@ class VllmEngine:
 
         from suite.numerics.engine import eos_ids
 
-        self.eos = eos_ids(AutoConfig.from_pretrained(model_dir))  # skip_tokenizer_init: vLLM cannot read it
-        self.llm = LLM(
+        hf = AutoConfig.from_pretrained(model_dir)
+        self.eos = eos_ids(hf)  # skip_tokenizer_init: vLLM cannot read it
+        heads = hf.num_attention_heads
+        head = getattr(hf, "head_dim", None) or hf.hidden_size // heads
+        why = self.quant == "fp8" and device() == "cuda" and fp8_width_problem(
+            hf.hidden_size, heads * head, hf.intermediate_size)
+        if why:  # before vLLM starts: a model from a directory (the config checks the embedded one)
+            raise ValueError(f"precision: {why} in {model_dir}; use engine=torch (FP8 "
+                             "emulation) or a non-FP8 precision.")
+        args = dict(
             model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,  # ids in, ids out
             dtype=self.dtype, quantization=FP8_METHOD if self.quant == "fp8" else None,
             logprobs_mode="raw_logprobs" if truncating else "processed_logprobs",
@@ -252,13 +288,20 @@ class VllmEngine:
             tensor_parallel_size=vcfg.tensor_parallel_size, enable_sleep_mode=vcfg.enable_sleep_mode,
             **_world_args(world, vcfg.tensor_parallel_size),
         )
-        # With eager mode and an explicit KV cache size vLLM skips its warm-up forward
-        # (CPUWorker._should_warm_up_model), so the first request pays the lazy initialisation
-        # (~30 s measured on CPU). Pay it here, as start-up: one token from one short prompt.
         from vllm import SamplingParams, TokensPrompt
 
-        self.llm.generate([TokensPrompt(prompt_token_ids=[EOS])], SamplingParams(max_tokens=1, detokenize=False),
-                          use_tqdm=False)
+        self._before = vllm_state.record()  # what the start changes process-wide; close() undoes it
+        try:
+            self.llm = LLM(**args)
+            # With eager mode and an explicit KV cache size vLLM skips its warm-up forward
+            # (CPUWorker._should_warm_up_model), so the first request pays the lazy initialisation
+            # (~30 s measured on CPU). Pay it here, as start-up: one token from one short prompt.
+            self.llm.generate([TokensPrompt(prompt_token_ids=[EOS])],
+                              SamplingParams(max_tokens=1, detokenize=False), use_tqdm=False)
+        except BaseException:
+            vllm_state.restore(self._before, dict(os.environ))
+            raise
+        self._started = dict(os.environ)
         self.startup_s = time.perf_counter() - t0
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op because it pins its worker
         # process's threads (v1/worker/cpu_worker.py, init_device); in this process nothing is pinned
@@ -304,10 +347,15 @@ class VllmEngine:
 
     # ---- sampling ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False) -> Rollout:
+                 generator: torch.Generator | torch.Tensor, top_k: int = 0,
+                 keep_dist: bool = False, *, logprobs: bool = True) -> Rollout:
         """One response per prompt; temperature 0 is greedy decoding. ``generator``: the batch's generator,
         or (B,) per-sequence seeds (sampling.sequence_seeds), each request's own seeded stream. Truncated sampling
-        and ``keep_dist`` need an engine started with ``truncating`` (every token's log-prob is returned)."""
+        and ``keep_dist`` need an engine started with ``truncating`` (every token's log-prob is
+        returned).
+        ``logprobs=False``: the tokens only (an evaluation grades text): vLLM builds no log-prob
+        object per token (AIME mean@32 at 8,192 tokens: 16 M of them) and applies top-p / top-k
+        itself; the log-probs are zeros."""
         from vllm import SamplingParams, TokensPrompt
 
         from suite.numerics import truncation
@@ -316,12 +364,13 @@ class VllmEngine:
             self._wake()
         seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
                  else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
-        full = truncation.active(top_p, top_k) or keep_dist
+        full = logprobs and (truncation.active(top_p, top_k) or keep_dist)
+        asked = (-1 if full else 0) if logprobs else None  # -1: every token's; 0: the sampled one's
         if full and not (self.truncating and temperature == 1.0):
             raise ValueError("engine=vllm: truncated sampling (or the full distribution) needs an engine started with "
                              "truncating=True and temperature 1 (vLLM's raw log-probs are taken before temperature)")
         params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0,
-                                 max_tokens=max_new_tokens, seed=s, logprobs=-1 if full else 0,
+                                 max_tokens=max_new_tokens, seed=s, logprobs=asked,
                                  stop_token_ids=self.eos, detokenize=False) for s in seeds]
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
         B, R = len(prompts), max(len(o.outputs[0].token_ids) for o in outs)
@@ -339,8 +388,10 @@ class VllmEngine:
                     d[t, list(step)] = torch.tensor([x.logprob for x in step.values()])
                 dists.append(d)
                 lp = [0.0] * len(ids)  # filled below from the distribution
-            else:  # logprobs=0 returns the sampled token's (processed) log-prob for every position.
+            elif logprobs:  # logprobs=0: the sampled token's (processed) log-prob at every position
                 lp = [step[t].logprob for step, t in zip(c.logprobs, ids)]
+            else:
+                lp = [0.0] * len(ids)
             tokens[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
             logps[b, :len(ids)] = torch.tensor(lp, dtype=torch.float32)
             mask[b, :len(ids)] = 1.0
@@ -363,6 +414,7 @@ class VllmEngine:
             llm.llm_engine.engine_core.shutdown()
             del llm
         cleanup_dist_env_and_memory()
+        vllm_state.restore(self._before, self._started)  # the trainer computes as before the start
 
 
 def _from_distribution(roll: Rollout, dist: torch.Tensor, top_p: float, top_k: int, keep_dist: bool) -> Rollout:

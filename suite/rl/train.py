@@ -97,7 +97,9 @@ def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
                 seeds = torch.randint(0, 2**31 - 1, (len(chunk),), generator=gen)
                 part = torch.arange(len(chunk)).tensor_split(world.size // tp)[world.rank // tp]
                 rows, chunk, seeds = [i + int(k) for k in part], [chunk[int(k)] for k in part], seeds[part]
-            roll = engine.generate(chunk, max_new_tokens, settings["temperature"], settings["top_p"], seeds)
+            # Graded as text: no per-token log-probs (vLLM applies the published top-p itself).
+            roll = engine.generate(chunk, max_new_tokens, settings["temperature"],
+                                   settings["top_p"], seeds, logprobs=False)
             texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
             mine = grade(task, [items[r // n] for r in rows], texts, roll.truncated, workers)  # as the rollouts are
             if world is not None and world.distributed:
@@ -444,7 +446,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
                           "time/update_s": t_update - t_logp, "time/other_s": t_end - t_update,
                           "time/step_s": t_end - t0, "throughput/sampler_tok_s": n_tok / (t_sample - t0),
                           "throughput/trainer_tok_s": n_tok / (t_update - t_sample),
-                          "memory/peak_rss_mb/max": max(dist.gather_objects(peak_memory_mb(trainer.device), world)),
+                          **dist.peak_memory_mb(trainer.device, world),
                           **flops.step_rates(model.config, n_matmul, n_tok, B, ids.shape[1], t_sample - t0,
                                              t_update - t_sample, forwards=2 if ref is not None else 1)}
                 if world.main:
@@ -477,15 +479,6 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
 
         after_run(run_dir, console)
     return run_dir
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    """This rank's peak memory so far: the device allocator's on a GPU, the process's peak RSS on the CPU."""
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def write_summary(run_dir: Path, cfg, error: str | None) -> dict:
