@@ -17,7 +17,7 @@ PKG = "suite"
 # The pipeline's stages, in import order: a module may import its own stage, the stages before it and
 # the shared modules; the shared modules import only each other; the command line imports anything.
 STAGES = ("numerics", "tasks", "rl", "analysis", "experiments")
-SHARED = ("names", "locations", "console", "results", "dist", "lifetime")
+SHARED = ("names", "locations", "console", "packed", "results", "dist", "lifetime")
 ENTRY = ("cli", "__main__")
 
 

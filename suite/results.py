@@ -8,6 +8,9 @@ Layout (rliable/openrlbenchmark conventions; run names follow cleanrl's `env__al
         summary.json    `summarize(metrics)`: peak/final accuracy, mismatch, verdict
         env.json        `env_info(...)`: git sha + dirty flag, versions, hardware, dtypes
 
+A committed reference may hold ``metrics.jsonl.xz`` (and the other per-step logs) in the place
+of the plain file (suite/packed.py); every reader here takes either form.
+
 Reports and the leaderboard are pure functions of these four files, so every file is
 self-describing (`schema_version`) and written so that a kill at any instant leaves
 either the old or the new content, never half of it:
@@ -41,6 +44,7 @@ from importlib import metadata
 from pathlib import Path
 
 from suite.locations import reference_root
+from suite.packed import read_jsonl, read_log, run_file  # noqa: F401 -- read_jsonl re-exported
 
 SCHEMA_VERSION = 1
 
@@ -169,30 +173,6 @@ def append_jsonl(path, row: dict) -> None:
         f.write(line)
         f.flush()
         os.fsync(f.fileno())
-
-
-def read_jsonl(path) -> list[dict]:
-    """Rows of a JSONL file. An unparsable *last* line is a write torn by a kill and is
-    dropped; an unparsable line anywhere else is corruption and raises ValueError."""
-    path = Path(path)
-    lines = path.read_bytes().split(b"\n")
-    # Index of the last non-blank line: only that one may be torn.
-    last = max((i for i, raw in enumerate(lines) if raw.strip()), default=-1)
-    rows = []
-    for i, raw in enumerate(lines):
-        if not raw.strip():
-            continue
-        try:
-            # Decode per line: a torn multi-byte character must only spoil its own line.
-            row = json.loads(raw.decode("utf-8"))
-            if not isinstance(row, dict):
-                raise ValueError(f"expected a JSON object, got {type(row).__name__}")
-        except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
-            if i == last:
-                break
-            raise ValueError(f"{path}: line {i + 1} is corrupt ({e}); only the last line may be torn") from e
-        rows.append(row)
-    return rows
 
 
 def truncate_jsonl(path, max_step: int) -> int:
@@ -426,8 +406,8 @@ def write_summary(run_dir, config: dict, error: str | None = None) -> dict:
     writer for outside loops (suite/analysis/bundle.py) both end a run here, and the leaderboard recomputes
     the same thing, so a summary is a pure function of the per-step rows and the config."""
     run_dir = Path(run_dir)
-    rows = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").exists() else []
-    timing = {r["step"]: r for r in read_jsonl(run_dir / "timing.jsonl")} if (run_dir / "timing.jsonl").exists() else {}
+    rows = read_log(run_dir, "metrics.jsonl", missing_ok=True)
+    timing = {r["step"]: r for r in read_log(run_dir, "timing.jsonl", missing_ok=True)}
     merged = [{**r, **timing.get(r["step"], {})} for r in rows]
     summary = summarize(merged, total_steps=config["steps"], threshold=config.get("threshold", 0.95), error=error)
     summary.update({"run": run_dir.name, **{k: config.get(k) for k in ("task", "algorithm", "precision", "seed", "tier")},
@@ -448,7 +428,7 @@ def load_run(run_dir) -> dict:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"load_run: run directory {run_dir} does not exist")
-    missing = [f for f in RUN_FILES if not (run_dir / f).is_file()]
+    missing = [f for f in RUN_FILES if run_file(run_dir, f) is None]  # metrics.jsonl may be .xz
     if missing:
         raise FileNotFoundError(f"load_run: {run_dir} is missing {', '.join(missing)}")
     out = {}
@@ -469,7 +449,7 @@ def load_run(run_dir) -> dict:
 
 # ---- which directories are runs -------------------------------------------------------------
 def _is_run_dir(d: Path) -> bool:
-    return bool(RUN_NAME.match(d.name)) and any((d / f).is_file() for f in (*RUN_FILES, "error.txt"))
+    return bool(RUN_NAME.match(d.name)) and any(run_file(d, f) for f in (*RUN_FILES, "error.txt"))
 
 
 def find_run_dirs(root: Path, depth: int = 3) -> list[Path]:

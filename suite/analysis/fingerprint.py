@@ -26,6 +26,7 @@ from rich.table import Table
 from suite.analysis.reproduce import REFERENCE_ROOT, invariants, known_classes
 from suite.locations import refuse_installed, where_to_get_references
 from suite.numerics import machine
+from suite.packed import read_bytes
 from suite.results import atomic_write_json, read_jsonl
 
 SCHEMA = 1
@@ -51,7 +52,7 @@ def compute(gemm: str = "auto", workdir: Path | None = None, console: Console | 
             cfg = cfgmod.load(overrides(flow, gemm, out))
             console.print(f"fingerprint: {flow} ({cfg.steps} smoke steps)")
             run_dir = run(cfg, Console(quiet=True))
-            data = (run_dir / "metrics.jsonl").read_bytes()
+            data = read_bytes(run_dir / "metrics.jsonl")
             flows[flow] = {"sha256": hashlib.sha256(data).hexdigest(),
                            "steps": [{k: r.get(k) for k in ("step", *KEYS)} for r in read_jsonl(run_dir / "metrics.jsonl")]}
         inv = invariants(out / "fingerprint")

@@ -23,12 +23,12 @@ import numpy as np
 from suite.analysis import collapse, render
 from suite.analysis.runs import load_runs
 from suite.analysis.stats import bootstrap_ci, finite, mean_std
+from suite.packed import read_log
 from suite.results import (
     PEAK_WINDOW,
     REFERENCE_ROOT,
     VERDICT_RULE,
     display_path,
-    read_jsonl,
 )
 
 
@@ -86,8 +86,7 @@ def with_arms(runs, field: str | None) -> list:
 
 
 def _mech(run) -> list[dict]:
-    path = Path(run.dir) / "mechanism.jsonl"
-    return read_jsonl(path) if path.is_file() else []
+    return read_log(run.dir, "mechanism.jsonl", missing_ok=True)
 
 
 def _fmt_ms(values, spec: str, unit: str = "") -> str:

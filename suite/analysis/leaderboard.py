@@ -47,6 +47,7 @@ from pathlib import Path
 
 from suite.analysis import board, bundle, reported, stats
 from suite.numerics import machine
+from suite.packed import run_file
 from suite.results import (
     SCHEMA_VERSION,
     VERDICT_RULE,
@@ -89,7 +90,7 @@ def find_bundles(results_dir: Path) -> list[Path]:
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise ValueError(f"leaderboard: {results_dir} is not a directory")
-    if any((results_dir / f).exists() for f in BUNDLE_FILES):
+    if any(run_file(results_dir, f) for f in BUNDLE_FILES):
         return [results_dir]
     return [b for d in sorted(results_dir.iterdir()) if d.is_dir() and not d.name.startswith(".")
             for b in find_bundles(d)]
@@ -105,7 +106,7 @@ def _read_json(path: Path):
 def validate_run(run_dir: Path) -> dict:
     """The leaderboard record of one run directory, or ``Rejected`` with the first reason."""
     run_dir = Path(run_dir)
-    missing = [f for f in BUNDLE_FILES if not (run_dir / f).is_file()]
+    missing = [f for f in BUNDLE_FILES if run_file(run_dir, f) is None]  # a log may be NAME.xz
     if missing:
         raise Rejected(f"missing {', '.join(missing)}")
     summary, env, cfg_file = (_read_json(run_dir / f) for f in ("summary.json", "env.json", "config.json"))

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from suite.locations import where_to_get_references
 from suite.numerics import machine
+from suite.packed import locate, read_bytes, read_log
 from suite.results import (
     REFERENCE_ROOT,
     atomic_write_json,
     atomic_write_text,
     display_path,
     find_run_dirs,
-    read_jsonl,
 )
 
 ORDER = ("fp32", "fp16", "bf16", "bf16_fp8rollout")  # step-0 mismatch, smallest first, on every machine
@@ -76,10 +76,11 @@ def rel_diff(a, b) -> float | None:
 
 
 def first_difference(a: Path, b: Path) -> str:
-    """'identical', or the first step whose metrics.jsonl line differs."""
-    if not a.is_file() or not b.is_file():
+    """'identical', or the first step whose metrics.jsonl line differs. Either side may be stored
+    as .xz (suite/packed.py): the decompressed bytes are compared."""
+    if locate(a) is None or locate(b) is None:
         return "missing"
-    la, lb = a.read_bytes().splitlines(), b.read_bytes().splitlines()
+    la, lb = read_bytes(a).splitlines(), read_bytes(b).splitlines()
     if la == lb:
         return "identical"
     for i, (x, y) in enumerate(zip(la, lb)):
@@ -118,7 +119,7 @@ def invariants(root: Path) -> list[dict]:
     if exact:
         bad = []
         for d in exact:
-            rows = read_jsonl(d / "metrics.jsonl") if (d / "metrics.jsonl").is_file() else []
+            rows = read_log(d, "metrics.jsonl", missing_ok=True)
             nonzero = [r["step"] for r in rows if r.get("mismatch/kl_k3") != 0.0 or r.get("mismatch/prob_diff/max") != 0.0]
             if nonzero or not rows:
                 bad.append(f"{d.name}: {'no steps' if not rows else f'non-zero at steps {nonzero[:5]}'}")

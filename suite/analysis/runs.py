@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from suite.analysis import bundle
-from suite.results import RUN_NAME, SCHEMA_VERSION, find_run_dirs, read_jsonl, summarize
+from suite.packed import read_bytes, read_log, run_file
+from suite.results import RUN_NAME, SCHEMA_VERSION, find_run_dirs, summarize
 
 
 # ---------------------------------------------------------------------------- loading
@@ -63,10 +64,13 @@ def _read_json(path: Path, problems: list[str], versioned: bool = False):
     return obj
 
 
-def _tail(path: Path, lines: int = 20) -> str | None:
-    if not path.is_file():
+def _tail(run_dir: Path, name: str, lines: int = 20) -> str | None:
+    """The last ``lines`` lines of a run's text file ``name`` (log.txt may be NAME.xz), or None."""
+    path = run_file(run_dir, name)
+    if path is None:
         return None
-    return "\n".join(path.read_text(encoding="utf-8", errors="replace").rstrip().splitlines()[-lines:])
+    text = read_bytes(path).decode("utf-8", errors="replace")
+    return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
 def load_bundle(run_dir: Path, root: Path) -> Run:
@@ -78,13 +82,12 @@ def load_bundle(run_dir: Path, root: Path) -> Run:
     env = _read_json(run_dir / "env.json", problems, versioned=True)
     metrics = []
     try:
-        metrics = read_jsonl(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-        if (run_dir / "timing.jsonl").is_file():
-            timing = {r.get("step"): r for r in read_jsonl(run_dir / "timing.jsonl")}
+        metrics = read_log(run_dir, "metrics.jsonl", missing_ok=True)
+        if timing := {r.get("step"): r for r in read_log(run_dir, "timing.jsonl", missing_ok=True)}:
             metrics = [{**r, **timing.get(r.get("step"), {})} for r in metrics]
     except ValueError as e:
         problems.append(str(e))
-    detail = _tail(run_dir / "error.txt")
+    detail = _tail(run_dir, "error.txt")
     error = (summary or {}).get("error") or (detail.splitlines()[-1] if detail else None)
     if summary is None:
         # Killed before summary.json was written: the summary is a pure function of the metrics.
@@ -94,7 +97,7 @@ def load_bundle(run_dir: Path, root: Path) -> Run:
                                 error=error or (None if metrics else "no metrics were written"))
         else:
             summary = {"verdict": "incomplete", "steps_done": len(metrics)}
-        detail = detail or _tail(run_dir / "log.txt")
+        detail = detail or _tail(run_dir, "log.txt")
         problems.append("summary recomputed from metrics.jsonl" if cfg else "no summary and no config")
     m = RUN_NAME.match(run_dir.name)
     ident = {**m.groupdict(), **{k: (cfg or {}).get(k) for k in ("task", "algorithm", "precision", "seed") if cfg},

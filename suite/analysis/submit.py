@@ -25,7 +25,8 @@ from suite.results import atomic_write_json
 
 MANIFEST = "submission.json"
 SCHEMA = 1
-LEFT_OUT = ("ckpt", "policy", "log.txt", "error.txt", "report", "leaderboard")  # large or not evidence
+# Large or not evidence (log.txt also as committed, .xz).
+LEFT_OUT = ("ckpt", "policy", "log.txt", "log.txt.xz", "error.txt", "report", "leaderboard")
 
 
 def _sha256(path: Path) -> str:

@@ -27,7 +27,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from suite.experiments.bench_memory import plan_markdown
-from suite.results import REFERENCE_ROOT, atomic_write_text, read_jsonl
+from suite.packed import read_log
+from suite.results import REFERENCE_ROOT, atomic_write_text
 from suite.rl.plan import markdown as plan_table
 
 REPO = REFERENCE_ROOT.parents[1]
@@ -79,7 +80,7 @@ def _runs(cls: str, grid: str = "sanity") -> tuple[tuple[Path, dict], ...]:
 
 @lru_cache(maxsize=None)
 def _rows(run_dir: Path, name: str) -> tuple[dict, ...]:
-    return tuple(read_jsonl(run_dir / name))
+    return tuple(read_log(run_dir, name))  # plain or .xz (suite/packed.py)
 
 
 def _flow_runs(cls: str, flow: str) -> list[tuple[Path, dict]]:

@@ -1,0 +1,200 @@
+"""Per-step logs stored as .xz (suite/packed.py, scripts/compact_results.py): every reader gets the
+same bytes and records as from the plain file, the reproduction check still compares byte for byte,
+and the compaction is deterministic, idempotent and stays within its budgets."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import lzma
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from suite import packed
+from suite.analysis import leaderboard, reproduce
+from suite.analysis.runs import load_runs
+from suite.results import find_run_dirs, load_run, read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURE = REPO / "tests" / "fixtures" / "results-2seeds"  # real runs: metrics, timing, log.txt
+RUN = "arith__grpo__fp16__s0"
+MIB = 1 << 20
+
+
+def _script():
+    path = REPO / "scripts" / "compact_results.py"
+    spec = importlib.util.spec_from_file_location("compact_results", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _pack_run(run_dir: Path) -> None:
+    """Store a run's per-step logs as the compaction does: NAME.xz in the place of NAME."""
+    for name in packed.PER_STEP_LOGS:
+        plain = run_dir / name
+        if plain.is_file():
+            (run_dir / (name + packed.SUFFIX)).write_bytes(packed.compress(plain.read_bytes()))
+            plain.unlink()
+
+
+@pytest.fixture
+def pair(tmp_path):
+    """A fresh copy of the fixture grid and a reference copy of it whose logs are compressed."""
+    fresh, ref = tmp_path / "fresh", tmp_path / "ref"
+    shutil.copytree(FIXTURE, fresh)
+    shutil.copytree(FIXTURE, ref)
+    for d in find_run_dirs(ref):
+        _pack_run(d)
+    return fresh, ref
+
+
+# ---- reading --------------------------------------------------------------------------------
+def test_read_log_gives_the_same_records_and_lines_from_plain_and_xz(pair):
+    fresh, ref = pair
+    assert packed.run_file(ref / RUN, "metrics.jsonl") == ref / RUN / "metrics.jsonl.xz"
+    assert not (ref / RUN / "metrics.jsonl").exists()
+    for name in ("metrics.jsonl", "timing.jsonl"):
+        plain = packed.read_log(fresh / RUN, name)
+        assert plain and plain == packed.read_log(ref / RUN, name) == read_jsonl(ref / RUN / name)
+    log = packed.read_log(ref / RUN, "log.txt")
+    assert log and log == (fresh / RUN / "log.txt").read_text().splitlines()
+    want = (fresh / RUN / "metrics.jsonl").read_bytes()
+    assert packed.read_bytes(ref / RUN / "metrics.jsonl") == want
+    assert packed.read_log(ref / RUN, "mechanism.jsonl", missing_ok=True) == []
+    with pytest.raises(FileNotFoundError, match="mechanism.jsonl.xz"):
+        packed.read_log(ref / RUN, "mechanism.jsonl")
+
+
+def test_a_torn_last_line_is_dropped_and_a_broken_stream_named(tmp_path):
+    xz = tmp_path / "metrics.jsonl.xz"
+    xz.write_bytes(packed.compress(b'{"step": 0}\n{"step": 1}\n{"st'))
+    assert packed.read_log(tmp_path, "metrics.jsonl") == [{"step": 0}, {"step": 1}]
+    xz.write_bytes(b"not xz")
+    with pytest.raises(ValueError, match="metrics.jsonl.xz: not a readable .xz file"):
+        packed.read_log(tmp_path, "metrics.jsonl")
+    # A plain file next to a compressed one is what a run wrote last: it is the one read.
+    (tmp_path / "metrics.jsonl").write_text('{"step": 7}\n')
+    assert packed.read_log(tmp_path, "metrics.jsonl") == [{"step": 7}]
+
+
+def test_compressed_runs_are_found_loaded_and_summarized_like_plain_ones(pair):
+    fresh, ref = pair
+    assert [d.name for d in find_run_dirs(ref)] == [d.name for d in find_run_dirs(fresh)]
+    a, b = ({r.label: r for r in load_runs(root)} for root in (fresh, ref))
+    assert a.keys() == b.keys()
+    assert all(a[k].metrics == b[k].metrics and a[k].summary == b[k].summary for k in a)
+    assert load_run(ref / RUN)["metrics"] == load_run(fresh / RUN)["metrics"]
+    # A run killed before its summary: the report shows the tail of its (compressed) log.txt.
+    (ref / RUN / "summary.json").unlink()
+    (run,) = [r for r in load_runs(ref) if r.label == RUN]
+    assert run.detail and run.detail.splitlines()[-1] == packed.read_log(ref / RUN, "log.txt")[-1]
+
+
+def test_the_leaderboard_validates_a_bundle_stored_as_xz(pair):
+    fresh, ref = pair
+    assert leaderboard.find_bundles(ref / RUN) == [ref / RUN]
+    got, want = (leaderboard.validate_run(root / RUN) for root in (ref, fresh))
+    assert got["summary"] == want["summary"] and got["curves"] == want["curves"]
+
+
+# ---- the reproduction check -----------------------------------------------------------------
+def test_a_rerun_is_compared_byte_for_byte_with_a_compressed_reference(pair):
+    fresh, ref = pair
+    assert {r["metrics"] for r in reproduce.compare(fresh, ref)} == {"identical"}
+    assert {r["metrics"] for r in reproduce.compare(ref, fresh)} == {"identical"}
+    ok = [i["ok"] for i in reproduce.invariants(fresh)]
+    assert [i["ok"] for i in reproduce.invariants(ref)] == ok
+    # One byte moved in the fresh run is found at its step, against the decompressed reference:
+    # the last mantissa digit of a number, so that the line stays valid JSON.
+    path = fresh / RUN / "metrics.jsonl"
+    lines = path.read_bytes().splitlines(keepends=True)
+    i = next(j for j, line in enumerate(lines) if j >= 3 and b"e-0" in line)
+    pos = lines[i].index(b"e-0") - 1
+    digit = b"0123456789"[(lines[i][pos] - ord("0") + 1) % 10]
+    lines[i] = lines[i][:pos] + bytes([digit]) + lines[i][pos + 1:]
+    path.write_bytes(b"".join(lines))
+    rows = {r["run"]: r["metrics"] for r in reproduce.compare(fresh, ref)}
+    assert rows.pop(RUN) == f"differs from step {json.loads(lines[i])['step']}"
+    assert set(rows.values()) == {"identical"}
+
+
+# ---- the compaction -------------------------------------------------------------------------
+def _repo(root: Path, sizes: dict[str, int]) -> Path:
+    """A git checkout with one run of ``rows`` JSONL rows per grid under results/reference/cls/,
+    plus a source log outside a run directory and a ledger, which must stay as they are."""
+    rng = random.Random(0)
+    for grid, rows in sizes.items():
+        run = root / "results" / "reference" / "cls" / grid / "arith__grpo__bf16__s0"
+        run.mkdir(parents=True)
+        (run / "config.json").write_text("{}\n")
+        lines = [json.dumps({"step": s, "mismatch/kl_k3": rng.random() * 1e-4}) + "\n"
+                 for s in range(rows)]
+        (run / "metrics.jsonl").write_text("".join(lines))
+        (run / "log.txt").write_text("".join(f"step {s}\n" for s in range(rows)))
+        (run / "source").mkdir()
+        (run / "source" / "metrics.jsonl").write_text(lines[0])
+    (root / "results" / "gate").mkdir(parents=True)
+    (root / "results" / "gate" / "ledger.jsonl").write_text('{"a": 1}\n')
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    subprocess.run(["git", "-C", str(root), "add", "-A"], check=True)
+    return root
+
+
+def _xz_files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.xz"))}
+
+
+def _is_log(path: Path) -> bool:
+    return path.name in packed.PER_STEP_LOGS and path.parent.name != "source"
+
+
+def test_compaction_is_deterministic_idempotent_and_within_its_budgets(tmp_path):
+    compact = _script().compact
+    sizes = {"big": 4000, "mid": 2500, "small": 1000}
+    a, b = _repo(tmp_path / "a", sizes), _repo(tmp_path / "b", sizes)
+    files = [p for p in a.rglob("*") if p.is_file() and ".git" not in p.parts]
+    originals = {p: p.read_bytes() for p in files}
+    plain = {g: sum(len(data) for p, data in originals.items() if g in p.parts and _is_log(p))
+             for g in sizes}
+    budget = (plain["big"] + plain["small"] + 100) / MIB  # room for big and small, not mid too
+    said = []
+    done = compact(a, budget, 20, say=said.append)
+    assert done["grids"] == ["reference/cls/big", "reference/cls/small"]
+    assert done["left"] == ["reference/cls/mid"]
+    assert done["removed"] == plain["big"] + plain["small"] <= budget * MIB
+    assert done["tree_after"] == done["tree_before"] - done["removed"] + done["added"]
+    assert any("left for later: reference/cls/mid" in s for s in said) and "tree" in said[-1]
+    for path, data in originals.items():  # every log given back byte for byte; nothing else moved
+        if _is_log(path) and "mid" not in path.parts:
+            xz = path.with_name(path.name + ".xz")
+            assert not path.exists() and lzma.decompress(xz.read_bytes()) == data
+        else:
+            assert path.read_bytes() == data
+    # The added-bytes budget leaves a grid whose .xz would not fit, for a later run.
+    tight = compact(a, budget, done["added"] / 10 / MIB, say=said.append)
+    assert tight["grids"] == [] and tight["left"] == ["reference/cls/mid"]
+    # The same command again goes on with what is left; once nothing is left it changes no byte.
+    assert compact(a, budget, 20, say=said.append)["grids"] == ["reference/cls/mid"]
+    first = _xz_files(a)
+    again = compact(a, budget, 20, say=said.append)
+    assert again["grids"] == again["left"] == [] and again["removed"] == 0
+    assert _xz_files(a) == first and said[-1].endswith("(nothing left to compress)")
+    # Deterministic: another checkout of the same files gives the same .xz bytes.
+    for _ in range(2):
+        compact(b, budget, 20, say=said.append)
+    assert _xz_files(b) == first
+
+
+def test_compaction_refuses_bad_arguments_before_touching_a_file(tmp_path):
+    compact = _script().compact
+    repo = _repo(tmp_path / "r", {"g": 10})
+    with pytest.raises(ValueError, match="--budget-mib"):
+        compact(repo, 0, 20, say=lambda s: None)
+    with pytest.raises(ValueError, match="--grid: no plain per-step logs in reference/cls/typo"):
+        compact(repo, 10, 20, grids=["reference/cls/typo"], say=lambda s: None)
+    assert not list(repo.rglob("*.xz"))
