@@ -47,15 +47,17 @@ def tree_bytes(repo: Path) -> int:
 
 
 def per_step_logs(repo: Path) -> dict[str, list[Path]]:
-    """Grid -> its tracked per-step logs still stored plain, in path order. A log counts only in a
-    run directory (next to a config.json): an outside framework's source log keeps its bytes."""
+    """Grid -> its per-step logs still stored plain, in path order ([] for a grid whose logs are all
+    compressed). A log counts only in a run directory (next to a config.json): an outside
+    framework's source log keeps its bytes."""
     grids: dict[str, list[Path]] = {}
-    for path in _git_files(repo, "--cached", "--", "results"):
-        in_run = (path.parent / "config.json").is_file()
-        if path.name in PER_STEP_LOGS and path.is_file() and in_run:
+    for path in _git_files(repo, "--cached", "--others", "--exclude-standard", "--", "results"):
+        in_run = path.is_file() and (path.parent / "config.json").is_file()
+        if path.name.removesuffix(SUFFIX) in PER_STEP_LOGS and in_run:
             rel = path.relative_to(repo / "results").parts
-            grids.setdefault("/".join(rel[:min(GRID_DEPTH, len(rel) - 2)]), []).append(path)
-    return grids
+            files = grids.setdefault("/".join(rel[:min(GRID_DEPTH, len(rel) - 2)]), [])
+            files += [path] if path.name in PER_STEP_LOGS else []
+    return {grid: sorted(files) for grid, files in grids.items()}
 
 
 def _packed(files: list[Path]) -> dict[Path, bytes]:
@@ -77,13 +79,15 @@ def compact(repo: Path, budget_mib: float, added_mib: float, grids: list[str] | 
     found = per_step_logs(repo)
     unknown = sorted(set(grids or ()) - set(found))
     if unknown:
-        raise ValueError(f"--grid: no plain per-step logs in {', '.join(unknown)} "
+        raise ValueError(f"--grid: no per-step logs in {', '.join(unknown)} "
                          f"(grids with some: {', '.join(sorted(found)) or 'none'})")
     size = {g: sum(p.stat().st_size for p in files) for g, files in found.items()}
     before = tree_bytes(repo)
     done = {"tree_before": before, "removed": 0, "added": 0, "grids": [], "left": []}
     for grid in sorted(set(grids or found), key=lambda g: (-size[g], g)):
         mib = size[grid] / MIB
+        if not found[grid]:
+            continue  # compressed by an earlier run
         if done["removed"] + size[grid] > budget_mib * MIB:
             done["left"].append(grid)
             say(f"left for later: {grid} ({mib:.2f} MiB would pass --budget-mib {budget_mib})")
