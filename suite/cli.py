@@ -30,9 +30,9 @@ def _configs(args: list[str]):
 
     from suite.rl import config
 
-    cfg = config.load(args)
+    cfg, origins = config.load_layers(args)
     torch.set_num_threads(cfg.threads)
-    return cfg
+    return cfg, origins
 
 
 def cmd_run(args: list[str]) -> int:
@@ -42,11 +42,11 @@ def cmd_run(args: list[str]) -> int:
     from suite import dist
     from suite.rl.train import run
 
-    cfg = _configs(args)
+    cfg, origins = _configs(args)
     world = dist.from_env()
     if world is None and cfg.nproc * cfg.nnodes > 1:  # `suite run nproc=N`: torchrun starts N ranks of this command
         return dist.launch(["run", *args], cfg.nproc, cfg.nnodes)
-    run_dir = run(cfg, _console())
+    run_dir = run(cfg, _console(), origins=origins)
     return _print_summary(run_dir) if world is None or world["rank"] == 0 else 0
 
 
@@ -65,7 +65,7 @@ def cmd_perfectible(args: list[str]) -> int:
     from suite.rl import perfectible
     from suite.rl.data import prepare_data
 
-    cfg = _configs(args)
+    cfg, _ = _configs(args)
     console = _console()
     _, data_dir = prepare_data(cfg, console)
     _, prov = perfectible.load(data_dir)
@@ -428,10 +428,9 @@ def usage() -> str:
 
 
 def _config_help(command: str, args: list[str]) -> int | None:
-    """``--help`` and ``--cfg job`` (the resolved, validated config) for the commands that take config
-    fields; None when neither was asked."""
+    """``--help`` and ``--cfg job`` (the resolved, validated config, each field's layer after
+    ``#``) for the commands that take config fields; None when neither was asked."""
     import dataclasses
-    import json
 
     if "-h" in args or "--help" in args:
         from suite.experiments import listing
@@ -439,13 +438,13 @@ def _config_help(command: str, args: list[str]) -> int | None:
         print(listing.config_help(command, COMMANDS[command].__doc__ or ""))
         return 0
     if "--cfg" in args:
-        from suite.rl import config
+        from suite.rl import config, layers
 
         i = args.index("--cfg")
         if args[i + 1:i + 2] != ["job"]:
             raise ValueError("--cfg: only `--cfg job` (the resolved config of this command line) is supported")
-        cfg = config.load(args[:i] + args[i + 2:])
-        print(json.dumps(dataclasses.asdict(cfg), indent=2))
+        cfg, origins = config.load_layers(args[:i] + args[i + 2:])
+        print(layers.render(dataclasses.asdict(cfg), origins))
         return 0
     return None
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from suite import cli
 from suite.rl import config
@@ -40,7 +41,9 @@ def test_help_lists_every_config_field_with_its_docstring(command, capsys):
 
 def test_cfg_job_prints_the_resolved_config(capsys):
     assert cli.main(["run", "tier=smoke", "precision=bf16", "--cfg", "job"]) == 0
-    printed = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    printed = yaml.safe_load(out)  # YAML, each value's layer in a comment (suite/rl/layers.py)
+    assert "precision: bf16  # command line\n" in out and "  lr: 0.0001  # tier smoke\n" in out
     want = dataclasses.asdict(config.load(["tier=smoke", "precision=bf16"]))
     assert printed == want and printed["precision"] == "bf16" and printed["steps"] == want["steps"]
 
@@ -272,7 +275,7 @@ def test_a_flag_that_names_a_field_is_refused_with_the_spelling_to_use(command, 
 ])
 def test_case_and_one_element_lists_are_translated(argv, field, want, capsys):
     assert cli.main(["run", "tier=smoke", *argv, "--cfg", "job"]) == 0
-    got = json.loads(capsys.readouterr().out)[field]
+    got = yaml.safe_load(capsys.readouterr().out)[field]
     assert got == want if not isinstance(want, dict) else {k: got[k] for k in want} == want
 
 

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+import yaml
 from test_run import _kill_at
 
 from suite import cli
@@ -123,7 +124,8 @@ def test_recipe_file_is_applied_first_and_the_command_line_wins(tmp_path, capsys
     assert (cfg.algo.agg, cfg.algo.clip_high, cfg.optim.lr, tuple(cfg.optim.betas), cfg.sampling.temperature) == \
         ("token-mean", 0.28, 1e-5, (0.9, 0.99), 0.9)
     assert cli.main(["run", "--cfg", "job", "tier=smoke", f"recipe={path}"]) == 0
-    assert json.loads(capsys.readouterr().out)["optim"]["lr"] == 3e-5
+    out = capsys.readouterr().out
+    assert yaml.safe_load(out)["optim"]["lr"] == 3e-5 and f"  lr: 3.0e-05  # recipe {path}\n" in out
 
 
 def test_bad_recipe_files_are_refused_with_one_line(tmp_path, capsys):

@@ -121,6 +121,8 @@ def test_hydra_sweep_records_a_crash_goes_on_and_a_rerun_runs_only_what_is_missi
 
     assert sweep.main(args) == 1
     assert _summary(good)["verdict"] != "incomplete"  # ran after the crash
+    origins = json.loads((good / "config.json").read_text())["config_origins"]  # suite/rl/layers.py
+    assert origins["seed"] == "command line" and origins["steps"] == "tier smoke"
     s = _summary(bad)
     assert s["verdict"] == "incomplete" and "CorruptCheckpoint" in s["error"]
     assert "Traceback" in (bad / "error.txt").read_text()

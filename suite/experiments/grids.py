@@ -208,7 +208,7 @@ def catalogue(reference_root) -> list[dict]:
     import itertools
     import json
 
-    from suite.rl import config
+    from suite.rl import config, layers
 
     times = _reference_times(reference_root)
     jobs = {}
@@ -220,8 +220,9 @@ def catalogue(reference_root) -> list[dict]:
     for name in GRIDS:
         g = get(name)
         cells = [dict(zip(g["axes"], v)) for v in itertools.product(*g["axes"].values())]
-        cfgs = [config.resolve(config.from_plain(
-            [*(o for o in g["overrides"] if "${" not in o), *(f"{k}={v}" for k, v in c.items())])) for c in cells]
+        fixed = [o for o in g["overrides"] if "${" not in o]
+        plain = [[*fixed, *(f"{k}={v}" for k, v in c.items())] for c in cells]
+        cfgs = [config.resolve(config.from_plain(ov), layers.given(ov)) for ov in plain]
         per_class = {}
         for cls in sorted({p.parent.name for p in reference_root.glob("*/reference.json")}):
             if (cls, name) in jobs:

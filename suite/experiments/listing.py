@@ -181,9 +181,11 @@ def config_help(command: str, doc: str) -> str:
         inspect.cleandoc(doc), "",
         "Fields are key=value (Hydra's override syntax), never --key value; a list field takes [a,b], and one",
         "name alone is a one-element list. recipe=FILE.yaml applies a YAML mapping of fields first and the",
-        "command line wins (suite ls recipes; docs/recipes.md). --cfg job prints the resolved config.", "",
+        "command line wins (suite ls recipes; docs/recipes.md). --cfg job prints the resolved",
+        "config, each value's layer in a comment (suite/rl/layers.py).", "",
         "Config fields (key=default; the tier fills what is not given):",
         *field_help(RunConfig),
         *section("Algorithms (algorithm=NAME: what each name computes; the kernels: suite/rl/algos.py):", "algorithms"),
-        *section("Regimes (regime=NAME: applied on top of the tier, to every field still at its default):", "regimes"),
+        *section("Regimes (regime=NAME: over the tier, task file and preset, under what you set):",
+                 "regimes"),
         *section("Tiers (tier=NAME: the values it gives every field left at None):", "tiers")])

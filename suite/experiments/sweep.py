@@ -218,10 +218,12 @@ def run_cell(job_cfg) -> dict:
     from omegaconf import OmegaConf
 
     from suite import dist
+    from suite.rl import layers
     from suite.rl.train import run
 
-    cfg = cfgmod.validate(cfgmod.resolve(OmegaConf.to_object(job_cfg)))
-    cell = Cell(list(HydraConfig.get().overrides.task), cfg)
+    overrides = list(HydraConfig.get().overrides.task)  # the grid's, a recipe's, the command line's
+    cfg, origins = cfgmod.resolve_layers(OmegaConf.to_object(job_cfg), layers.given(overrides))
+    cell = Cell(overrides, cfgmod.validate(cfg))
     world = dist.from_env()
     if world is not None and world["rank"] != 0:
         return _run_other_rank(cell, world)
@@ -240,7 +242,7 @@ def run_cell(job_cfg) -> dict:
                 error = (read_summary(cell) or {}).get("error") or f"process exited with code {code}"
         else:
             try:
-                run(cfg, console)
+                run(cfg, console, origins=origins)
             except Exception as e:  # train.run has written error.txt and an incomplete summary
                 error = f"{type(e).__name__}: {e}"
                 console.print(traceback.format_exc())

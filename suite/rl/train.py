@@ -143,8 +143,9 @@ def batch_tensors(prompt_ids: list[list[int]], tokens: torch.Tensor, mask: torch
 
 
 # ---- run directory, checkpoints -------------------------------------------------------------
-def claim_run_dir(run_dir: Path, cfg_dict: dict) -> None:
-    """Create the run dir, or check that an existing one holds this very config."""
+def claim_run_dir(run_dir: Path, cfg_dict: dict, origins: dict | None = None) -> None:
+    """Create the run dir, or check that an existing one holds this very config; ``origins``
+    (config.load_layers) is recorded beside the config as ``config_origins``, outside the hash."""
     path = run_dir / "config.json"
     if path.exists():
         old = json.loads(path.read_text())
@@ -154,16 +155,14 @@ def claim_run_dir(run_dir: Path, cfg_dict: dict) -> None:
                                  f"choose another name=..., or delete that directory")
         return
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"config_hash": config_hash(cfg_dict), "config": cfg_dict})
+    atomic_write_json(path, {"config_hash": config_hash(cfg_dict), "config": cfg_dict,
+                             **({"config_origins": origins} if origins else {})})
 
 
 def _diff(a: dict, b: dict, prefix: str = "") -> str:
-    for k in sorted(set(a) | set(b)):
-        if k in ("out", "name") and not prefix:
-            continue
+    for k in sorted((set(a) | set(b)) - (set() if prefix else {"out", "name"})):  # where, not what
         if isinstance(a.get(k), dict) and isinstance(b.get(k), dict):
-            d = _diff(a[k], b[k], prefix + k + ".")
-            if d:
+            if d := _diff(a[k], b[k], prefix + k + "."):
                 return d
         elif a.get(k) != b.get(k):
             return f"{prefix}{k}: {a.get(k)!r} there, {b.get(k)!r} now"
@@ -206,7 +205,7 @@ def build_engines(cfg, model, world: dist.World | None = None):
     return trainer, engine, backends
 
 
-def run(cfg, console: Console | None = None) -> Path:
+def run(cfg, console: Console | None = None, origins: dict | None = None) -> Path:
     """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated.
 
     Under torchrun or srun (suite/dist.py) every rank calls this; rank 0 alone writes the bundle.
@@ -216,12 +215,12 @@ def run(cfg, console: Console | None = None) -> Path:
         plan.check_rank(cfg)  # refused before any compute when the memory plan exceeds this rank's device
         world = dist.init(cfg.nproc, cfg.nnodes)
         try:
-            return _run(cfg, world, console or Console())
+            return _run(cfg, world, console or Console(), origins)
         finally:
             dist.close(world)
 
 
-def _run(cfg, world: dist.World, console: Console) -> Path:
+def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) -> Path:
     torch.set_num_threads(cfg.threads)
     if not world.main:
         console = Console(quiet=True)
@@ -234,7 +233,7 @@ def _run(cfg, world: dist.World, console: Console) -> Path:
         raise RunDirConflict(f"out: {run_dir} is inside the committed reference results ({REFERENCE_ROOT}), which runs "
                              "never write; run elsewhere (default out=runs) and promote a finished grid with `suite reference`")
     if world.main:
-        claim_run_dir(run_dir, cfg_dict)
+        claim_run_dir(run_dir, cfg_dict, origins)
     if dist.broadcast_object(complete, world):
         console.print(f"{run_dir}: already complete")
         return run_dir
