@@ -341,10 +341,10 @@ def cmd_import(args: list[str]) -> int:
 
 
 def cmd_doctor(args: list[str]) -> int:
-    """suite doctor [out=DIR]: the machine acceptance table (placement, dtypes, mismatch order, FP8 path, fp16 overflow,
-    FSDP2 vs plain, kill and resume, memory plan) measured here, in DIR/doctor.json (default runs/doctor); exit 1 on a fail."""
+    """suite doctor [out=DIR]: the acceptance table (placement, dtypes, mismatch order, FP8 path,
+    FP4 quantisers, fp16 overflow, FSDP2 = plain, kill + resume, memory plan), measured here, in
+    DIR/doctor.json (default runs/doctor); exit 1 on a fail."""
     from suite.experiments import doctor
-
     return doctor.main(args)
 
 

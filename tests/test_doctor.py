@@ -21,8 +21,9 @@ def test_doctor_passes_on_this_machine(tmp_path):
 
     checks = {r["check"] for r in rows}
     assert {f"placement {f}" for f in FLOWS} | {f"dtypes {f}" for f in FLOWS} <= checks
-    assert {"mismatch order", "mismatch fp8 unified", "fp8 gemm", "fp16 overflow", "fsdp2 = plain",
-            "kill + resume", "memory plan"} <= checks
+    assert {"mismatch order", "mismatch fp8 unified", "fp8 gemm", "fp4 quantisers",
+            "mismatch fp4 rollout", "fp16 overflow", "fsdp2 = plain", "kill + resume",
+            "memory plan"} <= checks
     order = next(r for r in rows if r["check"] == "mismatch order")["measured"]
     assert order.startswith("exact 0.00e+00 < fp32")  # the measured values are in the table, in order
     assert "suite doctor: " in p.stdout and f"{len(rows)}/{len(rows)} pass" in p.stdout
@@ -40,6 +41,7 @@ def test_a_failing_check_is_a_failing_row_and_exit_1(tmp_path, monkeypatch):
     assert doctor.main([f"out={tmp_path}"]) == 1
     rows = json.loads((tmp_path / "doctor.json").read_text())["rows"]
     assert [(r["check"], r["ok"]) for r in rows] == [("placement fp32", True), ("fp8 gemm", True),
+                                                     ("fp4 quantisers", True),
                                                      ("fp16 overflow", True), ("runs", False),
                                                      ("memory plan", True)]  # a failing check ends no table
     assert "illegal memory access" in rows[-2]["measured"]

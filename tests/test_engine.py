@@ -98,11 +98,15 @@ def test_run_engines_follow_the_table(tiny_model, name, lm_head_fp32):
     assert trainer.scaler.enabled == flow.loss_scaling
     assert {v.dtype for v in engine.w.values()} == {flow.sampler_dtype}
     linears = {k for k in trainer.model.state_dict() if k.endswith("_proj.weight")}
-    if flow.sampler == "fp8":  # every decoder linear, and nothing else, holds E4M3 weights
+    if flow.sampler_quant:  # every decoder linear, and nothing else, holds quantised weights
         assert {k for k in engine.wq} == {k for k in engine.cast_weights(trainer.model.state_dict(), True)
                                           if k.endswith("_proj.weight")}
-        assert all(q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 for q, s in engine.wq.values())
         assert not any(k.endswith("_proj.weight") for k in engine.w)
+    if flow.sampler == "fp8":  # E4M3 with fp32 block scales
+        assert all(q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32
+                   for q, s in engine.wq.values())
+    elif flow.fp4:  # the FP4 format the table names (suite/numerics/fp4.py)
+        assert {w.fmt for w in engine.wq.values()} == {flow.sampler}
     else:
         assert engine.wq == {}
     if engine.backend == "emulated":  # the fp32 copies hold exactly the rounded values
@@ -236,7 +240,9 @@ def test_controls_stay_out_of_the_main_grids():
     from suite.numerics.precision import main_flows
 
     assert {n for n, f in FLOWS.items() if f.control} == {"bf16_unified", "fp16_unified"}
-    assert main_flows() == [n for n in FLOWS if n not in ("bf16_unified", "fp16_unified")]
+    # the 4-bit flows are a study of their own, out of the main grids too (tests/test_fp4.py)
+    assert main_flows() == [n for n, f in FLOWS.items() if n not in ("bf16_unified", "fp16_unified")
+                            and not f.fp4]
     assert grids.get("sanity")["axes"]["precision"] == main_flows()
 
 

@@ -23,7 +23,7 @@ ENGINE_CODE_FLOWS = [n for n, f in FLOWS.items() if f.exact or f.unified]
 def test_a_trainer_off_the_cpu_scores_a_cpu_batch_on_its_device(flow):
     """The run hands the trainer CPU ids/attention/targets (the rollout's); every flow moves them to the rank's
     device in one place, and the replay engine of the exact flow is built there (its inv_freq and eos too)."""
-    assert flow in ("exact", "fp8", "bf16_unified", "fp16_unified")
+    assert flow in ("exact", "fp8", "nvfp4a4", "bf16_unified", "fp16_unified")
     model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
     trainer = Trainer(model, resolve(flow), "native", config.load(["tier=smoke"]).optim,
                       world=dist.World(device="meta"))
@@ -191,7 +191,7 @@ def test_a_deterministic_run_records_it_and_computes_the_same_on_cpu(tmp_path, m
     assert (dirs[True] / "metrics.jsonl").read_bytes() == (dirs[False] / "metrics.jsonl").read_bytes()
 
 
-@pytest.mark.parametrize("precision", ["bf16", "fp8"])
+@pytest.mark.parametrize("precision", ["bf16", "fp8", "bf16_nvfp4a4rollout", "nvfp4a4"])
 def test_tools_without_a_launcher_compute_on_the_hosts_device(monkeypatch, precision):
     """suite mismatch, attribute, gate and bench build their engines without a launcher's World: they get the device
     a run gets (here a stand-in GPU, the meta device), not the CPU silently on a GPU machine."""
@@ -204,6 +204,26 @@ def test_tools_without_a_launcher_compute_on_the_hosts_device(monkeypatch, preci
     trainer, engine, _ = build_engines(cfg, model)  # as suite/experiments/bench.py's step-0 mismatch does
     assert trainer.device.type == "meta" and engine.device == "meta"
     assert next(trainer.model.parameters()).device.type == "meta"
+
+
+@pytest.mark.parametrize("flow", [n for n, f in FLOWS.items() if f.fp4])
+def test_a_4bit_sampler_quantises_at_sync_and_computes_on_its_device(flow):
+    """The FP4 rollout flows' sampler (suite/numerics/fp4.py) quantises the synced weights on its
+    device and computes there, the per-token activation quantiser of the W4A4 rows included."""
+    from suite.numerics import fp4
+    from suite.numerics.engine import TorchEngine
+
+    model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
+    engine = TorchEngine(model.config, resolve(flow).sampler_dtype, "native", device="meta",
+                         quant=resolve(flow).sampler_quant)
+    engine.sync(model.state_dict())  # CPU weights in, as a run syncs the trainer's
+    assert engine.wq and all(isinstance(v, fp4.SamplerWeight) and v.operand.device.type == "meta"
+                             for v in engine.wq.values())
+    assert not any(k.endswith("_proj.weight") for k in engine.w)
+    ids = torch.randint(3, 20, (2, 5))
+    logp, ent = engine.score(ids.to("meta"), torch.ones(2, 5, dtype=torch.bool, device="meta"),
+                             ids[:, -2:].to("meta"), 1.0)
+    assert logp.device.type == "meta" and logp.shape == (2, 2) and ent.shape == (2, 2)
 
 
 class _RecordingEngine:

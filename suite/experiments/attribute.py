@@ -70,6 +70,9 @@ def stack_of(precision: str, engine: str = "torch") -> tuple[str, ...]:
     if flow.exact or flow.unified or flow.trainer_quant:
         raise ValueError(f"precision: {precision} trains through the sampler's code; attribute a flow whose trainer is "
                          "the HF module (bf16, fp16, fp32, bf16_fp8rollout, ...)")
+    if flow.fp4:  # the sources toggle FP8 weights only: a 4-bit sampler would be measured as bf16
+        raise ValueError(f"precision: {precision} has a 4-bit sampler, which suite attribute "
+                         "has no source for; measure it with `suite mismatch`")
     return tuple(s for s in SOURCES if s != "fp8_weights" or flow.sampler_quant == "fp8")
 
 

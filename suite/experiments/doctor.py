@@ -10,6 +10,8 @@ suite reports depends on, each row measured here and now:
   exact = 0 < fp32 < fp16 < bf16 < bf16_fp8rollout, and the unified FP8 flow below the FP8-rollout baseline;
 - **fp8 gemm**: which FP8 GEMM path this device runs (``torch._scaled_mm`` on FP8 tensor cores, else the
   emulation) and that it agrees with the emulation up to the FP8 accumulator's rounding;
+- **fp4 quantisers**: NVFP4 and MXFP4 round trips on this device against hand-computed codes, and
+  the FP4 GEMM path (the emulation on every GPU before Blackwell); W4A16 rollouts' k3 above FP8's;
 - **fp16 overflow**: an overflowing fp16 backward skips the step, halves the loss scale, keeps the weights;
 - **fsdp2 = plain**: a 1-rank FSDP2 run under torchrun writes the metrics of a plain process, value for value;
 - **kill + resume**: a run SIGKILLed mid-way and rerun ends with the uninterrupted run's metrics,
@@ -38,7 +40,7 @@ from rich.table import Table
 
 from suite.rl.schema import RunConfig
 
-# The ordering the mantissa bits predict (arXiv 2510.26788, Table 1: bf16's k3 ~24x fp16's), and the unified
+# The ordering the mantissa bits predict (bf16 keeps 8 significand bits, fp16 11), and the unified
 # FP8 flow below the FP8-rollout baseline (Jet-RL, arXiv 2601.14243).
 ORDER = ("exact", "fp32", "fp16", "bf16", "bf16_fp8rollout")
 RUN_ARGS = ["tier=smoke", "steps=4", "ckpt_every=2", "precision=fp16"]
@@ -123,9 +125,15 @@ def check_flows(out: Path, model, prompts) -> list[Row]:
         rows.append(Row("mismatch fp8 unified", k3["fp8"] < k3["bf16_fp8rollout"],
                         f"fp8 {k3['fp8']:.2e} vs bf16_fp8rollout {k3['bf16_fp8rollout']:.2e} "
                         f"({k3['fp8'] / k3['bf16_fp8rollout']:.3g}x)", "fp8 < bf16_fp8rollout"))
+    w4 = [n for n in ("bf16_nvfp4rollout", "bf16_mxfp4rollout") if n in k3]
+    if w4 and "bf16_fp8rollout" in k3:  # 1 mantissa bit in the weights against FP8's 3 (fp4.py)
+        fp8 = k3["bf16_fp8rollout"]
+        rows.append(Row("mismatch fp4 rollout", all(k3[n] > fp8 for n in w4),
+                        ", ".join(f"{n} {k3[n]:.2e}" for n in w4) + f" vs fp8 rollout {fp8:.2e}",
+                        "W4A16 rollouts > bf16_fp8rollout"))
     if k3.get("fp16"):
         rows.append(Row("mismatch bf16 / fp16", k3["bf16"] > k3["fp16"], f"{k3['bf16'] / k3['fp16']:.1f}x in k3",
-                        "> 1 (3 fewer mantissa bits; published: ~24x in k3)"))
+                        "> 1 (bf16 keeps 3 fewer mantissa bits)"))
     return rows
 
 
@@ -143,6 +151,30 @@ def check_fp8_gemm() -> list[Row]:
     ok = fp8.agrees(got, qa, sa, qb, sb)  # the same exact products, summed otherwise
     return [Row("fp8 gemm", ok, f"{path}; max |diff| {float((got - want).abs().max()):.1e} vs emulation",
                 f"agrees with the emulation up to a {fp8.ACC_BITS}-bit accumulator's rounding")]
+
+
+# Hand-computed round trips (the rules: suite/numerics/fp4.py's docstring). NVFP4, one block of 16:
+# amax 12 gives s_t = 2688 / 12 = 224 and the block scale 12 / 6 * 224 = 448, so code = x / 2: 5 ->
+# 2.5 and 7 -> 3.5 are ties (to the even codes 2 and 4), -0.375 -> -0.5, 0.65 -> 0.5, 0.15 -> 0.
+# MXFP4, one block of 32: amax 7 gives 2^(floor(log2 7) - 2) = 1: 7 saturates to 6, -2.5 ties to -2.
+FP4_PROBES = {"nvfp4": ([12, 5, 7, -0.75, 1.3, 0.3, 0], [6, 2, 4, -0.5, 0.5, 0, 0]),
+              "mxfp4": ([7, 1, -2.5, 0.2, 0.75, -5, 0], [6, 1, -2, 0, 1, -4, 0])}
+
+
+def check_fp4() -> list[Row]:
+    """The FP4 quantisers on this device against hand-computed codes; its FP4 GEMM path."""
+    from suite.numerics import fp4
+
+    dev, got = _device(), {}
+    for fmt, (x, _) in FP4_PROBES.items():
+        q = fp4.quantize(torch.tensor([x], dtype=torch.float32, device=dev), fmt)
+        got[fmt] = q.codes[0].cpu().tolist()
+    ok = all(got[f] == want for f, (_, want) in FP4_PROBES.items())
+    p = fp4.gemm_path(dev)
+    measured = "; ".join(f"{f} codes {c}" for f, c in got.items())
+    measured += f"; gemm {p['path']} ({p['reason']})"
+    want = "; ".join(f"{f} codes {[float(c) for c in w]}" for f, (_, w) in FP4_PROBES.items())
+    return [Row("fp4 quantisers", ok, measured, want)]
 
 
 def check_fp16_overflow(model) -> list[Row]:
@@ -265,6 +297,7 @@ def run_doctor(out: Path, console: Console) -> list[Row]:
     _, model, prompts = _setup(out, console)
     rows: list[Row] = []
     checks = [("flows", lambda: check_flows(out / "flows", model, prompts)), ("fp8 gemm", check_fp8_gemm),
+              ("fp4 quantisers", check_fp4),
               ("fp16 overflow", lambda: check_fp16_overflow(model)), ("runs", lambda: check_fsdp_and_resume(out)), ("memory plan", check_memory_plan)]
     for name, fn in checks:
         console.print(f"[dim]doctor: {name} ...[/]")

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from suite.numerics import moe, truncation
+from suite.numerics import fp4, moe, truncation
 from suite.numerics.fp8 import fake_quant_kv, fp8_linear, fp8_linear_inference, quantize_blockwise
 from suite.numerics.perturbation import NoiseStream, Perturbation, perturb
 from suite.numerics.precision import lowp_attention, lowp_linear
@@ -132,7 +132,8 @@ class TorchEngine:
         self.routes_seen: list[torch.Tensor] = []
         # quant="fp8": every decoder linear holds block-scaled E4M3 weights, quantised at each sync
         # from the trainer's weights rounded to the sampler dtype (bf16), the input vLLM's online FP8
-        # quantisation receives too, and quantises its input per 1x128 group.
+        # quantisation receives too, and quantises its input per 1x128 group. An FP4 name
+        # (fp4.FORMATS: nvfp4, mxfp4; the a4 variants quantise activations too): the same in 4 bits.
         self.quant = quant
         # functional_cache: grow K/V by concatenation instead of writing a preallocated cache, so the
         # same code can run under autograd (the `exact` flow trains through this very forward).
@@ -164,11 +165,13 @@ class TorchEngine:
         """Load the trainer's current weights, cast to the sampler dtype (no disk round trip)."""
         w = self.cast_weights(state_dict, detach=True)
         self.wq = {}
-        if self.quant == "fp8":
+        if self.quant:
             # The bf16 copy, as vLLM's loader gets it (suite/numerics/vllm_engine.py): both FP8 samplers quantise
             # the same values, so they hold the same E4M3 codes.
             for k in [k for k in w if k.endswith(("_proj.weight",))]:
-                self.wq[k] = quantize_blockwise(w.pop(k))  # (fp8 (N, K), fp32 block scales)
+                wk = w.pop(k)  # FP8: (fp8 (N, K), fp32 block scales); FP4: an fp4.SamplerWeight
+                self.wq[k] = (quantize_blockwise(wk) if self.quant == "fp8"
+                              else fp4.quantize_weight(wk, self.quant))
         head = state_dict.get("lm_head.weight", state_dict["model.embed_tokens.weight"])  # tied embeddings
         # The fp32 output head (option lm_head_fp32) is the master weight itself, not a rounded copy.
         self.head32 = head.detach().to(self.device, torch.float32, copy=True) if self.lm_head_fp32 else None
@@ -200,8 +203,14 @@ class TorchEngine:
 
     def _lin(self, x, name):
         if name + ".weight" in self.fp8_master:  # training: quantise the master inside autograd (Jet-RL)
+            if self.quant != "fp8":  # quantisation-aware FP4: the sampler's forward, STE gradients
+                return fp4.FP4LinearSTE.apply(x, self.fp8_master[name + ".weight"],
+                                              self.w.get(name + ".bias"), self.dtype, self.quant)
             return fp8_linear(x, self.fp8_master[name + ".weight"], self.w.get(name + ".bias"), self.dtype)
         if name + ".weight" in self.wq:
+            if self.quant != "fp8":
+                return fp4.fp4_linear(x, self.wq[name + ".weight"], self.w.get(name + ".bias"),
+                                      self.dtype)
             qw, sw = self.wq[name + ".weight"]
             return fp8_linear_inference(x, qw, sw, self.w.get(name + ".bias"), self.dtype)
         w, b = self.w[name + ".weight"], self.w.get(name + ".bias")
@@ -375,11 +384,12 @@ class TorchEngine:
     def training_weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Weights for a differentiable forward from the trainer's fp32 masters (casts kept in the
         graph); FP8 layers get their fp32 master holding the values of its bf16 rounding (what ``sync``
-        quantises), with the gradient passed straight through to the master, quantised inside ``fp8_linear``."""
+        quantises), with the gradient passed straight through to the master, quantised inside
+        ``fp8_linear`` (FP4 layers: ``fp4.FP4LinearSTE``)."""
         w = self.cast_weights(params, detach=False)
         if self.lm_head_fp32:
             w["lm_head.fp32"] = params.get("lm_head.weight", params["model.embed_tokens.weight"])
-        if self.quant == "fp8":
+        if self.quant:
             master = self.cast_weights(params, detach=False, dtype=torch.float32)
             for k in [k for k in w if k.endswith("_proj.weight")]:
                 m = master[k]

@@ -19,7 +19,12 @@ if TYPE_CHECKING:
 TORCH_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16",
                 # fp8: FP8 GEMMs in every decoder linear layer; everything else (attention, norms, the
                 # output head, activations between operators) in bf16, as DeepSeek-V3 and Jet-RL do.
-                "fp8": "bfloat16"}
+                "fp8": "bfloat16",
+                # 4-bit samplers (suite/numerics/fp4.py): NVFP4 / MXFP4 weights in every decoder
+                # linear layer ("a4": their inputs too); everything else in bf16.
+                **dict.fromkeys(("nvfp4", "nvfp4a4", "mxfp4", "mxfp4a4"), "bfloat16")}
+# The samplers that quantise their decoder linear layers (the others cast weights to the dtype).
+QUANTISED = ("fp8", "nvfp4", "nvfp4a4", "mxfp4", "mxfp4a4")
 
 
 @dataclass(frozen=True)
@@ -55,11 +60,16 @@ class Flow:
 
     @property
     def trainer_quant(self) -> str | None:
-        return "fp8" if self.trainer == "fp8" else None
+        return self.trainer if self.trainer in QUANTISED else None
 
     @property
     def sampler_quant(self) -> str | None:
-        return "fp8" if self.sampler == "fp8" else None
+        return self.sampler if self.sampler in QUANTISED else None
+
+    @property
+    def fp4(self) -> bool:
+        """A 4-bit sampler: a flow of its own study, left out of the main grids (``main_flows``)."""
+        return self.sampler_quant not in (None, "fp8")
 
     def describe(self) -> dict:
         """The resolved precision, as recorded in env.json and the config."""
@@ -78,6 +88,19 @@ FLOWS: dict[str, Flow] = {
              "quantiser in the sampler and in the trainer's forward and backward GEMMs", unified=True),
         Flow("bf16_fp8rollout", "bf16", "fp8", False, "the common baseline (verl, slime, NeMo-RL, OpenRLHF): "
              "bf16 trainer, sampler FP8-quantised at every weight sync"),
+        # 4-bit rollouts (suite/numerics/fp4.py): bf16_fp8rollout with the sampler's weights in
+        # NVFP4 (NVIDIA, 2025) or MXFP4 (OCP MX v1.0) at every sync; "a4": W4A4, inputs too.
+        *[Flow(f"bf16_{q}rollout", "bf16", q, False, note) for q, note in [
+            ("nvfp4", "sampler weights in NVFP4 at every sync (W4A16: blocks of 16, E4M3 block "
+                      "scales, an fp32 tensor scale; NVIDIA)"),
+            ("nvfp4a4", "NVFP4 W4A4 sampler: weights and each linear layer's input in NVFP4, "
+                        "per-token tensor scales (the 4-bit rollouts SkyRL v0.5.0 reports on)"),
+            ("mxfp4", "sampler weights in MXFP4 at every sync (W4A16: blocks of 32, power-of-two "
+                      "E8M0 scales; OCP MX v1.0)"),
+            ("mxfp4a4", "MXFP4 W4A4 sampler: weights and each linear layer's input in MXFP4")]],
+        Flow("nvfp4a4", "nvfp4a4", "nvfp4a4", False, "quantisation-aware NVFP4 W4A4 (Jet-RL's "
+             "unified flow, NeMo-RL's QARL): the trainer's forward is the sampler's, quantised "
+             "alike, with straight-through gradients into the fp32 masters", unified=True),
         Flow("exact", "bf16", "bf16", False, "bitwise on-policy: the trainer replays the sampler's decode loop "
              "(same kernels, same shapes); mismatch exactly 0, at the cost of a sequential training forward", True),
         # Controls for the trainer's numerics (issue: science round 2). bf16/fp16 train the HF module under
@@ -104,8 +127,9 @@ def kv_quant(choice: str) -> str | None:
 
 
 def main_flows() -> list[str]:
-    """The flows of the main grids (sanity, precision ablation): every row but the controls."""
-    return [n for n, f in FLOWS.items() if not f.control]
+    """The flows of the main grids (sanity, precision ablation): every row but the controls and the
+    4-bit rollouts (a study of their own: the main job's cells stay those of the references)."""
+    return [n for n, f in FLOWS.items() if not (f.control or f.fp4)]
 
 
 def resolve(name: str) -> Flow:

