@@ -179,8 +179,15 @@
   function poiCell(e) {
     var i = e.improvement || {};
     if (!isNum(i.p)) return el("span", { class: "ci", title: i.why || "", text: "\u2013" });
-    return [el("span", { class: "v", text: i.p.toFixed(2) }),
-            el("span", { class: "ci", text: "[" + i.lo.toFixed(2) + ", " + i.hi.toFixed(2) + "] n=" + i.n_x + " vs " + i.n_y })];
+    var seeds = " n=" + i.n_x + " vs " + i.n_y;
+    // A zero-width bootstrap interval is what separated samples give, not certainty: say so.
+    var ci = i.degenerate ? "no interval (every resample alike)" : "[" + i.lo.toFixed(2) + ", " + i.hi.toFixed(2) + "]";
+    var kids = [el("span", { class: "v", text: i.p.toFixed(2) }), el("span", { class: "ci", text: ci + seeds })];
+    if (isNum(i.perm_p)) {
+      kids.push(el("span", { class: "ci exact", title: "one-sided exact permutation test of final accuracy; its smallest possible p with these seeds is " +
+        i.perm_min_p.toFixed(3) + "; Fisher's exact test on pass counts p = " + i.fisher_p.toFixed(2), text: "exact p=" + i.perm_p.toFixed(2) }));
+    }
+    return kids;
   }
 
   function verdictBadge(e) {
@@ -205,11 +212,15 @@
   }
 
   var COLS = {
-    rank: ["#", true, function (e) { return e.rank === null ? "\u2013" : String(e.rank); }],
+    rank: ["#", true, function (e) {
+      if (e.rank === null) return "\u2013";
+      return el("span", { title: e.tied > 1 ? "tied with " + (e.tied - 1) + " other entr" + (e.tied > 2 ? "ies" : "y") + ": not separated by an exact test" : "",
+                          text: (e.tied > 1 ? "=" : "") + e.rank });
+    }],
     recipe: ["Algorithm", false, recipeCell],
     precision: ["Precision flow", false, function (e) { return el("span", { class: "prec", text: e.precision }); }],
     final: ["Final acc (IQM) [95% CI] n", true, function (e) { return statCell(e, "accuracy/final"); }],
-    poi: ["P(> fp16) [95% CI]", true, poiCell],
+    poi: ["P(> fp16) [95% CI] exact p", true, poiCell],
     verdict: ["Verdict", true, verdictBadge],
     k3: ["Step-0 k3 KL", true, function (e) { return statCell(e, "mismatch/step0/kl_k3"); }],
     status: ["Reproduction", false, statusBadge],
@@ -278,6 +289,16 @@
       }
       kids.push(table(pair[0], list));
     });
+    if ((b.literature || []).length) {
+      // Generated from the ranks: where this board's order agrees with, ties or reverses the published one.
+      var fields = b.setting.differs.map(function (d) { return d.field + " (" + d.here + " here, " + d.published + " published)"; });
+      kids.splice(1, 0, el("div", { class: "literature" }, [el("h3", { text: "Beside the literature" }),
+        el("p", { class: "muted small", text: "Each line compares a pair of flows by their own exact test. This board differs from the published setting in " +
+          (fields.length ? fields.join(", ") : "nothing recorded") + ": a disagreement may come from any of these." }),
+        el("ul", {}, b.literature.map(function (l) {
+          return el("li", { class: "lit " + l.verdict }, [el("span", { class: "badge lit-" + l.verdict, text: l.verdict }), " " + l.text]);
+        }))]));
+    }
     if (!b.ranked.length) {
       kids.splice(1, 0, el("p", { class: "notice no-rank", text: "Nothing is ranked on this board: no recipe here has " + DATA.min_seeds +
         " seeds that reproduce with today's code. The entries are listed with the reason." }));
@@ -352,7 +373,7 @@
     if (e.algorithm_meaning) {
       root.appendChild(el("p", { class: "algo-words" }, [el("strong", { text: "Algorithm " + e.algorithm + ": " }), e.algorithm_meaning.words]));
     }
-    var place = e.rank !== null ? "ranked #" + e.rank + (e.reproduction.status === "stale" ? " among the entries that no longer reproduce" : "") : "not ranked: " + e.why;
+    var place = e.rank !== null ? "ranked #" + (e.tied > 1 ? e.rank + ", tied with " + (e.tied - 1) + " other" + (e.tied > 2 ? "s" : "") : e.rank) + (e.reproduction.status === "stale" ? " among the entries that no longer reproduce" : "") : "not ranked: " + e.why;
     root.appendChild(el("p", { class: "placing" }, [el("strong", { text: "Standing: " }), place, " ", statusBadge(e)]));
     root.appendChild(el("p", { class: "muted small", text: "Reproduction: " + e.reproduction.why }));
     root.appendChild(el("div", { class: "facts" }, [
