@@ -338,6 +338,7 @@ def grpo_args(cfg, output_dir: str) -> GRPOConfig:
     eps, eps_high = a.clip_low if a.clip_low is not None else eps, a.clip_high if a.clip_high is not None else eps_high
     unmapped = [f"algo.{k}" for k in ("C", "agg", "advantage") if getattr(a, k) is not None]
     unmapped += [f"algo.{k}" for k, v in (("entropy_coef", a.entropy_coef), ("kl_estimator", a.kl_estimator != "k3")) if v]
+    unmapped += ["algo.score_centering"] if a.score_centering else []  # TRL's loss has no centring
     # HF's schedulers warm up from 0 and decay over all updates; ours warms up from lr/(w+1): not the same rates.
     unmapped += [f"optim.{k}" for k, v in (("schedule", cfg.optim.schedule != "constant"),
                                            ("warmup_steps", cfg.optim.warmup_steps)) if v]
@@ -361,6 +362,7 @@ def run(cfg, console=None) -> Path:
     """Train the suite's sanity test of ``cfg`` (a validated suite config) with TRL; return the bundle."""
     from suite.console import make_console
     from suite.numerics.engine import eos_ids
+    from suite.rl import config as cfgmod
     from suite.rl import perfectible
     from suite.rl.data import prepare_data
     from suite.rl.policy import load_policy
@@ -371,9 +373,10 @@ def run(cfg, console=None) -> Path:
     items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
     model, tok = load_policy(model_dir)
     task = get_task(cfg.task, cfg.data, cfg.include_path)
+    suite_config = {k: v for k, v in cfgmod.to_dict(cfg).items() if k not in ("out", "name")}
     meta = {"task": cfg.task, "algorithm": cfg.algorithm, "precision": cfg.precision, "seed": cfg.seed,
             "threshold": cfg.threshold, "tier": cfg.tier, "model": cfg.model, "policy": dataclasses.asdict(cfg.policy),
-            "recipe": {"suite_config": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("out", "name")}},
+            "recipe": {"suite_config": suite_config},
             "env_extra": {"engine": "trl: transformers generate", "task": {"name": task.name, "version": task.version},
                           "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(items)},
                           "policy": {"path": str(model_dir), "params": sum(p.numel() for p in model.parameters())}}}

@@ -24,8 +24,6 @@ and attention run through ``precision.lowp_linear`` / ``lowp_attention`` (see pr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 
@@ -35,67 +33,8 @@ from suite.numerics.perturbation import NoiseStream, Perturbation, perturb
 from suite.numerics.precision import lowp_attention, lowp_linear
 from suite.numerics.sampling import draw, uniforms
 
-# The embedded tokenizer's special ids (suite/rl/policy.py builds it with them): the sampler pads with PAD
-# and stops at EOS. Defined here, the lower module, so the policy imports the sampler and not the reverse.
-PAD, BOS, EOS = 0, 1, 2
-
-
-@dataclass
-class Rollout:
-    """A batch of sampled responses. Shapes: B sequences, R = longest response."""
-
-    prompt_ids: list[list[int]]
-    tokens: torch.Tensor  # (B, R) sampled ids, PAD after the end
-    mask: torch.Tensor  # (B, R) float, 1 on sampled tokens (EOS included)
-    logprobs: torch.Tensor  # (B, R) fp32 sampler log-probs of the sampled tokens, 0 off-mask
-    truncated: list[bool]  # True when max_new_tokens was hit before EOS (finish reason "length")
-    routes: torch.Tensor | None = None  # MoE: (B, P+R, L, k) experts of every position (left-padded prompt + response)
-    # Truncated sampling (top-k / top-p; suite/numerics/truncation.py): the kept ids (B, R, K), -1 padded, and the
-    # kept mass (B, R) of the full distribution; None without truncation. logprobs are then renormalised over them.
-    kept: torch.Tensor | None = None
-    kept_mass: torch.Tensor | None = None
-    # The sampler's full fp32 log-distribution (B, R, V), only when asked (generate(keep_dist=True)): the
-    # full-vocabulary divergences of `suite attribute` and `suite gate`.
-    dist: torch.Tensor | None = None
-
-    @property
-    def finish_reasons(self) -> list[str]:
-        return ["length" if t else "stop" for t in self.truncated]
-
-    def response_ids(self) -> list[list[int]]:
-        lengths = self.mask.sum(1).long().tolist()
-        return [row[:n] for row, n in zip(self.tokens.tolist(), lengths)]
-
-    @property
-    def n_tokens(self) -> int:
-        return int(self.mask.sum().item())
-
-    @staticmethod
-    def concat(parts: list["Rollout"]) -> "Rollout":
-        """One batch from several (the ranks' rollouts, in rank order), right-padded to the longest response."""
-        if len(parts) == 1:
-            return parts[0]
-        if any(p.routes is not None for p in parts):  # config.validate keeps MoE policies to one rank
-            raise ValueError("Rollout.concat: routes of several ranks are not aligned (prompt padding differs)")
-        R = max(p.tokens.shape[1] for p in parts)
-
-        def pad(t, value):
-            return F.pad(t, (0, R - t.shape[1]), value=value)
-        kept = parts[0].kept is not None
-        return Rollout(prompt_ids=[x for p in parts for x in p.prompt_ids],
-                       tokens=torch.cat([pad(p.tokens, PAD) for p in parts]),
-                       mask=torch.cat([pad(p.mask, 0.0) for p in parts]),
-                       logprobs=torch.cat([pad(p.logprobs, 0.0) for p in parts]),
-                       truncated=[x for p in parts for x in p.truncated],
-                       kept=truncation.pad_kept([p.kept for p in parts], R) if kept else None,
-                       kept_mass=torch.cat([pad(p.kept_mass, 1.0) for p in parts]) if kept else None)
-
-
-def eos_ids(config) -> list[int]:
-    """End-of-sequence ids of a model: its config's eos_token_id (an int or a list, as Qwen and
-    Llama 3 have several), else the embedded policy's EOS."""
-    eos = getattr(config, "eos_token_id", None)
-    return [EOS] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+# The sampler's output and the special ids live in rollout.py; imported here, where callers look.
+from suite.numerics.rollout import BOS, EOS, PAD, Rollout, eos_ids  # noqa: F401
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -317,15 +256,16 @@ class TorchEngine:
     # ---- sampling ------------------------------------------------------------------------
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | torch.Tensor, top_k: int = 0,
-                 keep_dist: bool = False, *, logprobs: bool = True) -> Rollout:
+                 generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False,
+                 dist_topk: int = 0, *, logprobs: bool = True) -> Rollout:
         """Sample one response per prompt (prompts are left padded into one batch).
         ``logprobs``: the engines' shared interface (vLLM skips them when False); this decode loop
         has them anyway.
 
         Truncated sampling (``top_p < 1`` or ``top_k > 0``): the token is drawn from the kept set, and the
         recorded log-prob is renormalised over it, as vLLM's processed log-probs are; the kept ids and the kept
-        mass are recorded (suite/numerics/truncation.py). ``keep_dist``: also record the full log-distribution.
+        mass are recorded (suite/numerics/truncation.py). ``keep_dist``: also record the full
+        log-distribution, or with ``dist_topk`` = k its top-k head (log-probs and ids).
 
         ``generator``: a torch.Generator (one stream for the batch: the tokens depend on the batch
         composition), or a (B,) tensor of per-sequence seeds (``sequence_seeds``): sequence b then
@@ -363,8 +303,10 @@ class TorchEngine:
                 masses.append(torch.where(live, log_mass.exp(), 1.0).cpu())
             else:
                 lp = logp.gather(1, tok[:, None])[:, 0]
-            if keep_dist:
-                dists.append(logp.cpu())
+            if keep_dist:  # (log-probs, ids): all of them, or the top-k head
+                k = min(dist_topk, logp.shape[-1])
+                dists.append(tuple(x.cpu() for x in logp.topk(k, dim=-1)) if dist_topk
+                             else (logp.cpu(), None))
             logps[:, t] = torch.where(live, lp, 0.0)
             mask[:, t] = live.float()
             done |= torch.isin(tok, self.eos)
@@ -379,7 +321,9 @@ class TorchEngine:
                        routes=None if routes is None else routes[:, : P + t + 1],
                        kept=truncation.stack_kept(kept) if trunc else None,
                        kept_mass=torch.stack(masses, 1) if trunc else None,
-                       dist=torch.stack(dists, 1) if keep_dist else None)
+                       dist=torch.stack([d for d, _ in dists], 1) if keep_dist else None,
+                       dist_ids=(torch.stack([i for _, i in dists], 1) if keep_dist and dist_topk
+                                 else None))
 
     def training_weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Weights for a differentiable forward from the trainer's fp32 masters (casts kept in the

@@ -30,7 +30,7 @@ import math
 import torch
 
 from suite import dist
-from suite.numerics import moe, packing, truncation
+from suite.numerics import centering, moe, packing, truncation
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import (
     Flow,
@@ -110,21 +110,26 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 
 def _logp_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                  kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  kept: torch.Tensor | None = None,
+                  centre: centering.SamplerDist | None = None) -> tuple[torch.Tensor, ...]:
     """Log-probs of ``targets`` and the entropy, (B, R) each, from compute-dtype logits (B, R, V): log_softmax
     in fp32 on the logits divided by the sampling temperature, exactly as the sampler. ``kept`` (B, R, K):
     the sampler's kept ids (truncated sampling, sampling.truncation=renormalise): the log-prob is renormalised
-    over them (suite/numerics/truncation.py); the entropy stays the full distribution's."""
+    over them (suite/numerics/truncation.py); the entropy stays the full distribution's.
+    ``centre``: the sampler's distribution; a third output (B, R) is then score centering's E_t
+    (suite/numerics/centering.py)."""
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, R, V)
     if kept is not None:
         logp = truncation.renormalised(logp_all, targets, kept)[0]
     else:
         logp = logp_all.gather(-1, targets[..., None])[..., 0]
     entropy = -(logp_all.exp() * logp_all).sum(-1)
+    if centre is not None:
+        return logp, entropy, centering.expected_logp(logp_all, centre)
     return logp, entropy
 
 
-def _padded_back(score, ids, attn, n_resp, targets, temperature, kept):
+def _padded_back(score, ids, attn, n_resp, targets, temperature, kept, centre=None):
     """Per-micro-batch padding (``trim_padding``): score only the columns some row of this micro-batch attends to.
 
     A rollout batch pads every row to its longest prompt (left) and longest response (right); a micro-batch of a
@@ -138,10 +143,9 @@ def _padded_back(score, ids, attn, n_resp, targets, temperature, kept):
     cols = attn.bool().any(0).nonzero().flatten()
     first, last = int(cols[0]) if len(cols) else 0, max(int(cols[-1]) + 1 if len(cols) else S, S - n_resp + 1)
     r = last - (S - n_resp)  # response positions kept (at least one, so every shape stays non-empty)
-    logp, ent = score(ids[:, first:last], attn[:, first:last], r, targets[:, :r], temperature,
-                      None if kept is None else kept[:, :r])
-    pad = (0, n_resp - r)
-    return torch.nn.functional.pad(logp, pad), torch.nn.functional.pad(ent, pad)
+    out = score(ids[:, first:last], attn[:, first:last], r, targets[:, :r], temperature,
+                None if kept is None else kept[:, :r], None if centre is None else centre[:, :r])
+    return tuple(torch.nn.functional.pad(x, (0, n_resp - r)) for x in out)
 
 
 class Trainer:
@@ -289,20 +293,26 @@ class Trainer:
 
     def logprobs(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
                  temperature: float, routes: torch.Tensor | None = None,
-                 kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 kept: torch.Tensor | None = None, *,
+                 centre: centering.SamplerDist | None = None) -> tuple[torch.Tensor, ...]:
         """Log-probs (B, R) of ``targets`` (the last ``n_resp`` tokens) and the entropy (B, R).
 
         ids/attn (B, P+R); the logits at position t predict token t+1. log_softmax runs in fp32
         on the compute-dtype logits divided by the sampling temperature, exactly as the sampler.
         ``routes`` (B, P+R, L, k): a mixture of experts runs each position through these experts (routing replay).
         ``kept`` (B, R, K): the sampler's kept ids, to renormalise over (truncated sampling).
+        ``centre``: the sampler's distribution at each response position (score centering): a third
+        output (B, R), E_t, whose gradient is the sampler-expected score (numerics/centering.py).
         """
         kept = None if kept is None else kept.to(self.device)
+        centre = None if centre is None else centre.to(self.device)
+        if centre is not None and self.flow.sampler_code:  # config.validate refuses it first
+            raise ValueError(f"algo.score_centering: {self.flow.name} scores in the sampler's code")
         if self.routing is None:
-            return self._logprobs(ids, attn, n_resp, targets, temperature, None, kept)
+            return self._logprobs(ids, attn, n_resp, targets, temperature, None, kept, centre)
         self.routing.replay, self.routing.seen = (None if routes is None else routes.to(self.device)), {}
         try:
-            return self._logprobs(ids, attn, n_resp, targets, temperature, routes, kept)
+            return self._logprobs(ids, attn, n_resp, targets, temperature, routes, kept, centre)
         finally:
             self.routing.replay = None
 
@@ -314,7 +324,7 @@ class Trainer:
             return torch.stack(self.unified.routes_seen, 2) if self.unified.routes_seen else None
         return self.routing.chosen(batch)
 
-    def _logprobs(self, ids, attn, n_resp, targets, temperature, routes, kept=None):
+    def _logprobs(self, ids, attn, n_resp, targets, temperature, routes, kept=None, centre=None):
         # One place moves a batch to this rank's device, for every flow: the HF module's, the replayed decode
         # loop's (exact) and the sampler code's (unified) forward alike.
         ids, attn, targets = ids.to(self.device), attn.to(self.device), targets.to(self.device)
@@ -326,39 +336,47 @@ class Trainer:
             return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights,
                                            None if routes is None else routes.to(self.device), kept)
         if self.packing:
-            return self._packed_logprobs(ids, attn, n_resp, targets, temperature, kept)
+            return self._packed_logprobs(ids, attn, n_resp, targets, temperature, kept, centre)
         if self.trim_padding:
-            return _padded_back(self._hf_logprobs, ids, attn, n_resp, targets, temperature, kept)
-        return self._hf_logprobs(ids, attn, n_resp, targets, temperature, kept)
+            return _padded_back(self._hf_logprobs, ids, attn, n_resp, targets, temperature, kept,
+                                centre)
+        return self._hf_logprobs(ids, attn, n_resp, targets, temperature, kept, centre)
 
-    def _hf_logprobs(self, ids, attn, n_resp, targets, temperature, kept):
+    def _hf_logprobs(self, ids, attn, n_resp, targets, temperature, kept, centre=None):
         pos = (attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
-        return self._scores(logits[:, -n_resp - 1:-1], targets, temperature, kept)  # logits (B, R, V)
+        logits = logits[:, -n_resp - 1:-1]  # (B, R, V)
+        return self._scores(logits, targets, temperature, kept, centre)
 
-    def _scores(self, logits, targets, temperature, kept):
-        """Log-probs and entropies (B, R) of logits (B, R, V), in chunks of ``logprob_chunk`` positions when set."""
+    def _scores(self, logits, targets, temperature, kept, centre=None):
+        """Log-probs and entropies (B, R) of logits (B, R, V) (and centering's E_t with ``centre``),
+        in chunks of ``logprob_chunk`` positions when set."""
         n = logits.shape[1]
         if not self.logprob_chunk or self.logprob_chunk >= n:
-            return _logp_entropy(logits, targets, temperature, kept)
+            return _logp_entropy(logits, targets, temperature, kept, centre)
         # Chunks of positions, each recomputed in the backward pass: the fp32 log-softmax of one chunk is alive
         # at a time. Positions are independent, so the values equal the unchunked ones.
         from torch.utils.checkpoint import checkpoint
 
         c = self.logprob_chunk
-        parts = [checkpoint(_logp_entropy, logits[:, i:i + c], targets[:, i:i + c], temperature,
-                            None if kept is None else kept[:, i:i + c], use_reentrant=False) for i in range(0, n, c)]
-        return torch.cat([p[0] for p in parts], 1), torch.cat([p[1] for p in parts], 1)
 
-    def _packed_logprobs(self, ids, attn, n_resp, targets, temperature, kept):
+        def part(x, i):  # positions i .. i + c of an optional (B, R, ...) input
+            return None if x is None else x[:, i:i + c]
+        parts = [checkpoint(_logp_entropy, logits[:, i:i + c], targets[:, i:i + c], temperature,
+                            part(kept, i), part(centre, i), use_reentrant=False)
+                 for i in range(0, n, c)]
+        return tuple(torch.cat(outs, 1) for outs in zip(*parts))
+
+    def _packed_logprobs(self, ids, attn, n_resp, targets, temperature, kept, centre=None):
         """``packing``: the micro-batch scored as one row (suite/numerics/packing.py). Only the M scored positions'
         logits are computed (1, M, V), their log-probs and entropies come back in the (B, R) shape, 0 elsewhere."""
         where, idx = packing.scored(attn, n_resp)
         logits = self._packed_logits(ids, attn, idx)
-        logp, ent = self._scores(logits, targets[where][None], temperature,
-                                 None if kept is None else kept[where][None])
-        return packing.unpack(logp[0], where), packing.unpack(ent[0], where)
+        out = self._scores(logits, targets[where][None], temperature,
+                           None if kept is None else kept[where][None],
+                           None if centre is None else centre[where][None])
+        return tuple(packing.unpack(x[0], where) for x in out)
 
     def _packed_logits(self, ids, attn, idx):
         """The HF module's forward on the packed row: no attention mask and no cache, so that transformers builds

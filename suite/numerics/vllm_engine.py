@@ -253,7 +253,7 @@ class VllmEngine:
     max_batch: int | None = None
 
     def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0, world=None, kv_cache: str = "auto",
-                 truncating: bool = False):
+                 truncating: bool = False, head_logprobs: int = 0):
         _set_env()
         from vllm import LLM
 
@@ -286,7 +286,9 @@ class VllmEngine:
             model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,  # ids in, ids out
             dtype=self.dtype, quantization=FP8_METHOD if self.quant == "fp8" else None,
             logprobs_mode="raw_logprobs" if truncating else "processed_logprobs",
-            **({"max_logprobs": -1} if truncating else {}), kv_cache_dtype=KV_CACHE[kv_cache][1],
+            # head_logprobs: score centering's top-k head (vLLM refuses logprobs > max_logprobs, 20)
+            **({"max_logprobs": -1} if truncating else {"max_logprobs": max(20, head_logprobs)}),
+            kv_cache_dtype=KV_CACHE[kv_cache][1],
             generation_config="vllm",  # vLLM's defaults, not the model's
             seed=seed, max_model_len=vcfg.max_model_len, gpu_memory_utilization=vcfg.gpu_memory_fraction,
             kv_cache_memory_bytes=None if kv is None else int(kv * 2**30), enforce_eager=vcfg.enforce_eager,
@@ -352,12 +354,14 @@ class VllmEngine:
 
     # ---- sampling ------------------------------------------------------------------------
     def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | torch.Tensor, top_k: int = 0,
-                 keep_dist: bool = False, *, logprobs: bool = True) -> Rollout:
-        """One response per prompt; temperature 0 is greedy decoding. ``generator``: the batch's generator,
-        or (B,) per-sequence seeds (sampling.sequence_seeds), each request's own seeded stream. Truncated sampling
-        and ``keep_dist`` need an engine started with ``truncating`` (every token's log-prob is
-        returned).
+                 generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False,
+                 dist_topk: int = 0, *, logprobs: bool = True) -> Rollout:
+        """One response per prompt; temperature 0 is greedy decoding. ``generator``: the batch's
+        generator, or (B,) per-sequence seeds (sampling.sequence_seeds), each request's own seeded
+        stream. Truncated sampling and ``keep_dist`` need an engine started with ``truncating``
+        (every token's log-prob is returned). ``keep_dist`` with ``dist_topk`` = k records the top-k
+        head of the processed distribution instead (``logprobs=k``, an engine started with
+        ``head_logprobs`` >= k): Rollout.dist and dist_ids (B, R, k).
         ``logprobs=False``: the tokens only (an evaluation grades text): vLLM builds no log-prob
         object per token (AIME mean@32 at 8,192 tokens: 16 M of them) and applies top-p / top-k
         itself; the log-probs are zeros."""
@@ -369,8 +373,10 @@ class VllmEngine:
             self._wake()
         seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
                  else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
-        full = logprobs and (truncation.active(top_p, top_k) or keep_dist)
-        asked = (-1 if full else 0) if logprobs else None  # -1: every token's; 0: the sampled one's
+        head = dist_topk if keep_dist and logprobs else 0
+        full = logprobs and (truncation.active(top_p, top_k) or (keep_dist and not head))
+        # -1: every token's log-prob; k: the sampled one's and the k likeliest; None: none at all
+        asked = (-1 if full else head) if logprobs else None
         if full and not (self.truncating and temperature == 1.0):
             raise ValueError("engine=vllm: truncated sampling (or the full distribution) needs an engine started with "
                              "truncating=True and temperature 1 (vLLM's raw log-probs are taken before temperature)")
@@ -383,6 +389,7 @@ class VllmEngine:
         logps = torch.zeros(B, R)
         mask = torch.zeros(B, R)
         truncated, dists = [], []
+        head_lp, head_ids = torch.zeros(B, R, head), torch.zeros(B, R, head, dtype=torch.long)
         for b, o in enumerate(outs):
             c = o.outputs[0]
             ids = list(c.token_ids)
@@ -393,8 +400,12 @@ class VllmEngine:
                     d[t, list(step)] = torch.tensor([x.logprob for x in step.values()])
                 dists.append(d)
                 lp = [0.0] * len(ids)  # filled below from the distribution
-            elif logprobs:  # logprobs=0: the sampled token's (processed) log-prob at every position
+            elif logprobs:  # logprobs=k: the sampled token's (processed) log-prob, the k likeliest
                 lp = [step[t].logprob for step, t in zip(c.logprobs, ids)]
+                for t, step in enumerate(c.logprobs[:len(ids)] if head else []):
+                    top = sorted(step.items(), key=lambda kv: kv[1].logprob, reverse=True)[:head]
+                    head_ids[b, t] = torch.tensor([v for v, _ in top])
+                    head_lp[b, t] = torch.tensor([x.logprob for _, x in top])
             else:
                 lp = [0.0] * len(ids)
             tokens[b, :len(ids)] = torch.tensor(ids, dtype=torch.long)
@@ -407,7 +418,8 @@ class VllmEngine:
             self.llm.sleep(level=1)
             self.asleep = True
         roll = Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens, mask=mask, logprobs=logps,
-                       truncated=truncated)
+                       truncated=truncated, dist=head_lp if head else None,
+                       dist_ids=head_ids if head else None)
         return _from_distribution(roll, torch.stack(dists), top_p, top_k, keep_dist) if full else roll
 
     def close(self) -> None:

@@ -218,6 +218,30 @@ def is_weights(
     return weight, metrics
 
 
+# ---------------------------------------------------------------------------- score centering
+def centering_term(loss_tok: Tensor, logp: Tensor, expected: Tensor) -> Tensor:
+    """Per-token term (B, T) that centres the score of every row's surrogate: score centering,
+    arXiv 2609.20807 Eq. (14) (the equation NeMo-RL's implementation cites).
+
+    At each prefix, E_mu[A grad log pi] = E_mu[A] E_mu[grad log pi] + Cov_mu(A, grad log pi); the
+    first part, the drift, pulls the trainer toward the sampler mu, and group-centred advantages do
+    not remove it. Centering replaces the score e_y - pi (w.r.t. the logits) of the sampled token by
+    e_y - mu, its sampler expectation subtracted. A row's per-token loss ``loss_tok`` (its ratio,
+    clip and IS weight applied) has gradient c_t grad log pi(y_t) with c_t = d loss_tok / d logp_t,
+    whatever the row; so adding -sg(c_t) (E_t - sg(E_t)), with E_t = ``expected`` (B, T) whose
+    gradient is mu - pi (suite/numerics/centering.py), turns it into c_t (e_y - mu). For REINFORCE
+    that is the surrogate A_t (log pi(y_t) - sum_v sg(mu(v)) log pi(v)) times the row's weight. The
+    term's value is exactly 0, so loss/policy is unchanged; only the gradient moves.
+
+    c_t is the sampled token's own coefficient (its IS weight included). NeMo-RL weights the
+    centring mass instead (mu(v) w(v) over the candidates v): under an untruncated IS correction the
+    estimator's expected score is already 0, and there this term adds E[c_t] (pi - mu) on average
+    (docs/algorithms.md).
+    """
+    coef = torch.autograd.grad(loss_tok.sum(), logp, retain_graph=True)[0]  # (B, T) c_t, detached
+    return -coef * (expected - expected.detach())
+
+
 # ---------------------------------------------------------------------------- the loss
 def _require(x: Tensor | None, what: str, algo: Algorithm) -> Tensor:
     if x is None:
@@ -233,6 +257,8 @@ def policy_loss(
     advantages: Tensor,
     mask: Tensor,
     norm_len: int,
+    *,
+    expected_logp: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Scalar policy loss for `algo` and its metrics.
 
@@ -240,8 +266,9 @@ def policy_loss(
     trainer's log-probs at the sampling parameters (unused by "pg", may be None there);
     sampler_logp (B, T) log mu (needed iff algo.uses_sampler_logp); advantages (B,), one
     per sequence; mask (B, T) 1 on response tokens; norm_len the constant of
-    seq-mean-token-sum-norm (max response length). Metrics: loss/policy, ppo/clip_frac
-    (ppo, gspo), gspo/seq_ratio/mean (gspo), is/* (see `is_weights`).
+    seq-mean-token-sum-norm (max response length). ``expected_logp`` (B, T): score centering's E_t
+    (suite/numerics/centering.py), or None (off). Metrics: loss/policy, ppo/clip_frac (ppo, gspo),
+    gspo/seq_ratio/mean (gspo), is/* (see `is_weights`).
     """
     m = mask.bool()  # (B, T)
 
@@ -271,6 +298,8 @@ def policy_loss(
     weight, is_metrics = is_weights(algo.correction, numerator, sampler, m, algo.C)
     if weight is not None:
         loss_tok = loss_tok * weight  # (B, T) * (B, T) or (B, 1); weight is detached
+    if expected_logp is not None:  # score centering: one place, after every row's own terms
+        loss_tok = loss_tok + centering_term(loss_tok, logp, clean(expected_logp))
     loss = aggregate(loss_tok, m, algo.agg, norm_len)
     return loss, {"loss/policy": float(loss.detach()), **metrics, **is_metrics}
 

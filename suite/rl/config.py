@@ -22,7 +22,7 @@ from omegaconf import OmegaConf
 
 from suite.names import did_you_mean, unknown
 from suite.rl import layers
-from suite.rl.schema import ENGINES, GEMMS, REGIMES, TIERS, RunConfig
+from suite.rl.schema import ENGINES, GEMMS, OMITTED_AT_DEFAULT, REGIMES, TIERS, RunConfig
 
 
 def _choice(fieldname: str, value: str, choices) -> None:
@@ -335,6 +335,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("eval.temperature", lambda c: c.eval.temperature is None or c.eval.temperature > 0, "must be > 0"),
         ("eval.top_p", lambda c: c.eval.top_p is None or 0.0 < c.eval.top_p <= 1.0, "must be in (0, 1]"),
         ("plan.prompt_tokens", lambda c: c.plan.prompt_tokens is None or c.plan.prompt_tokens >= 1, pos[0]),
+        *_centering_checks(cfg),
     ]
     for name, ok, why in checks:
         if not ok(cfg):
@@ -362,6 +363,29 @@ def validate(cfg: RunConfig) -> RunConfig:
     loggers.check(cfg.logger)
     _check_extras(cfg)
     return cfg
+
+
+def _centering_checks(cfg: RunConfig) -> list:
+    """Rules of algo.score_centering (suite/rl/algos.py centering_term)."""
+    from suite.numerics.precision import FLOWS
+
+    on, k = (lambda c: c.algo.score_centering), (lambda c: c.algo.score_centering_topk)
+    untruncated = (lambda c: c.sampling.top_p == 1.0 and c.sampling.top_k == 0)
+    return [
+        ("algo.score_centering_topk", lambda c: k(c) is None or on(c),
+         "has no effect without algo.score_centering=true"),
+        ("algo.score_centering_topk", lambda c: k(c) is None or k(c) >= 1,
+         "must be >= 1 (or null: the sampler's full distribution)"),
+        ("algo.score_centering", lambda c: not on(c) or c.engine == "torch" or k(c) is not None,
+         "engine=vllm returns a top-k head of the sampler's log-probs only: "
+         "set algo.score_centering_topk (e.g. 20)"),
+        ("algo.score_centering", lambda c: not on(c) or untruncated(c),
+         "centres with the sampler's untruncated distribution: it needs sampling.top_p=1 and "
+         "sampling.top_k=0"),
+        ("algo.score_centering", lambda c: not on(c) or not FLOWS[c.precision].sampler_code,
+         f"not with precision {cfg.precision}: it trains through the sampler's own engine code "
+         "(exact, unified flows), whose scoring returns no distribution to centre with"),
+    ]
 
 
 def _check_extras(cfg: RunConfig) -> None:
@@ -429,4 +453,12 @@ def load_layers(overrides: list[str]) -> tuple[RunConfig, dict[str, str]]:
 
 
 def to_dict(cfg: RunConfig) -> dict:
-    return dataclasses.asdict(cfg)
+    """The config as saved in config.json and hashed: the OMITTED_AT_DEFAULT fields at their default
+    are left out."""
+    d = dataclasses.asdict(cfg)
+    for key, default in OMITTED_AT_DEFAULT.items():
+        *path, leaf = key.split(".")
+        node = functools.reduce(dict.__getitem__, path, d)
+        if leaf in node and node[leaf] == default and type(node[leaf]) is type(default):
+            del node[leaf]
+    return d

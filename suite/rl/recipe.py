@@ -55,6 +55,17 @@ class AlgoConfig:
     sampling parameters, recomputed before the updates) or sampler (the sampler's own log-probs, as in verl's rollout
     "bypass" mode, which skips that forward pass; the suite still runs it for the mismatch metrics). With the
     sampler's, the clip reads the precision gap as policy change (ppo/clip_frac_gap)."""
+    score_centering: bool = False
+    """Score centering (arXiv 2609.20807): each token's policy-gradient term uses the centred score
+    grad log pi(y_t) - E_{v~mu}[grad log pi(v)], the sampler's expected score at that position
+    subtracted, which removes the drift that pulls the trainer toward the sampler (suite/rl/algos.py
+    centering_term, docs/algorithms.md). The sampler then records its next-token distribution. Off:
+    the loss is unchanged, and the field is left out of config.json and the config hash."""
+    score_centering_topk: Optional[int] = None
+    """Centre with the sampler's top-k head only, its tail modelled as the trainer's tail rescaled
+    to the sampler's tail mass (NeMo-RL's estimator): needed with engine=vllm, which returns a top-k
+    head of log-probs; with the built-in engine it saves the (B, R, vocab) record of a large
+    vocabulary. None: the full distribution."""
 
 
 def algorithm(cfg):

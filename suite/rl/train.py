@@ -33,16 +33,12 @@ from rich.progress import (
 
 from suite import dist, results
 from suite.numerics import determinism, flops, fp4, fp8, machine, moe
+from suite.numerics.centering import SamplerDist
 from suite.numerics.engine import Rollout, TorchEngine, left_pad
 from suite.numerics.sampling import sequence_seeds
 from suite.numerics.flows import kv_quant
-from suite.numerics.mismatch import (
-    length_bias,
-    mechanism_metrics,
-    mismatch_anatomy,
-    mismatch_metrics,
-    ratio_band_fractions,
-)
+from suite.numerics.mismatch import (length_bias, mechanism_metrics, mismatch_anatomy,
+                                     mismatch_metrics, ratio_band_fractions)
 from suite.numerics.perturbation import Perturbation
 from suite.numerics.precision import gemm_backend, resolve
 from suite.results import (
@@ -57,17 +53,9 @@ from suite.results import (
 )
 from suite.rl import checkpoint, data, loggers, perfectible, plan, recipe, staleness
 from suite.rl import config as cfgmod
-from suite.rl.algos import (
-    compute_advantages,
-    gap_clip_fraction,
-    policy_loss,
-    regularised_loss,
-)
+from suite.rl.algos import compute_advantages, gap_clip_fraction, policy_loss, regularised_loss
 from suite.rl.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
-from suite.rl.policy import (
-    BUILD_THREADS,
-    load_policy,
-)
+from suite.rl.policy import BUILD_THREADS, load_policy
 from suite.rl.provenance import same_experiment
 from suite.tasks.registry import get_task, grade, prompt_ids
 
@@ -197,7 +185,8 @@ def build_engines(cfg, model, world: dist.World | None = None):
             raise ValueError("engine=vllm: the policy must be loaded from a directory (load_policy), vLLM starts from it")
         backends["sampler"] = "vllm"
         return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed, world=world, kv_cache=cfg.kv_cache,
-                                   truncating=cfg.sampling.top_p < 1 or cfg.sampling.top_k > 0), backends
+                                   truncating=cfg.sampling.top_p < 1 or cfg.sampling.top_k > 0,
+                                   head_logprobs=cfg.algo.score_centering_topk or 0), backends
     engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32,
                          functional_cache=flow.exact, quant=flow.sampler_quant, device=world.device,
                          perturbation=Perturbation(cfg.inject.kind, cfg.inject.scale, cfg.inject.threshold),
@@ -291,6 +280,9 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
                                    cfg.name, start, console) if world.main and cfg.logger else None)
 
         G, T = cfg.samples_per_prompt, cfg.sampling.temperature
+        # score centering: the sampler records its next-token distribution, whole or its top-k head
+        centering = ({"keep_dist": True, "dist_topk": cfg.algo.score_centering_topk or 0}
+                     if cfg.algo.score_centering else {})
         # One sampler per rank, or per group of tp consecutive ranks (vLLM tensor parallel under its
         # external launcher: vLLM's DP rank is RANK // tp); each samples an equal share of the prompt groups.
         tp = cfg.vllm.tensor_parallel_size if cfg.engine == "vllm" and world.distributed else 1
@@ -308,7 +300,8 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
                 batch = [items[i] for i in step_prompts(len(items), step, cfg.prompts_per_step, cfg.seed)]
                 prompts = [prompt_ids(tok, batch[g]) for g in mine for _ in range(G)]
                 mine_roll = engine.generate(prompts, cfg.sampling.max_new_tokens, T, cfg.sampling.top_p,
-                                            sequence_seeds(cfg.seed, step, mine, G), top_k=cfg.sampling.top_k)
+                                            sequence_seeds(cfg.seed, step, mine, G),
+                                            top_k=cfg.sampling.top_k, **centering)
                 texts = tok.batch_decode(mine_roll.response_ids(), skip_special_tokens=True)
                 mine_rewards = grade(task, [batch[mine[i // G]] for i in range(len(texts))], texts,
                                      mine_roll.truncated, cfg.reward_workers)
@@ -328,6 +321,9 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
                 replay = roll.routes if cfg.routing_replay else None
                 # truncated sampling: the sampler's kept ids, which the trainer renormalises over (sampling.truncation)
                 kept = roll.kept if cfg.sampling.truncation == "renormalise" else None
+
+                # score centering: the sampler's distribution at each response position
+                centre = SamplerDist(roll.dist, roll.dist_ids) if cfg.algo.score_centering else None
 
                 def keep(c):
                     return None if kept is None else kept[c]
@@ -383,10 +379,13 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
                 updates = []
                 for u, mb in enumerate(perm.chunk(cfg.updates_per_step)):
                     def loss_fn(c):
-                        logp, ent = trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T,
-                                                     None if replay is None else replay[c], keep(c))
+                        logp, ent, *expected = trainer.logprobs(
+                            ids[c], attn[c], R, roll.tokens[c], T,
+                            None if replay is None else replay[c], keep(c),
+                            centre=None if centre is None else centre[c])
                         loss, metrics = policy_loss(algo, logp, old_d[c], mu_d[c], adv_d[c], mask_d[c],
-                                                    norm_len=cfg.sampling.max_new_tokens)
+                                                    norm_len=cfg.sampling.max_new_tokens,
+                                                    expected_logp=expected[0] if expected else None)
                         loss, extra = regularised_loss(loss, logp, ent, None if ref_d is None else ref_d[c], mask_d[c],
                                                        algo.agg, cfg.sampling.max_new_tokens, cfg.algo.kl_coef,
                                                        cfg.algo.kl_estimator, cfg.algo.entropy_coef)
