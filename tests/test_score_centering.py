@@ -176,7 +176,7 @@ def _smoke(tmp_path, name, *extra):
     return read_jsonl(run(cfg) / "metrics.jsonl")
 
 
-@pytest.mark.parametrize("algorithm", ["grpo", "pg_seq_is"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo"])
 def test_smoke_run_with_centering_is_finite_and_differs_from_off(tmp_path, algorithm):
     off = _smoke(tmp_path, "off", f"algorithm={algorithm}")
     on = _smoke(tmp_path, "on", f"algorithm={algorithm}", ON)
@@ -234,6 +234,8 @@ def test_vllm_top_k_head_is_read_from_its_logprobs(monkeypatch):
     ([ON, "sampling.top_p=0.9"], "algo.score_centering: centres with the sampler's untruncated"),
     ([ON, "sampling.top_k=5"], "algo.score_centering: centres with the sampler's untruncated"),
     ([ON, "precision=exact"], "algo.score_centering: not with precision exact"),
+    ([ON, "algorithm=pg_seq_is"], "algo.score_centering: not with algorithm pg_seq_is"),
+    ([ON, "algorithm=grpo_token_tis"], "algo.score_centering: not with algorithm grpo_token_tis"),
 ])
 def test_bad_settings_are_refused_before_compute(overrides, words):
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):

@@ -368,6 +368,7 @@ def validate(cfg: RunConfig) -> RunConfig:
 def _centering_checks(cfg: RunConfig) -> list:
     """Rules of algo.score_centering (suite/rl/algos.py centering_term)."""
     from suite.numerics.precision import FLOWS
+    from suite.rl import recipe
 
     on, k = (lambda c: c.algo.score_centering), (lambda c: c.algo.score_centering_topk)
     untruncated = (lambda c: c.sampling.top_p == 1.0 and c.sampling.top_k == 0)
@@ -382,6 +383,13 @@ def _centering_checks(cfg: RunConfig) -> list:
         ("algo.score_centering", lambda c: not on(c) or untruncated(c),
          "centres with the sampler's untruncated distribution: it needs sampling.top_p=1 and "
          "sampling.top_k=0"),
+        # Under an IS correction the per-candidate centring mass must carry each candidate's own IS
+        # weight (NeMo-RL's weighted form; it cancels under untruncated IS). Centring with mu times
+        # the sampled token's weight instead adds a drift E[c_t](pi - mu) of its own: refused.
+        ("algo.score_centering", lambda c: not on(c) or recipe.algorithm(c).correction == "none",
+         f"not with algorithm {cfg.algorithm}, whose IS correction already reweights toward the "
+         "trainer (centring it needs each candidate's own IS weight, not implemented): use a row "
+         "without correction (grpo, dr_grpo, dapo, grpo_vanilla, gspo) or turn centering off"),
         ("algo.score_centering", lambda c: not on(c) or not FLOWS[c.precision].sampler_code,
          f"not with precision {cfg.precision}: it trains through the sampler's own engine code "
          "(exact, unified flows), whose scoring returns no distribution to centre with"),
