@@ -5,6 +5,8 @@ and the configs that existed before resolve exactly as they did (tests/fixtures/
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 import json
 import warnings
@@ -106,7 +108,7 @@ def test_cfg_job_prints_the_users_value_from_the_command_line(argv, line, capsys
     assert line in out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", config.RecipeWarning)
-        want = config.to_dict(config.load(argv))
+        want = dataclasses.asdict(config.load(argv))  # every field, those to_dict omits at default too
     assert yaml.safe_load(out) == want  # the comments aside, the config itself
 
 

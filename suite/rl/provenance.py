@@ -15,6 +15,8 @@ no longer accepts, makes the command fail to compose: that run is not reproducib
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import shlex
 from dataclasses import dataclass, field
@@ -126,7 +128,9 @@ def same_experiment(recorded: dict, new: dict) -> bool:
     flat_old, flat_new = flatten(old_cfg), flatten(new)
     added = [k for k in flat_new if k not in flat_old and k.split(".")[0] not in LOCATION_KEYS]
     try:
-        default = flatten(cfgmod.to_dict(cfgmod.load([f"tier={new['tier']}", f"task={new['task']}"])))
+        # Every field's resolved default, those that to_dict leaves out at their default included: a
+        # config.json may hold them (a run that recorded them), and they must compare as defaults too.
+        default = flatten(dataclasses.asdict(cfgmod.load([f"tier={new['tier']}", f"task={new['task']}"])))
     except Exception:  # noqa: BLE001 -- a tier or task the code no longer has: not the same experiment
         return False
     return all(_same(flat_new[k], default.get(k)) for k in added)
