@@ -101,3 +101,21 @@ def read_log(run_dir, name: str, *, lines: bool = False, missing_ok: bool = Fals
     if name.endswith(".jsonl") and not lines:
         return read_jsonl(path)
     return read_bytes(path).decode("utf-8", errors="replace").splitlines()
+
+
+def unpack(root) -> list[Path]:
+    """Store every per-step log under ``root`` plain again, byte for byte: each ``NAME.xz`` of a
+    ``PER_STEP_LOGS`` name becomes ``NAME`` and the .xz is removed. For a copy of a committed run
+    or grid that is to be edited or rerun in place like a fresh one (a run appends to the plain
+    file). The plain files written, in path order; a log already plain keeps its plain file (an
+    older .xz beside it, which no reader would see, is removed)."""
+    written = []
+    for xz in sorted(Path(root).rglob("*" + SUFFIX)):
+        plain = xz.with_name(xz.name.removesuffix(SUFFIX))
+        if plain.name not in PER_STEP_LOGS or not xz.is_file():
+            continue
+        if not plain.exists():
+            plain.write_bytes(read_bytes(xz))
+            written.append(plain)
+        xz.unlink()
+    return written

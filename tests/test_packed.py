@@ -102,6 +102,20 @@ def test_the_leaderboard_validates_a_bundle_stored_as_xz(pair):
     assert got["summary"] == want["summary"] and got["curves"] == want["curves"]
 
 
+def test_unpack_gives_back_the_plain_logs_byte_for_byte(pair):
+    fresh, ref = pair
+    stale = ref / RUN / "metrics.jsonl"  # a plain log next to its .xz wins and keeps its bytes
+    stale.write_bytes(b'{"step": 1}\n')
+    written = packed.unpack(ref)
+    assert stale not in written and stale.read_bytes() == b'{"step": 1}\n'
+    assert not list(ref.rglob("*" + packed.SUFFIX)) and written == sorted(written)
+    want = {p.relative_to(fresh) for p in fresh.rglob("*") if p.is_file()}
+    assert {p.relative_to(ref) for p in ref.rglob("*") if p.is_file()} == want
+    for rel in want - {stale.relative_to(ref)}:
+        assert (ref / rel).read_bytes() == (fresh / rel).read_bytes(), rel
+    assert packed.unpack(ref) == []  # nothing left to unpack
+
+
 # ---- the reproduction check -----------------------------------------------------------------
 def test_a_rerun_is_compared_byte_for_byte_with_a_compressed_reference(pair):
     fresh, ref = pair

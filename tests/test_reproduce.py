@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from suite import packed
 from suite.analysis import reference, reproduce
 from suite.numerics import machine
 from suite.results import config_hash
@@ -53,9 +54,12 @@ def test_old_runs_get_the_class_their_reference_folder_declares():
 # ---- comparison with a reference ------------------------------------------------------------
 @pytest.fixture
 def fresh(tmp_path):
-    """A copy of the committed AVX2 grid, as if a machine of that class had just rerun it."""
+    """A copy of the committed AVX2 grid, as if a machine of that class had just rerun it: its logs plain, as a run
+    writes them (the reference stores them as .xz, results/README.md), so a test edits them by name."""
     root = tmp_path / "sanity"
     shutil.copytree(AVX2, root, ignore=shutil.ignore_patterns("report"))
+    packed.unpack(root)
+    assert len(list(root.glob("*/metrics.jsonl"))) == 24 and not list(root.rglob("*.jsonl.xz"))
     return root
 
 
