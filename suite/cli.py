@@ -348,6 +348,13 @@ def cmd_doctor(args: list[str]) -> int:
     return doctor.main(args)
 
 
+def cmd_accept(args: list[str]) -> int:
+    """suite accept STAGE [out=DIR] [budget=SECONDS]: the staged acceptance on a borrowed GPU (prepare on the CPU,
+    then numerics, cells), each stage one folder with summary.json; exit 1 on a failed check (docs/gpu.md)."""
+    from suite.experiments import accept
+    return accept.main(args)
+
+
 def cmd_plan(args: list[str]) -> int:
     """suite plan [key=value ...] [gpu_gib=G]: the predicted peak memory per rank of a run config, itemised.
 
@@ -386,7 +393,7 @@ COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "t
             "bench-memory": cmd_bench_memory, "report": cmd_report, "hypotheses": cmd_hypotheses,
             "leaderboard": cmd_leaderboard, "submit": cmd_submit, "transfer": cmd_transfer, "reference": cmd_reference,
             "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import,
-            "doctor": cmd_doctor, "plan": cmd_plan}
+            "doctor": cmd_doctor, "plan": cmd_plan, "accept": cmd_accept}
 
 
 # Commands whose key=value arguments are run-config fields (suite/rl/schema.py: RunConfig): their --help lists

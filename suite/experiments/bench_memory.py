@@ -37,9 +37,29 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def _widths(hidden: int) -> dict:
-    """The small tier's layers, at ``hidden`` (0: the tier's width) with the SwiGLU widened in proportion."""
+def _peak_rss_mb() -> float:
+    """This process's peak resident set in MiB: VmHWM, the high-water mark of its own address space. Not getrusage's
+    ru_maxrss, which Linux carries across execve (getrusage(2)): a measurement started from a larger parent, as
+    ``suite accept`` after its GEMM checks, would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024  # kB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1024 if sys.platform != "darwin" else 2**20)
+
+
+def _widths(hidden: int, arch: str | None = None) -> dict:
+    """The small tier's layers, at ``hidden`` (0: the tier's width) with the SwiGLU widened in proportion; or
+    ``arch``, a preset's layer widths (suite/rl/models.py: r1d-1.5b), embedded layers with synthetic weights."""
     from suite.rl import config
+
+    if arch:
+        from suite.rl.models import PRESETS
+
+        pre = PRESETS[arch]
+        cfg = pre.config
+        return dict(hidden=pre.hidden, layers=pre.layers, heads=cfg["num_attention_heads"],
+                    kv_heads=cfg["num_key_value_heads"], mlp=cfg["intermediate_size"])
 
     small = config.load(["tier=small"]).policy
     h = hidden or small.hidden
@@ -47,7 +67,7 @@ def _widths(hidden: int) -> dict:
 
 
 def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps: int, precision: str,
-        hidden: int = 0, device: str | None = None) -> dict:
+        hidden: int = 0, device: str | None = None, arch: str | None = None) -> dict:
     """One variant in this process: {peak_mb (over the built model), step_s (median), device, peak (how)} on
     ``device`` (default: where this host computes, as a run does). On CPU the peak resident set; on a GPU the
     caching allocator's peak of allocated bytes (``torch.cuda.max_memory_allocated``)."""
@@ -66,7 +86,7 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
                          "a CUDA GPU's allocator")
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    spec = PolicySpec(**_widths(hidden))
+    spec = PolicySpec(**_widths(hidden, arch))
     model = build_model(spec, vocab_size=vocab, max_len=prompt + response + 8)
     cfg = config.load(["tier=small", f"precision={precision}"])
     trainer = Trainer(model, resolve(precision), "native", cfg.optim, world=dist.World(device=device),
@@ -89,18 +109,17 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
 
         trainer.step(loss_fn)
         times.append(time.perf_counter() - t0)
-    peak = (torch.cuda.max_memory_allocated() / 2**20 if cuda
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)  # Linux: KiB
+    peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else _peak_rss_mb()
     return {"variant": variant, "peak_mb": peak - base, "step_s": statistics.median(times[1:] or times),
             "params": sum(p.numel() for p in model.parameters()), "device": device, "peak": PEAK[cuda]}
 
 
 def predicted_mb(variant: str, vocab: int, batch: int, prompt: int, response: int, precision: str, hidden: int = 0,
-                 **_) -> float:
+                 arch: str | None = None, **_) -> float:
     """The memory plan's prediction of what ``one`` measures: the update's peak over the built model and batch
     (suite/numerics/memory.py, for the same policy, no sampler), i.e. the plan's peak less the fp32 masters."""
     from suite.numerics.memory import Arch, Shape, plan
-    w = _widths(hidden)
+    w = _widths(hidden, arch)
     a = Arch(w["layers"], w["hidden"], w["heads"], w["kv_heads"], w["mlp"], vocab)
     opts = VARIANTS[variant]
     s = Shape(micro_batch=batch, prompt=prompt, response=response, sampler="none",
@@ -241,6 +260,7 @@ def main(args: list[str]) -> int:
                    help="workers of the reward-pool timing at the end (math-verify); 0 skips it")
     p.add_argument("--one", default=None, help=argparse.SUPPRESS)
     p.add_argument("--hidden", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--arch", default=None, help=argparse.SUPPRESS)
     p.add_argument("--device", default=None, help="where to measure (default: where a run computes on this host, "
                    "cuda:0 on a GPU machine)")
     p.add_argument("--write", default=None, help="with --plan: write the rows as JSON to this file")
@@ -258,7 +278,7 @@ def main(args: list[str]) -> int:
     sizes = dict(vocab=a.vocab, batch=a.batch, prompt=a.prompt, response=a.response, steps=a.steps,
                  precision=a.precision)
     if a.one:
-        print(json.dumps(one(a.one, **sizes, hidden=a.hidden, device=a.device)))
+        print(json.dumps(one(a.one, **sizes, hidden=a.hidden, device=a.device, arch=a.arch)))
         return 0
     from rich.table import Table
 

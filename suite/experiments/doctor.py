@@ -305,7 +305,15 @@ def run_doctor(out: Path, console: Console) -> list[Row]:
             rows += fn()
         except Exception as e:
             rows.append(Row(name, False, f"{type(e).__name__}: {str(e)[:200]}", "runs"))
+        _write(out, rows)  # after every check: a doctor stopped at a time limit keeps the rows it measured
     return rows
+
+
+def _write(out: Path, rows: list[Row]) -> None:
+    from suite.results import atomic_write_json
+
+    atomic_write_json(out / "doctor.json", {"device": _device(), "torch": torch.__version__,
+                                            "rows": [asdict(r) for r in rows]})
 
 
 def main(args: list[str]) -> int:
@@ -313,7 +321,6 @@ def main(args: list[str]) -> int:
     written to DIR/doctor.json (default runs/doctor)."""
     from suite.console import make_console
     from suite.numerics import machine
-    from suite.results import atomic_write_json
 
     opts = dict(a.split("=", 1) for a in args if "=" in a)
     bad = [a for a in args if "=" not in a or a.split("=", 1)[0] != "out"]
@@ -331,6 +338,5 @@ def main(args: list[str]) -> int:
         table.add_row(r.check, "[green]pass[/]" if r.ok else "[red]FAIL[/]", r.measured, r.expected)
     console.print(table)
     console.print(f"{time.perf_counter() - t0:.0f} s; written to {out / 'doctor.json'}")
-    atomic_write_json(out / "doctor.json", {"device": _device(), "torch": torch.__version__,
-                                            "rows": [asdict(r) for r in rows]})
+    _write(out, rows)
     return 0 if all(r.ok for r in rows) else 1
