@@ -106,36 +106,9 @@ def cmd_grids(args: list[str]) -> int:
     Grids run with ``suite sweep grid=NAME``, regimes with ``regime=NAME``. The wall time is measured where a
     committed reference ran the grid, else estimated from the reference runs of the same kind of cell
     (sequential), else not given."""
-    from rich.table import Table
-
     from suite.experiments import grids
-    from suite.results import REFERENCE_ROOT
-    from suite.rl.schema import REGIMES
 
-    if args:
-        raise ValueError(f"suite grids takes no arguments (got {' '.join(args)!r})")
-    console = _console()
-    rows = grids.catalogue(REFERENCE_ROOT)
-    classes = sorted({cls for r in rows for cls in r["time"]})
-    table = Table("grid", "cells", "axes", "steps (tier)", *classes,
-                  title="grids; wall time per machine class: m = measured as the committed reference ran it, "
-                        "e = estimate, its cells one after another")
-    for row in rows:
-        axes = " x ".join(f"{len(v)} {k}" for k, v in row["axes"].items())
-        times = [f"{row['time'][c][1] / 60:.0f} min {row['time'][c][0][0]}" if c in row["time"] else "-" for c in classes]
-        table.add_row(row["grid"], str(row["cells"]), axes, f"{','.join(map(str, row['steps']))} ({row['tiers'][0]})",
-                      *times)
-    console.print(table)
-    if not classes:  # an installed suite reads references from ./results/reference or SUITE_REFERENCE_ROOT
-        from suite.locations import where_to_get_references
-
-        console.print(f"no wall times: no committed reference under {REFERENCE_ROOT}; {where_to_get_references()}",
-                      highlight=False)
-    regimes = Table("regime", "sets", "what it tests", title="regimes (regime=NAME, on top of the tier)")
-    for name, r in REGIMES.items():
-        regimes.add_row(name, " ".join(f"{k}={v}" for k, v in r["set"].items()) or "-", r["doc"])
-    console.print(regimes)
-    return 0
+    return grids.cli(args, _console())
 
 
 def cmd_reference(args: list[str]) -> int:

@@ -272,6 +272,9 @@ def env_info(extra: dict | None = None) -> dict:
         "git_sha": sha.strip() if sha else None,
         # Untracked files count as dirty too: a new, uncommitted module can change a run.
         "git_dirty": (status.strip() != "") if status is not None else None,
+        # A copied tree (a borrowed GPU gets the checkout without its history) cannot name its commit; the copier
+        # can: scripts/gpu_accept.sh sets it from what `suite accept prepare` recorded before the tree travelled.
+        **({"source_commit": os.environ["SUITE_SOURCE_COMMIT"]} if os.environ.get("SUITE_SOURCE_COMMIT") else {}),
         "python": platform.python_version(),
         "platform": platform.platform(),
         "packages": {name: _package_version(name) for name in TRACKED_PACKAGES},

@@ -30,7 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_DIR = ROOT / ".gpu"  # what prepare builds for the device (git-ignored through .git/info/exclude)
-WHEEL_DIR = ROOT / ".whl"
+WHEEL_DIR = Path(os.environ.get("WHEELS") or ROOT / ".whl")  # scripts/gpu_accept.sh's WHEELS
 # The GPU image's missing packages (the developers' device notes list what it holds): hydra-core and omegaconf,
 # and omegaconf's parser runtime, which PyPI has as a source archive only (so it is built into a wheel here).
 WHEELS = ("hydra-core", "omegaconf")
@@ -132,19 +132,24 @@ def _suite(*args: str, timeout: float, log: Path | None = None) -> int | str:
 
 
 # ---- prepare (CPU) --------------------------------------------------------------------------------------------
-def prepare(st: Stage) -> None:
+def download_wheels(dest: Path) -> list[str]:
+    """The wheels of the packages the GPU image lacks, at the versions installed here, into ``dest``."""
     from importlib.metadata import version
 
+    dest.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip", "-q"]
+    subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
+                    *(f"{n}=={version(n)}" for n in WHEELS)], check=True)
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(dest), *(f"{n}=={version(n)}" for n in BUILT_WHEELS)],
+                   check=True)
+    return sorted(p.name for p in dest.glob("*.whl"))
+
+
+def prepare(st: Stage) -> None:
     from suite.results import atomic_write_json
 
     def wheels():
-        WHEEL_DIR.mkdir(exist_ok=True)
-        pins = [f"{n}=={version(n)}" for n in WHEELS]
-        pip = [sys.executable, "-m", "pip", "-q"]
-        subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(WHEEL_DIR), *pins], check=True)
-        subprocess.run([*pip, "wheel", "--no-deps", "-w", str(WHEEL_DIR), *(f"{n}=={version(n)}" for n in BUILT_WHEELS)],
-                       check=True)
-        names = sorted(p.name for p in WHEEL_DIR.glob("*.whl"))
+        names = download_wheels(WHEEL_DIR)
         st.add("wheels", len(names) == len(WHEELS) + len(BUILT_WHEELS), ", ".join(names),
                f"one wheel each of {', '.join(WHEELS + BUILT_WHEELS)} in .whl/")
 
@@ -366,17 +371,20 @@ def memory(st: Stage) -> None:
            f"each within {PLAN_ACCURACY:.0%}", t0)
 
 
-def numerics(st: Stage) -> None:
-    st.run("doctor", lambda: doctor(st))
-    st.run("mismatch", lambda: mismatch(st))
-    st.run("memory plan", lambda: memory(st))
-    st.run("gemm at r1d shapes", lambda: gemms(st))
+NUMERICS = {"doctor": doctor, "mismatch": mismatch, "memory": memory, "gemm": gemms}
+
+
+def numerics(st: Stage, only: list[str] | None = None) -> None:
+    for name, fn in NUMERICS.items():
+        if not only or name in only:
+            st.run(name, lambda fn=fn: fn(st))
 
 
 # ---- cells (GPU) ----------------------------------------------------------------------------------------------
-def cells(st: Stage, jobs: int | None = None) -> None:
+def cells(st: Stage, overrides: list[str] = (), jobs: int | None = None) -> None:
     """The sanity grid's cells (grpo first), ``jobs`` at a time on the one device, until the budget: each a
-    ``suite run`` of its own; a finished cell's verdict and its median step time, an unfinished one's steps."""
+    ``suite run`` of its own (``overrides`` last: the caller's word wins); a finished cell's verdict and its median
+    step time, an unfinished one's steps."""
     from suite.experiments import grids
 
     t0 = time.monotonic()
@@ -390,7 +398,7 @@ def cells(st: Stage, jobs: int | None = None) -> None:
         while todo and len(running) < jobs:
             a, p = todo.pop(0)
             cmd = [sys.executable, "-m", "suite", "run", f"algorithm={a}", f"precision={p}", "seed=0", "name=sanity",
-                   f"out={work}", *grid["overrides"]]
+                   f"out={work}", *grid["overrides"], *overrides]
             running[(a, p)] = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL, start_new_session=True)
         for key, proc in list(running.items()):
@@ -426,19 +434,30 @@ def _cell_row(run_dir: Path) -> dict:
             "error": s.get("error"), "step_s": round(statistics.median(times), 3) if times else None}
 
 
-STAGES = {"prepare": prepare, "numerics": numerics, "cells": cells}
+STAGES = ("prepare", "numerics", "cells")
 
 
 def main(args: list[str]) -> int:
-    """``suite accept STAGE [out=DIR] [budget=SECONDS]``."""
+    """``suite accept STAGE [out=DIR] [budget=SECONDS] [only=CHECK,...] [KEY=VALUE ...]``: ``only`` picks the
+    numerics stage's checks (doctor, mismatch, memory, gemm); other KEY=VALUE go to each cell's ``suite run``."""
     if not args or args[0] not in STAGES:
         raise ValueError(f"suite accept: name a stage first, one of {', '.join(STAGES)} (suite/experiments/accept.py)")
-    name, rest = args[0], dict(a.split("=", 1) for a in args[1:] if "=" in a)
-    bad = [a for a in args[1:] if "=" not in a or a.split("=", 1)[0] not in ("out", "budget")]
-    if bad:
-        raise ValueError(f"suite accept: unknown argument(s) {bad}; it takes out=DIR and budget=SECONDS")
-    st = Stage(name, Path(rest.get("out", DEFAULT_OUT)), float(rest.get("budget", DEFAULT_BUDGET[name])))
-    st.run(name, lambda: STAGES[name](st))
+    name, opts, runs = args[0], {}, []
+    for a in args[1:]:
+        key, eq, value = a.partition("=")
+        if not eq:
+            raise ValueError(f"suite accept: {a!r} is not KEY=VALUE")
+        if key in ("out", "budget", "only"):
+            opts[key] = value
+        else:
+            runs.append(a)
+    only = opts.get("only", "").split(",") if opts.get("only") else []
+    if (only and name != "numerics") or set(only) - set(NUMERICS) or (runs and name != "cells"):
+        raise ValueError(f"suite accept: only= takes the numerics checks ({', '.join(NUMERICS)}); run fields go to "
+                         "the cells stage")
+    st = Stage(name, Path(opts.get("out", DEFAULT_OUT)), float(opts.get("budget", DEFAULT_BUDGET[name])))
+    call = {"numerics": lambda: numerics(st, only), "cells": lambda: cells(st, runs), "prepare": lambda: prepare(st)}
+    st.run(name, call[name])
     st.write()
     failed = [c.check for c in st.checks if not c.ok]
     print(f"accept {name}: {len(st.checks) - len(failed)}/{len(st.checks)} checks pass in {time.monotonic() - st.t0:.0f} s"
