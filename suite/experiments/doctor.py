@@ -93,6 +93,7 @@ def _engines(flow: str, model, out: Path):
 def check_flows(out: Path, model, prompts) -> list[Row]:
     """placement, dtypes and the step-0 mismatch of every flow, from one rollout batch each."""
     from suite.experiments.bench import step0_mismatch
+    from suite.numerics import refit
     from suite.numerics.precision import FLOWS
 
     dev, rows, k3 = torch.device(_device()), [], {}
@@ -101,6 +102,12 @@ def check_flows(out: Path, model, prompts) -> list[Row]:
         try:
             m, _, _ = step0_mismatch(cfg, trainer, engine, prompts)
             k3[name] = m["mismatch/kl_k3"]
+            if refit.checkable(engine):  # every quantised weight against a fresh quantisation, bit for bit
+                try:
+                    got = f"{len(refit.check(engine, trainer.model.state_dict()))} {engine.quant} weights equal"
+                except refit.StaleWeights as e:
+                    got = str(e)[:200]
+                rows.append(Row(f"refit {name}", got.endswith("equal"), got, "a fresh quantisation, bit for bit"))
             stray = sorted({str(t.device) for t in [*trainer.model.parameters(), *trainer.model.buffers()]
                             if t.device.type != dev.type})
             rows.append(Row(f"placement {name}", not stray and math.isfinite(k3[name]),

@@ -32,7 +32,7 @@ from rich.progress import (
 )
 
 from suite import dist, results
-from suite.numerics import determinism, flops, fp4, fp8, machine, moe
+from suite.numerics import determinism, flops, fp4, fp8, machine, moe, refit
 from suite.numerics.centering import SamplerDist
 from suite.numerics.engine import Rollout, TorchEngine, left_pad
 from suite.numerics.sampling import sequence_seeds
@@ -257,7 +257,8 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
         for name in ("metrics.jsonl", "timing.jsonl", "mechanism.jsonl"):
             if world.main and (run_dir / name).exists():
                 truncate_jsonl(run_dir / name, start)
-        engine.sync(history.push(trainer.full_weights()))
+        engine.sync(synced := history.push(trainer.full_weights()))
+        refit.check(engine, synced)  # every quantised weight once; then a few per step (suite/numerics/refit.py)
         if then is not None:
             then.model.load_state_dict(history.snaps[0])
         observed = trainer.observe()
@@ -397,7 +398,8 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
                     micro = micro_batches(mb.tensor_split(world.size)[world.rank], cfg.micro_batch)
                     weights = accumulation_weights(micro, roll.mask, algo.agg, whole=mb)
                     updates.append(trainer.step([(functools.partial(loss_fn, c), w) for c, w in zip(micro, weights)]))
-                engine.sync(history.push(trainer.full_weights()))  # weight sync after the optimizer steps (k old)
+                engine.sync(synced := history.push(trainer.full_weights()))  # after the optimizer steps (k old)
+                refit.check(engine, synced, refit.rotating(engine, step))
                 if then is not None:
                     then.model.load_state_dict(history.snaps[0])
                 t_update = time.perf_counter()
