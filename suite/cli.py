@@ -328,6 +328,17 @@ def cmd_accept(args: list[str]) -> int:
     return accept.main(args)
 
 
+def cmd_warnings(args: list[str]) -> int:
+    """suite warnings RESULTS_DIR...: how often each early-warning signal (IS-weight ESS, gradient-norm spikes,
+    entropy) fired before the collapses of these runs, and in the runs that did not collapse (docs/collapse.md)."""
+    from suite.analysis import early_warnings
+
+    if not args or any(a.startswith("-") or not Path(a).is_dir() for a in args):
+        raise ValueError(f"suite warnings: give result directories (got {' '.join(args) or 'none'})")
+    print(early_warnings.markdown(early_warnings.tally([Path(a) for a in args])))
+    return 0
+
+
 def cmd_plan(args: list[str]) -> int:
     """suite plan [key=value ...] [gpu_gib=G]: the predicted peak memory per rank of a run config, itemised.
 
@@ -366,7 +377,7 @@ COMMANDS = {"run": cmd_run, "perfectible": cmd_perfectible, "main": cmd_main, "t
             "bench-memory": cmd_bench_memory, "report": cmd_report, "hypotheses": cmd_hypotheses,
             "leaderboard": cmd_leaderboard, "submit": cmd_submit, "transfer": cmd_transfer, "reference": cmd_reference,
             "fingerprint": cmd_fingerprint, "trl-run": cmd_trl_run, "import": cmd_import,
-            "doctor": cmd_doctor, "plan": cmd_plan, "accept": cmd_accept}
+            "doctor": cmd_doctor, "plan": cmd_plan, "accept": cmd_accept, "warnings": cmd_warnings}
 
 
 # Commands whose key=value arguments are run-config fields (suite/rl/schema.py: RunConfig): their --help lists
