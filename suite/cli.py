@@ -94,9 +94,13 @@ def cmd_table(args: list[str]) -> int:
     root = Path(args[0] if args else "runs/sanity")
     if not root.is_dir():
         raise ValueError(f"{root}: no such results directory")
-    if not any(root.glob("*/summary.json")):
-        raise ValueError(f"{root}: no run in it (no <run>/summary.json)")
-    _console().print(outcomes.outcome_table(root))
+    # `suite run out=OUT` writes OUT/<name>/<run>/: a folder of experiments gets one table per experiment
+    roots = ([root] if any(root.glob("*/summary.json"))
+             else sorted({p.parent.parent for p in root.glob("*/*/summary.json")}))
+    if not roots:
+        raise ValueError(f"{root}: no run in it (no <run>/summary.json, nor <name>/<run>/summary.json)")
+    for r in roots:
+        _console().print(outcomes.outcome_table(r))
     return 0
 
 

@@ -78,14 +78,21 @@ def torch_threads(n: int):
         torch.set_num_threads(old)
 
 
-def cache_root() -> Path:
-    """Where built policies and datasets live: ``$SUITE_CACHE``, else the user's cache directory
-    (``$XDG_CACHE_HOME/lowprec-rl-suite``, by default ``~/.cache/lowprec-rl-suite``), so an installed
-    package never writes next to its own files. The main job sets ``$SUITE_CACHE`` to the checkout's
-    ``.cache`` (scripts/main.sh), so a fresh clone rebuilds everything it reports."""
+# The checkout's cache, which the main job fills (scripts/main.sh sets $SUITE_CACHE to it, so a fresh clone rebuilds
+# everything it reports); an installed package's parent folder (site-packages) has none.
+CHECKOUT_CACHE = Path(__file__).resolve().parents[2] / ".cache"
+
+
+def cache_root(checkout_cache: Path = CHECKOUT_CACHE) -> Path:
+    """Where built policies and datasets live: ``$SUITE_CACHE``; else the checkout's ``.cache`` once the main job
+    has built policies there, so that the next command (``suite mismatch`` after ``scripts/main.sh``) reuses them
+    instead of building the same policy again; else the user's cache directory (``$XDG_CACHE_HOME/lowprec-rl-suite``,
+    by default ``~/.cache/lowprec-rl-suite``), so an installed package never writes next to its own files."""
     env = os.environ.get("SUITE_CACHE")
     if env:
         return Path(env)
+    if (checkout_cache / "policies").is_dir():
+        return checkout_cache
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "lowprec-rl-suite"
 
