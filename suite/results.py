@@ -69,12 +69,17 @@ REFERENCE_ROOT = reference_root()
 
 PEAK_WINDOW = 5  # w: steps in the trailing moving average used for peak and first pass
 MIN_FINAL_WINDOW = 5  # W = max(5, total_steps // 10): the final-accuracy window
+# A run shorter than a peak window plus a final window compares its best with itself: no verdict (a 4-step smoke run
+# is no collapse, whatever its reward did).
+MIN_JUDGED_STEPS = PEAK_WINDOW + MIN_FINAL_WINDOW
 
 VERDICT_RULE = (
     "acc_t = trailing mean of reward/mean over w = min(5, steps_done) steps; "
     "peak = max_t acc_t; final = mean of reward/mean over the last W = min(max(5, total_steps // 10), steps_done) steps; "
     "initial = reward/mean of the first step. "
     "incomplete: an error was recorded or steps_done < total_steps. "
+    "too_short: complete, but total_steps < 10, too few for a peak window and a final window that do not overlap: "
+    "too short to judge. "
     "pass: peak > threshold and final >= threshold - 0.05. "
     "collapse: otherwise, final <= peak - 0.25 or final < initial - 0.1 (fell far from its best or below where it started). "
     "unstable: otherwise (completed without passing and without collapsing: never held the pass threshold)."
@@ -396,6 +401,8 @@ def summarize(rows: list[dict], *, total_steps: int, threshold: float = 0.95,
 def _verdict(steps_done, total_steps, threshold, error, peak, final, initial) -> str:
     if error is not None or steps_done == 0 or steps_done < total_steps:
         return "incomplete"
+    if total_steps < MIN_JUDGED_STEPS:
+        return "too_short"
     if peak > threshold and final >= threshold - 0.05:
         return "pass"
     if final <= peak - 0.25 or final < initial - 0.1:

@@ -145,7 +145,7 @@ def test_golden_verdict_numbers_by_hand(golden):
     root, _ = golden
     cells = _cells(root)
     fp32 = cells[("arith", "grpo", "fp32")]
-    assert fp32["counts"] == {"pass": 3, "collapse": 0, "unstable": 1, "incomplete": 0}
+    assert fp32["counts"] == {"pass": 3, "collapse": 0, "unstable": 1, "too_short": 0, "incomplete": 0}
     mean = (0.97 + 0.99 + 0.96 + 0.5) / 4  # 0.855
     std = math.sqrt(sum((x - mean) ** 2 for x in FP32_LEVELS) / 3)  # 0.23699
     for key in ("peak", "final"):
@@ -167,14 +167,14 @@ def test_golden_verdict_numbers_by_hand(golden):
     assert fp16["extra"]["eval/aime"] == pytest.approx((0.4, math.sqrt(0.02)))
 
     bf16 = cells[("arith", "grpo", "bf16")]
-    assert bf16["counts"] == {"pass": 0, "collapse": 1, "unstable": 0, "incomplete": 1} and bf16["failed"] == 1
+    assert bf16["counts"] == {"pass": 0, "collapse": 1, "unstable": 0, "too_short": 0, "incomplete": 1} and bf16["failed"] == 1
     # Only the complete run counts: peak (0.8+0.9+1+1+1)/5 = 0.94 at step 6; final = mean of the last 5
     # steps (1.0, 0.6, 0.4, 0.3, 0.2) = 0.5 <= 0.94 - 0.25: collapse.
     assert bf16["peak"]["values"] == pytest.approx([0.94]) and bf16["peak"]["std"] is None
     assert bf16["final"]["values"] == pytest.approx([0.5]) and bf16["final"]["ci"] is None
 
     tis = cells[("arith", "grpo_token_tis", "bf16")]
-    assert tis["counts"] == {"pass": 1, "collapse": 0, "unstable": 0, "incomplete": 1} and tis["failed"] == 0
+    assert tis["counts"] == {"pass": 1, "collapse": 0, "unstable": 0, "too_short": 0, "incomplete": 1} and tis["failed"] == 0
 
 
 def test_golden_report_tables(golden):

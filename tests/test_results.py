@@ -92,6 +92,15 @@ def test_summarize_collapse_below_start():
     assert s["verdict"] == "collapse"
 
 
+def test_a_run_too_short_for_the_windows_gets_no_verdict():
+    """A 4-step smoke run that falls is no collapse, and one that rises no pass: too short to judge."""
+    fall, rise = [0.9, 0.6, 0.3, 0.1], [0.96, 0.97, 0.98, 0.99]
+    assert summarize(make_rows(fall), total_steps=4)["verdict"] == "too_short"
+    assert summarize(make_rows(rise), total_steps=4)["verdict"] == "too_short"
+    assert summarize(make_rows(fall[:2]), total_steps=4)["verdict"] == "incomplete"  # unfinished stays incomplete
+    assert summarize(make_rows(fall * 2 + [0.1, 0.1]), total_steps=10)["verdict"] == "collapse"  # 10 steps: judged
+
+
 def test_summarize_flat_curve_is_unstable():
     s = summarize(make_rows([0.5] * 10), total_steps=10)
     assert s["accuracy/peak"] == 0.5
@@ -366,7 +375,7 @@ def test_load_run_round_trip_and_errors(tmp_path):
     run = load_run(run_dir)
     assert set(run) == {"config", "summary", "env", "metrics"}
     assert run["config"] == {"task": "math"}
-    assert run["summary"]["verdict"] == "pass"
+    assert run["summary"]["verdict"] == "too_short"  # 5 steps: no peak and final windows apart
     assert len(run["metrics"]) == 5
 
     (run_dir / "env.json").unlink()

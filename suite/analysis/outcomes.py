@@ -11,7 +11,7 @@ from rich.table import Table
 from suite.analysis import render
 from suite.analysis.render import fmt, ratio_caption
 from suite.analysis.runs import Run, load_runs, load_summaries
-from suite.results import VERDICT_RULE, display_path, find_run_dirs
+from suite.results import MIN_JUDGED_STEPS, VERDICT_RULE, display_path, find_run_dirs
 
 # ---------------------------------------------------------------------------- the outcome table (sweeps, suite main)
 COLUMNS = ("run", "verdict", "peak acc (step)", "final acc", "first pass step", "step-0 mean abs dp",
@@ -84,7 +84,12 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
 
 def _not_passing(summaries: list[dict]) -> str:
     """Which runs did not pass, and whether the mismatch can explain it (a flow with exactly 0 cannot)."""
-    bad = [s for s in summaries if s.get("verdict") != "pass"]
+    bad = [s for s in summaries if s.get("verdict") not in ("pass", "too_short")]
+    short = sum(s.get("verdict") == "too_short" for s in summaries)
+    note = (f"{short} run(s) too short to judge (fewer than {MIN_JUDGED_STEPS} steps: the verdict rule needs a peak "
+            "window and a final window that do not overlap); no verdict is drawn from them.") if short else ""
+    if not bad:
+        return note
     flows = render.flow_order(s.get("precision") for s in summaries if s.get("precision"))
     by_flow = {f: [s for s in summaries if s.get("precision") == f] for f in flows}
     parts = []
@@ -96,8 +101,9 @@ def _not_passing(summaries: list[dict]) -> str:
                      f"{s.get('precision')} runs pass" + ("; its mismatch is exactly 0, so the mismatch does not explain it"
                                                           if zero else "") + ")")
     fails = {s.get("precision") for s in bad}
-    lowp_only = fails and all(by_flow.get(f) and all(p.get("verdict") != "pass" for p in by_flow[f]) for f in fails)
-    return (f"Not passing: {'; '.join(parts)}. " + (
+    lowp_only = fails and all(by_flow.get(f) and all(p.get("verdict") not in ("pass", "too_short") for p in by_flow[f])
+                              for f in fails)
+    return (f"{note} " if note else "") + (f"Not passing: {'; '.join(parts)}. " + (
         "Every run of those flows fails." if lowp_only else
         f"No flow fails in every run, so with {_seeds_per_cell(summaries)} per cell this does not show precision "
         "deciding the reward."))
