@@ -133,3 +133,17 @@ def test_low_precision_runs_log_mismatch_and_scale(tmp_path, precision):
     assert (scale > 1) if precision == "fp16" else (scale == 1.0)
     env = json.loads((d / "env.json").read_text())
     assert env["sampler_dtype"] == {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]
+
+
+def test_an_empty_perfectible_set_names_the_fixes_and_the_corrected_rerun_takes_its_folder(tmp_path):
+    """Bad input found at the perfectible set: the error names the knobs; the folder of the run that never trained
+    a step does not block the rerun with the corrected band (it did: 'holds a run of a different config')."""
+    with pytest.raises(ValueError, match=r"perfectible set has 0 prompts.*perfectible\.lo.*prefiltered:"):
+        run(_cfg(tmp_path, "perfectible.lo=0.999", "perfectible.hi=1.0", "steps=2"))
+    d = _run_dir(tmp_path)
+    assert (d / "config.json").exists() and not (d / "metrics.jsonl").exists()
+    run(_cfg(tmp_path, "steps=2"))
+    s = json.loads((d / "summary.json").read_text())
+    assert s["steps_done"] == 2 and s["error"] is None and not (d / "error.txt").exists()
+    with pytest.raises(RunDirConflict, match="different config"):  # a folder that holds steps is still protected
+        run(_cfg(tmp_path, "steps=3"))

@@ -147,3 +147,20 @@ def describe(prov: dict) -> str:
 
 def _read_json(path: Path):
     return json.loads(path.read_text()) if path.exists() else None
+
+
+def too_few(prov: dict, n: int, cfg) -> str:
+    """Why a run cannot start on this perfectible set, and what would make one: the user's fixes by name."""
+    where = describe(prov).replace("\n", ";")
+    if prov.get("prefiltered"):
+        return (f"perfectible set has {n} prompts, fewer than prompts_per_step={cfg.prompts_per_step} ({where}): "
+                "the task's train split is used as it is; give it more rows or lower prompts_per_step")
+    rate = prov.get("mean_pass_rate_before")
+    lo, hi = prov["band"]
+    hint = (f"the base policy's pass rates lie mostly below the band (mean {rate:.2f} < {lo}): a lower perfectible.lo, "
+            "a stronger model= (a local HF model directory) or an easier task" if rate is not None and rate < lo else
+            f"the base policy's pass rates lie mostly above the band (mean {rate:.2f} > {hi}): a higher perfectible.hi "
+            "or a harder task" if rate is not None and rate > hi else "a wider band (perfectible.lo, perfectible.hi)")
+    return (f"perfectible set has {n} prompts, fewer than prompts_per_step={cfg.prompts_per_step} ({where}). "
+            f"Fixes: {hint}; a larger perfectible.pool; or, if your data are already filtered, `prefiltered:` in the "
+            "task file (docs/own_task.md) to train on its train split as it is.")

@@ -41,6 +41,7 @@ from suite.numerics.mismatch import (length_bias, mechanism_metrics, mismatch_an
                                      mismatch_metrics, ratio_band_fractions)
 from suite.numerics.perturbation import Perturbation
 from suite.numerics.precision import gemm_backend, resolve
+from suite.packed import read_log
 from suite.results import (
     REFERENCE_ROOT,
     append_jsonl,
@@ -137,11 +138,16 @@ def claim_run_dir(run_dir: Path, cfg_dict: dict, origins: dict | None = None) ->
     path = run_dir / "config.json"
     if path.exists():
         old = json.loads(path.read_text())
-        if not same_experiment(old, cfg_dict):
+        if same_experiment(old, cfg_dict):
+            return
+        if read_log(run_dir, "metrics.jsonl", missing_ok=True) or (run_dir / "ckpt").exists():
             diff = _diff(old.get("config", {}), cfg_dict)
             raise RunDirConflict(f"{run_dir} holds a run of a different config ({diff}); "
                                  f"choose another name=..., or delete that directory")
-        return
+        # A run that stopped before its first step (bad input found late) holds no result: the corrected rerun takes
+        # its folder, and the failed attempt's record goes.
+        for stale in ("summary.json", "error.txt"):
+            (run_dir / stale).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {"config_hash": config_hash(cfg_dict), "config": cfg_dict,
                              **({"config_origins": origins} if origins else {})})
@@ -243,7 +249,7 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
         model_dir, data_dir = built or data.prepare_data(cfg, console)
         items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
         if len(items) < cfg.prompts_per_step:
-            raise ValueError(f"perfectible set has {len(items)} prompts, fewer than prompts_per_step={cfg.prompts_per_step}")
+            raise ValueError(perfectible.too_few(prov, len(items), cfg))
         model, tok = load_policy(model_dir)
         n_matmul = flops.matmul_params(model)  # before sharding
         trainer, engine, backends = build_engines(cfg, model, world)
