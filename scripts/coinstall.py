@@ -84,9 +84,9 @@ def conflict(output: str) -> str:
     versions (the releases of one package that ask the same thing grouped into a range)."""
     lines = output.splitlines()
     if "The conflict is caused by:" not in output:
-        errors = [l.strip() for l in lines if l.startswith("ERROR")]
+        errors = [line.strip() for line in lines if line.startswith("ERROR")]
         return errors[-1] if errors else (lines[-1].strip() if lines else "pip failed without a message")
-    start = next(i for i, l in enumerate(lines) if "The conflict is caused by:" in l) + 1
+    start = next(i for i, line in enumerate(lines) if "The conflict is caused by:" in line) + 1
     asks: dict[str, dict[tuple[str, str], list[str]]] = {}  # dependency -> (package, spec) -> versions
     for line in lines[start:]:
         if not line.strip():
@@ -102,7 +102,7 @@ def conflict(output: str) -> str:
             continue
         said = [f"{pkg} {vs[-1] if len(vs) == 1 else vs[-1] + '-' + vs[0]} {spec}" for (pkg, spec), vs in who.items()]
         parts.append(f"{dep}: " + "; ".join(said))
-    return " / ".join(parts) or "; ".join(l.strip() for l in lines[start:start + 6])
+    return " / ".join(parts) or "; ".join(line.strip() for line in lines[start:start + 6])
 
 
 def resolve(stack: Stack, suite_req: str) -> dict:

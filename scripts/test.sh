@@ -16,4 +16,5 @@ if [ -n "${CI:-}" ]; then
   bash scripts/conformance.sh --install-only || echo "test set-up: could not install the peers; the conformance tests will fail in CI" >&2
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+.venv/bin/python -m ruff check suite tests scripts  # the rule set in pyproject.toml; a violation fails CI here
 exec .venv/bin/python -m pytest -q "$@"

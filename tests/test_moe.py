@@ -26,8 +26,8 @@ def test_route_against_a_hand_computation_and_replay():
 
 def test_experts_is_the_weighted_sum_of_swiglu_experts():
     g = torch.Generator().manual_seed(0)
-    E, H, I = 3, 4, 5
-    x, gate_up, down = torch.randn(2, H, generator=g), torch.randn(E, 2 * I, H, generator=g), torch.randn(E, H, I, generator=g)
+    E, H, Di = 3, 4, 5
+    x, gate_up, down = torch.randn(2, H, generator=g), torch.randn(E, 2 * Di, H, generator=g), torch.randn(E, H, Di, generator=g)
     idx, w = torch.tensor([[0, 2], [1, 0]]), torch.tensor([[0.7, 0.3], [0.5, 0.5]])
 
     def expert(e, v):

@@ -21,7 +21,7 @@ from trl import GRPOConfig  # noqa: E402
 
 from suite.analysis import leaderboard  # noqa: E402
 from suite.numerics.engine import eos_ids  # noqa: E402
-from suite.rl import config
+from suite.rl import config  # noqa: E402
 
 
 def _args(tmp_path, bf16: bool, **kw) -> GRPOConfig:

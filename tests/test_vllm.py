@@ -99,7 +99,9 @@ def test_weight_sync_changes_the_greedy_continuation(engines, policy):
     n_new = cfg.sampling.max_new_tokens
     old = copy.deepcopy(trainer.model.state_dict())
     ref = copy.deepcopy(model).float()
-    greedy = lambda: engine.generate(prompts, n_new, 0.0, 1.0, torch.Generator().manual_seed(0)).response_ids()
+    def greedy():
+        return engine.generate(prompts, n_new, 0.0, 1.0, torch.Generator().manual_seed(0)).response_ids()
+
     hf_old = _hf_greedy(ref, prompts, n_new)
     # fp32: token for token. bf16/fp16: a near-tie can flip one argmax and the rest of the sequence
     # with it, so compare the shared prefix (fraction of the trainer's continuation reproduced).

@@ -58,9 +58,10 @@ if _VLLM_LOGGING_LEVEL is None:
 else:
     os.environ["VLLM_LOGGING_LEVEL"] = _VLLM_LOGGING_LEVEL
 
-from suite.analysis import bundle
-from suite.numerics.precision import FLOWS
-from suite.tasks.item import Item
+# after the environment is set as above, on purpose: importing these imports vLLM's logging setup
+from suite.analysis import bundle  # noqa: E402
+from suite.numerics.precision import FLOWS  # noqa: E402
+from suite.tasks.item import Item  # noqa: E402
 
 SUPPORTED_TRL = ">=1.16,<1.17"
 # Suite algorithms TRL's GRPOTrainer expresses without the sampler's log-probs (docs/algorithms.md):

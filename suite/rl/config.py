@@ -370,8 +370,15 @@ def _centering_checks(cfg: RunConfig) -> list:
     from suite.numerics.precision import FLOWS
     from suite.rl import recipe
 
-    on, k = (lambda c: c.algo.score_centering), (lambda c: c.algo.score_centering_topk)
-    untruncated = (lambda c: c.sampling.top_p == 1.0 and c.sampling.top_k == 0)
+    def on(c):
+        return c.algo.score_centering
+
+    def k(c):
+        return c.algo.score_centering_topk
+
+    def untruncated(c):
+        return c.sampling.top_p == 1.0 and c.sampling.top_k == 0
+
     return [
         ("algo.score_centering_topk", lambda c: k(c) is None or on(c),
          "has no effect without algo.score_centering=true"),
