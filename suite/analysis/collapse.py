@@ -1,6 +1,6 @@
 """The collapse-search report: does precision decide the outcome, in which regime, and why.
 
-Issue 9 asks for the published separation (arXiv 2510.26788: BF16 GRPO collapses on the
+It looks for the published separation (arXiv 2510.26788: BF16 GRPO collapses on the
 sanity test, FP16 reaches > 95%) at CPU scale, searched over named regimes
 (``suite/rl/schema.py`` REGIMES, the ``collapse-search`` grid) with several seeds per cell, and
 for the outcome to be *stated by the suite from the results*, either way. Everything here is

@@ -450,7 +450,7 @@ def write(class_dir: Path, out: Path) -> Path:
 def cli(args: list[str]) -> int:
     from suite.numerics import machine
 
-    p = argparse.ArgumentParser(prog="suite hypotheses", description="The per-hypothesis science report (issue 16) "
+    p = argparse.ArgumentParser(prog="suite hypotheses", description="The per-hypothesis science report "
                                 "of one machine class's committed grids, computed from the run files alone.")
     p.add_argument("--class", dest="cls", help="machine class (default: this machine's)")
     p.add_argument("--root", type=Path, default=REFERENCE_ROOT, help="reference root (default: results/reference)")

@@ -1,7 +1,7 @@
 """``suite attribute``: where a stack's training-inference mismatch comes from, source by source.
 
 Every RL stack's gap between sampler and trainer is a sum of sources, several of them not precision at all
-(issue 30): the trainer's own kernels, FP8 weights in the sampler, an FP8 KV cache, truncated sampling the
+(docs/attribution.md): the trainer's own kernels, FP8 weights in the sampler, an FP8 KV cache, truncated sampling the
 trainer does not renormalise, asynchronous rollouts, the trainer's micro-batching. This measures each one on
 the same batches (same prompts, same per-sequence sampling seeds):
 

@@ -39,7 +39,7 @@ SANITY_ALGORITHMS = ["grpo", "grpo_token_tis", "pg_seq_is"]
 
 SEARCH_FLOWS = ["fp32", "fp16", "bf16", "bf16_fp8rollout"]
 
-# The corrections the source grids cross with each source: none, token-level TIS, sequence-level MIS (issue 30).
+# The corrections the source grids cross with each source: none, token-level TIS, sequence-level MIS.
 SOURCE_ALGORITHMS = ["grpo", "grpo_token_tis", "grpo_seq_mis"]
 
 GRIDS: dict[str, dict[str, Any]] = {
@@ -120,11 +120,11 @@ GRIDS: dict[str, dict[str, Any]] = {
         "axes": {"inject.kind": ["noise", "lowp_bias"], "inject.scale": [0.1, 0.3, 1.0, 3.0], "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "precision=fp32", "name=dose-response/${inject.kind}-${inject.scale}"],
     },
-    # Issue 30 item 5: does a non-precision source decide the outcome? Each grid switches one source against its matched
-    # control, on fp32 (so the studied source is the only mismatch), x no correction / token TIS / sequence MIS, three
-    # seeds, on the main job's task (base) and on the many-answer task where entropy is high (tail).
+    # Does a non-precision source decide the outcome (docs/attribution.md)? Each grid switches one source against
+    # its matched control, on fp32 (so the studied source is the only mismatch), x no correction / token TIS /
+    # sequence MIS, three seeds, on the main job's task (base) and on the many-answer task where entropy is high (tail).
     "src-top-p": {
-        "doc": "issue 30: rollouts with top_p 0.8, the trainer scoring the whole vocabulary (truncation none, the "
+        "doc": "a source of mismatch: rollouts with top_p 0.8, the trainer scoring the whole vocabulary (truncation none, the "
                "common bug) or renormalising over the sampler's kept set, x grpo / grpo_token_tis / grpo_seq_mis, "
                "fp32, base and tail regimes, three seeds (control: renormalise)",
         "axes": {"regime": ["base", "tail"], "sampling.truncation": ["none", "renormalise"],
@@ -132,14 +132,14 @@ GRIDS: dict[str, dict[str, Any]] = {
         "overrides": ["precision=fp32", "sampling.top_p=0.8", "name=src-top-p/${regime}/${sampling.truncation}"],
     },
     "src-kv-fp8": {
-        "doc": "issue 30: the sampler's KV cache in FP8 E4M3 (vLLM's kv_cache_dtype=fp8) or in the sampler dtype, "
+        "doc": "a source of mismatch: the sampler's KV cache in FP8 E4M3 (vLLM's kv_cache_dtype=fp8) or in the sampler dtype, "
                "x grpo / grpo_token_tis / grpo_seq_mis, fp32, base and tail regimes, three seeds (control: auto)",
         "axes": {"regime": ["base", "tail"], "kv_cache": ["auto", "fp8"], "algorithm": SOURCE_ALGORITHMS,
                  "seed": [0, 1, 2]},
         "overrides": ["precision=fp32", "name=src-kv-fp8/${regime}/${kv_cache}"],
     },
     "src-staleness": {
-        "doc": "issue 30: rollouts sampled with weights 0, 1 or 4 RL steps old (asynchronous trainers), x grpo / "
+        "doc": "a source of mismatch: rollouts sampled with weights 0, 1 or 4 RL steps old (asynchronous trainers), x grpo / "
                "grpo_token_tis / grpo_seq_mis, fp32, base and tail regimes, three seeds (control: 0)",
         "axes": {"regime": ["base", "tail"], "staleness": [0, 1, 4], "algorithm": SOURCE_ALGORITHMS, "seed": [0, 1, 2]},
         "overrides": ["precision=fp32", "name=src-staleness/${regime}/k${staleness}"],

@@ -103,7 +103,7 @@ FLOWS: dict[str, Flow] = {
              "alike, with straight-through gradients into the fp32 masters", unified=True),
         Flow("exact", "bf16", "bf16", False, "bitwise on-policy: the trainer replays the sampler's decode loop "
              "(same kernels, same shapes); mismatch exactly 0, at the cost of a sequential training forward", True),
-        # Controls for the trainer's numerics (issue: science round 2). bf16/fp16 train the HF module under
+        # Controls for the trainer's numerics (docs/hypotheses.md). bf16/fp16 train the HF module under
         # autocast (fp32 residual stream and norms) while exact and unified fp8 train with the sampler's pure
         # low-precision code; these two train with that code too, on the full sequence, so comparing bf16 with
         # bf16_unified separates what the mismatch does from what the trainer's own rounding does.

@@ -245,7 +245,7 @@ def mechanism_metrics(trainer_logp: Tensor, sampler_logp: Tensor, mask: Tensor, 
     return out
 
 
-# ---- diagnostics of issue 30: ratio bands, full-vocabulary divergences, length bias -----------
+# ---- diagnostics of the sources: ratio bands, full-vocabulary divergences, length bias --------
 # Where practitioners draw their lines (TRL issue 6789 counts tokens outside [0.9, 1.1]; "mean IS weight outside
 # [0.5, 2]" is the usual warning). NeMo-RL's token-multiplicative probability error, mean_t exp|log pi - log mu|,
 # is mismatch/exp_abs_logprob_diff/mean above.
