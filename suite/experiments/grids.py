@@ -39,6 +39,10 @@ SANITY_ALGORITHMS = ["grpo", "grpo_token_tis", "pg_seq_is"]
 
 SEARCH_FLOWS = ["fp32", "fp16", "bf16", "bf16_fp8rollout"]
 
+# The 4-bit study's flows, baselines first (suite/numerics/flows.py: the rows with fp4 set, out of the main grids).
+FP4_FLOWS = ["bf16", "bf16_fp8rollout", "bf16_nvfp4rollout", "bf16_nvfp4a4rollout", "bf16_mxfp4rollout",
+             "bf16_mxfp4a4rollout", "nvfp4a4"]
+
 # The corrections the source grids cross with each source: none, token-level TIS, sequence-level MIS.
 SOURCE_ALGORITHMS = ["grpo", "grpo_token_tis", "grpo_seq_mis"]
 
@@ -149,6 +153,22 @@ GRIDS: dict[str, dict[str, Any]] = {
                "(task file tier full), bf16 vs fp16 x the sanity algorithms, vLLM rollouts",
         "axes": {"precision": ["bf16", "fp16"], "algorithm": SANITY_ALGORITHMS, "seed": [0]},
         "overrides": ["task=sanity_r1d", "tier=full", "engine=vllm"],
+    },
+    # Do 4-bit rollouts fail at this scale, and which correction recovers them? The 4-bit flows, the
+    # quantisation-aware flow and the bf16 / FP8-rollout baselines x no correction, token TIS, sequence MIS; score
+    # centering (arXiv 2609.20807) is a switch on top of an uncorrected row, so it has its own grid.
+    "fp4": {
+        "doc": "4-bit rollouts (NVFP4 and MXFP4, W4A16 and W4A4), the quantisation-aware nvfp4a4 and the bf16 and "
+               "FP8-rollout baselines x no correction / token TIS / sequence MIS, three seeds",
+        "axes": {"precision": FP4_FLOWS, "algorithm": SOURCE_ALGORITHMS, "seed": [0, 1, 2]},
+        "overrides": ["name=fp4"],
+    },
+    "fp4-centering": {
+        "doc": "the fp4 grid's flows under plain GRPO with score centering (algo.score_centering=true, the sampler's "
+               "full distribution), three seeds: the fourth correction beside the fp4 grid's three (not nvfp4a4, "
+               "which trains through the sampler's own code and has no distribution to centre with)",
+        "axes": {"precision": [f for f in FP4_FLOWS if f != "nvfp4a4"], "seed": [0, 1, 2]},
+        "overrides": ["algorithm=grpo", "algo.score_centering=true", "name=fp4-centering"],
     },
     "algorithms": {
         "doc": "every algorithm of suite.rl.algos in bf16 and fp16, two seeds",
