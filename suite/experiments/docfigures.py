@@ -26,7 +26,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from suite.experiments.accept_tables import f_accept
+from suite.experiments.accept_tables import f_accept, f_matrix
 from suite.experiments.bench_memory import plan_markdown
 from suite.packed import read_log
 from suite.results import REFERENCE_ROOT, atomic_write_text
@@ -433,7 +433,8 @@ FIGURES = {
     "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs, "gap-clipped": f_gap_clipped,
     "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids,
     "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution,
-    "attribution-on": f_attribution, "source": f_source, "plan": f_plan, "memplan": f_memplan, "accept": f_accept}
+    "attribution-on": f_attribution, "source": f_source, "plan": f_plan, "memplan": f_memplan, "accept": f_accept,
+    "matrix": f_matrix}
 
 
 def figure(name: str) -> str:
