@@ -93,7 +93,8 @@ def test_grid_time_is_measured_where_a_reference_ran_it_else_summed_from_matchin
 
     cls = "cpu-test"
     (tmp_path / cls).mkdir()
-    (tmp_path / cls / "reference.json").write_text(json.dumps({"jobs": {"sanity": {"wall_time_s": 600.0}}}))
+    (tmp_path / cls / "reference.json").write_text(json.dumps({"jobs": {"sanity": {"wall_time_s": 600.0},
+                                                                       "fp4": {"wall_time_s": 60.0, "cells_trained": 21}}}))
     # fp8 grid: flows x grpo, grpo_token_tis x 3 seeds, small tier (arith3, 100 steps, regime base).
     flows = grids.get("fp8")["axes"]["precision"]
     for i, flow in enumerate(flows):
@@ -109,6 +110,7 @@ def test_grid_time_is_measured_where_a_reference_ran_it_else_summed_from_matchin
     assert rows["fp8"]["time"][cls] == ("estimate", pytest.approx(want))
     assert rows["fp8"]["cells"] == len(flows) * 6 and rows["fp8"]["steps"] == [100]
     assert cls not in rows["collapse-search"]["time"]  # no run of those regimes: no figure, no extrapolation
+    assert cls not in rows["fp4"]["time"]  # a job of 21 of its 63 cells measures those, not the grid
 
 
 # ---- suite --help, python -m suite, every command's --help ------------------------------------------

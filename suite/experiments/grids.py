@@ -235,7 +235,7 @@ def catalogue(reference_root) -> list[dict]:
     for ref in sorted(reference_root.glob("*/reference.json")):
         for name, job in (json.loads(ref.read_text()).get("jobs") or {}).items():
             if job.get("wall_time_s"):
-                jobs[(ref.parent.name, name)] = float(job["wall_time_s"])
+                jobs[(ref.parent.name, name)] = (float(job["wall_time_s"]), job.get("cells_trained"))
     rows = []
     for name in GRIDS:
         g = get(name)
@@ -245,8 +245,9 @@ def catalogue(reference_root) -> list[dict]:
         cfgs = [config.resolve(config.from_plain(ov), layers.given(ov)) for ov in plain]
         per_class = {}
         for cls in sorted({p.parent.name for p in reference_root.glob("*/reference.json")}):
-            if (cls, name) in jobs:
-                per_class[cls] = ("measured", jobs[(cls, name)])
+            wall, trained = jobs.get((cls, name), (None, None))
+            if wall is not None and trained in (None, len(cells)):  # a job of part of the grid measures that part only
+                per_class[cls] = ("measured", wall)
                 continue
             runs = [times.get(cls, {}).get((c.task, c.tier, c.regime, c.precision, c.steps, c.updates_per_step))
                     for c in cfgs]
