@@ -100,3 +100,17 @@ def test_a_run_whose_sampler_keeps_stale_weights_stops_naming_the_layer(tmp_path
         run(cfg)
     summary = json.loads(next(tmp_path.rglob("summary.json")).read_text())
     assert summary["verdict"] == "incomplete" and "refit check" in summary["error"]
+
+
+def test_the_per_step_check_casts_only_the_layers_it_checks(tiny_model):
+    """The rotating check runs inside the RL step: it must not copy the whole model into the sampler's dtype."""
+    trainer, engine = _engine(tiny_model, "bf16_fp8rollout")
+    w = trainer.model.state_dict()
+    engine.sync(w)
+    seen = []
+    real = engine.cast_weights
+    engine.cast_weights = lambda sd, **kw: seen.append(sorted(sd)) or real(sd, **kw)
+    names = refit.rotating(engine, 0, per_step=1)
+    assert refit.check(engine, w, names) == names
+    layer = names[0].split(".self_attn.")[0].split(".mlp.")[0] + "."
+    assert seen[0] and all(k.startswith(layer) for k in seen[0]) and len(seen[0]) < len(w)

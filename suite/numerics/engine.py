@@ -127,7 +127,7 @@ class TorchEngine:
         autograd graph, so gradients reach the fp32 masters (the ``exact`` flow's trainer)."""
         dtype = dtype or self.dtype
         w = {k: (v.detach() if detach else v).to(self.device, dtype, copy=detach) for k, v in state_dict.items()}
-        if "lm_head.weight" not in w:  # tied embeddings
+        if "lm_head.weight" not in w and "model.embed_tokens.weight" in w:  # tied embeddings (a subset: neither)
             w["lm_head.weight"] = w["model.embed_tokens.weight"]
         for i in range(self.cfg.num_hidden_layers):
             p = f"model.layers.{i}."

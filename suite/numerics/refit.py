@@ -14,10 +14,15 @@ here (``checkable``).
 """
 from __future__ import annotations
 
+import re
+
 import torch
 
 from suite.numerics import fp4
 from suite.numerics.fp8 import quantize_blockwise
+
+
+LAYER = re.compile(r".*\.layers\.\d+\.")  # a decoder layer's prefix: "model.layers.3."
 
 
 class StaleWeights(RuntimeError):
@@ -47,7 +52,13 @@ def check(engine, state_dict: dict[str, torch.Tensor], layers: list[str] | None 
     if not checkable(engine):
         return []
     names = sorted(engine.wq) if layers is None else layers
-    fresh = engine.cast_weights({k: v for k, v in state_dict.items()}, detach=True)
+    # Cast only the decoder layers checked: the per-step check runs in the RL step, where a copy of the whole model
+    # in the sampler's dtype would cost more than the check.
+    matched = [LAYER.match(n) for n in names]
+    if all(matched):
+        prefixes = tuple({m.group(0) for m in matched})
+        state_dict = {k: v for k, v in state_dict.items() if k.startswith(prefixes)}
+    fresh = engine.cast_weights(state_dict, detach=True)
     for name in names:
         w = fresh[name]
         want = quantize_blockwise(w) if engine.quant == "fp8" else fp4.quantize_weight(w, engine.quant)
