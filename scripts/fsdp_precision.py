@@ -23,7 +23,8 @@ from suite.numerics.mismatch import mismatch_metrics
 from suite.rl import config, perfectible
 from suite.rl.data import prepare_data
 from suite.rl.policy import load_policy
-from suite.rl.train import batch_tensors, build_engines
+from suite.numerics.scoring import Batch, batch_tensors
+from suite.rl.train import build_engines
 from suite.tasks.registry import prompt_ids
 
 
@@ -60,9 +61,9 @@ def main(argv: list[str]) -> None:
             return lp, str(logits.dtype)
 
         with torch.no_grad():
-            rows = {"single process, autocast": (plain.logprobs(ids, attn, R, roll.tokens, 1.0)[0],
+            rows = {"single process, autocast": (plain.score(Batch(ids, attn, roll.tokens, 1.0))[0],
                                                  plain.observe()["logits"]),
-                    "FSDP2 fp32 shards + autocast (the suite's)": (sharded.logprobs(ids, attn, R, roll.tokens, 1.0)[0],
+                    "FSDP2 fp32 shards + autocast (the suite's)": (sharded.score(Batch(ids, attn, roll.tokens, 1.0))[0],
                                                                    sharded.observe()["logits"]),
                     f"FSDP2 MixedPrecisionPolicy(param_dtype={precision})": alt_logprobs()}
         for name, (logp, dtype) in rows.items():

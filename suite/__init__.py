@@ -5,7 +5,7 @@ The package follows the pipeline, one subpackage per stage, each importing only 
 
     numerics     how each side of the loop computes: precision flows, FP8, the samplers, the trainer, mismatch
     tasks        what is asked and how it is graded: task registry and files, dataset tasks, math reward
-    rl           one run: config, data, the loop (rl/train.py), algorithms, checkpoints, evaluation
+    rl           one run: config, data, the step (rl/step.py), the run (rl/train.py), algorithms, checkpoints
     analysis     what result files say: report, figures, collapse search, reproduction, bundles, leaderboard
     experiments  many runs: named grids, sweeps and launchers, benchmarks, the TRL and verl bridges
 

@@ -13,7 +13,8 @@ from torch.distributed.fsdp import FSDPModule
 
 from suite import dist
 from suite.numerics.precision import resolve
-from suite.numerics.trainer import Trainer
+from suite.numerics.scoring import Batch
+from suite.numerics.trainer import Trainer, TrainerOptions
 from suite.rl.policy import PolicySpec, build_model
 from suite.rl.schema import OptimConfig
 
@@ -39,13 +40,13 @@ def main(out: Path) -> None:
     w = 1.0 / (world.size * len(micro))  # each micro-batch's share of the global loss
 
     def loss_of(trainer, r):
-        logp, _ = trainer.logprobs(ids[r], torch.ones_like(ids[r]), 3, ids[r, -3:], 1.0)
+        logp, _, _ = trainer.score(Batch(ids[r], torch.ones_like(ids[r]), ids[r, -3:], 1.0))
         return -logp.mean(), {}
 
     grads, counts, losses = {}, {}, {}
     for defer in (False, True):
         trainer = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3, grad_clip=1e9),
-                          world=world, defer_grad_sync=defer)
+                          TrainerOptions(defer_grad_sync=defer), world=world)
         calls.clear()
         m = trainer.step([(lambda r=r: loss_of(trainer, r), w) for r in micro])
         counts[defer], losses[defer] = len(calls), m["loss/policy"]

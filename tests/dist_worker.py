@@ -9,6 +9,7 @@ import torch
 
 from suite import dist
 from suite.numerics.precision import resolve
+from suite.numerics.scoring import Batch
 from suite.numerics.trainer import Trainer
 from suite.rl.policy import PolicySpec, build_model
 from suite.rl.schema import OptimConfig
@@ -23,7 +24,7 @@ def main(out: Path, inject_rank: int) -> None:
     rows = torch.arange(4).tensor_split(world.size)[world.rank]
 
     def loss_fn():
-        logp, _ = trainer.logprobs(ids[rows], torch.ones_like(ids[rows]), 3, ids[rows, -3:], 1.0)
+        logp, _, _ = trainer.score(Batch(ids[rows], torch.ones_like(ids[rows]), ids[rows, -3:], 1.0))
         return -logp.mean() / world.size, {}
 
     real_unscale = trainer.scaler.unscale_

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from suite import dist
+from suite.numerics.scoring import Batch
 from suite.results import read_jsonl
 from suite.rl import config, schema
 
@@ -323,7 +324,7 @@ def test_exported_policy_loads_in_transformers_and_gives_the_trainers_logprobs(t
     ids = torch.tensor([tok("123+456=")["input_ids"] + tok("9+6+0=15")["input_ids"][1:]])
     attn = torch.ones_like(ids)
     trainer = Trainer(base, resolve("fp32"), "native", schema.OptimConfig(lr=1e-4))
-    want, _ = trainer.logprobs(ids, attn, 8, ids[:, -8:], 1.0)
+    want, _, _ = trainer.score(Batch(ids, attn, ids[:, -8:], 1.0))
     logits = hf(input_ids=ids).logits
     got = torch.log_softmax(logits[:, -9:-1].float(), -1).gather(-1, ids[:, -8:, None])[..., 0]
     torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

@@ -14,7 +14,7 @@ from suite.numerics.precision import (
     resolve,
 )
 from suite.rl.policy import EOS
-from suite.rl.train import batch_tensors
+from suite.numerics.scoring import Batch, batch_tensors
 
 
 def _prompts(tok, task, n=12):
@@ -173,12 +173,12 @@ def test_exact_flow_has_zero_mismatch_and_trains(tiny_model, lm_head_fp32):
     roll = engine.generate(_prompts(tok, task, 16), 30, 1.0, 1.0, torch.Generator().manual_seed(0))
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
     with torch.no_grad():
-        logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+        logp, _, _ = trainer.score(Batch(ids, attn, roll.tokens, 1.0))
     assert torch.equal(logp * roll.mask, roll.logprobs)
     m = mismatch_metrics(logp, roll.logprobs, roll.mask)
     assert m["mismatch/kl_k3"] == 0.0 and m["mismatch/prob_diff/max"] == 0.0
     assert m["mismatch/seq_log_ratio/max_abs"] == 0.0
-    logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+    logp, _, _ = trainer.score(Batch(ids, attn, roll.tokens, 1.0))
     (-(logp * roll.mask).sum()).backward()
     grads = {n: p.grad for n, p in trainer.model.named_parameters()}
     assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "layers.0" in n or "lm_head" in n)
@@ -186,7 +186,7 @@ def test_exact_flow_has_zero_mismatch_and_trains(tiny_model, lm_head_fp32):
     bf16 = config.load(["tier=smoke", "precision=bf16"])
     t2, e2, _ = build_engines(bf16, copy.deepcopy(model))
     with torch.no_grad():
-        logp2, _ = t2.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+        logp2, _, _ = t2.score(Batch(ids, attn, roll.tokens, 1.0))
     assert not torch.equal(logp2 * roll.mask, roll.logprobs)
 
 
@@ -199,7 +199,7 @@ def _step0_mismatch(model, tok, task, precision):
     engine.sync(trainer.model.state_dict())
     roll = engine.generate(_prompts(tok, task, 16), 30, 1.0, 1.0, torch.Generator().manual_seed(0))
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
-    logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+    logp, _, _ = trainer.score(Batch(ids, attn, roll.tokens, 1.0))
     return trainer, logp, roll, mismatch_metrics(logp.detach(), roll.logprobs, roll.mask)
 
 
@@ -224,7 +224,7 @@ def test_unified_controls_train_with_the_samplers_code(tiny_model, dtype):
     model, tok, task = tiny_model
     trainer, logp, roll, control = _step0_mismatch(model, tok, task, f"{dtype}_unified")
     *_, autocast = _step0_mismatch(model, tok, task, dtype)
-    assert trainer.unified is not None and trainer.unified.quant is None and trainer.replay is None
+    assert trainer.unified_engine is not None and trainer.unified_engine.quant is None and trainer.exact_engine is None
     want = str(resolve(dtype).trainer_dtype)
     assert {k: v for k, v in trainer.observe().items() if k in ("gemm_output", "logits")} == {
         "gemm_output": want, "logits": want}

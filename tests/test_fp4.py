@@ -219,7 +219,8 @@ def _step0(model, tok, task, precision):
 
     from suite.numerics.mismatch import mismatch_metrics
     from suite.rl import config
-    from suite.rl.train import batch_tensors, build_engines
+    from suite.numerics.scoring import Batch, batch_tensors
+    from suite.rl.train import build_engines
 
     trainer, engine, _ = build_engines(config.load(["tier=smoke", f"precision={precision}"]),
                                        copy.deepcopy(model))
@@ -227,7 +228,7 @@ def _step0(model, tok, task, precision):
     prompts = [tok(it.prompt)["input_ids"] for it in task.split("train", 12)]
     roll = engine.generate(prompts, 20, 1.0, 1.0, torch.Generator().manual_seed(0))
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
-    logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+    logp, _, _ = trainer.score(Batch(ids, attn, roll.tokens, 1.0))
     return trainer, logp, roll, mismatch_metrics(logp.detach(), roll.logprobs, roll.mask)
 
 
@@ -239,7 +240,7 @@ def test_quantisation_aware_nvfp4a4_scores_with_the_samplers_quantiser_and_train
     model, tok, task = tiny_model
     trainer, logp, roll, qat = _step0(model, tok, task, "nvfp4a4")
     *_, rollout = _step0(model, tok, task, "bf16_nvfp4a4rollout")
-    assert trainer.unified is not None and trainer.unified.quant == "nvfp4a4"
+    assert trainer.unified_engine is not None and trainer.unified_engine.quant == "nvfp4a4"
     assert 0 <= qat["mismatch/kl_k3"] < rollout["mismatch/kl_k3"] / 10
     (-(logp * roll.mask).sum()).backward()
     q = trainer.model.model.layers[0].self_attn.q_proj.weight

@@ -168,7 +168,7 @@ def test_evaluation_samples_the_published_top_p_without_per_token_logprobs(tiny_
     vLLM for no log-prob per token (16 M objects at 8,192 tokens) and lets vLLM apply top-p; an
     engine started for training (without the full distribution) no longer refuses it."""
     from suite.numerics import vllm_engine
-    from suite.rl import train
+    from suite.rl import step
 
     asked = []
 
@@ -182,7 +182,7 @@ def test_evaluation_samples_the_published_top_p_without_per_token_logprobs(tiny_
     eng.llm, eng.sleep_mode, eng.asleep, eng.eos, eng.truncating = LLM(), False, False, [2], False
     _, tok, task = tiny_model
     settings = {"samples": 2, "splits": ["test"], "prompts": 3, "temperature": 0.6, "top_p": 0.95}
-    scores = train.evaluate(eng, tok, task, settings, 4, seed=0)
+    scores = step.evaluate(eng, tok, task, settings, 4, seed=0)
     assert list(scores) == ["eval/test/mean@2"] and len(asked) == 6
     assert all(p.logprobs is None and p.top_p == 0.95 and p.temperature == 0.6 for p in asked)
     with pytest.raises(ValueError, match="truncat"):  # training needs the kept set

@@ -10,6 +10,7 @@ import torch
 from suite import dist
 from suite.numerics import sampling
 from suite.numerics.precision import FLOWS, resolve
+from suite.numerics.scoring import Batch
 from suite.numerics.trainer import Trainer
 from suite.rl import config
 from suite.rl.policy import PolicySpec, build_model
@@ -28,10 +29,10 @@ def test_a_trainer_off_the_cpu_scores_a_cpu_batch_on_its_device(flow):
     trainer = Trainer(model, resolve(flow), "native", config.load(["tier=smoke"]).optim,
                       world=dist.World(device="meta"))
     ids = torch.randint(3, 20, (2, 8))
-    logp, ent = trainer.logprobs(ids, torch.ones_like(ids), 3, ids[:, -3:], 1.0)
+    logp, ent, _ = trainer.score(Batch(ids, torch.ones_like(ids), ids[:, -3:], 1.0))
     assert logp.device.type == "meta" and logp.shape == (2, 3) and ent.shape == (2, 3)
     assert trainer.observe()["param_device"] == "meta"
-    engine = trainer.replay or trainer.unified
+    engine = trainer.exact_engine or trainer.unified_engine
     assert engine.inv_freq.device.type == "meta" and engine.eos.device.type == "meta"
 
 
@@ -250,16 +251,16 @@ def test_evaluation_hands_vllm_every_prompt_at_once_with_the_seeds_of_chunks(tin
     vLLM samples the same responses. The responses are graded by the run's reward workers, as a step's are."""
     from suite.numerics.engine import TorchEngine
     from suite.numerics.vllm_engine import VllmEngine
-    from suite.rl import train
+    from suite.rl import step
 
     _, tok, task = tiny_model
-    graded, grade = [], train.grade
-    monkeypatch.setattr(train, "grade", lambda t, items, texts, truncated, workers: graded.append(
+    graded, grade = [], step.grade
+    monkeypatch.setattr(step, "grade", lambda t, items, texts, truncated, workers: graded.append(
         (len(texts), workers)) or grade(t, items, texts, truncated))
     settings = {"samples": 8, "splits": ["test"], "prompts": 40, "temperature": 1.0, "top_p": 1.0}
     built_in, vllm = _RecordingEngine(TorchEngine.max_batch), _RecordingEngine(VllmEngine.max_batch)
     for engine in (built_in, vllm):
-        train.evaluate(engine, tok, task, settings, 4, seed=3, workers=4)
+        step.evaluate(engine, tok, task, settings, 4, seed=3, workers=4)
     assert [len(p) for p, _ in built_in.calls] == [256, 64] and [len(p) for p, _ in vllm.calls] == [320]
     assert graded == [(256, 4), (64, 4), (320, 4)]
     pairs = [(tuple(p), s) for prompts, seeds in built_in.calls for p, s in zip(prompts, seeds)]

@@ -222,7 +222,7 @@ def test_an_engine_scoring_its_own_samples_with_emulated_gemms_is_exactly_zero(t
     property of FP8; with native low-precision kernels (shape-dependent accumulation) it is not zero."""
     from suite.numerics.engine import TorchEngine
     from suite.numerics.precision import _cpu_flags
-    from suite.rl.train import batch_tensors
+    from suite.numerics.scoring import batch_tensors
     from suite.tasks.registry import prompt_ids
 
     model, tok, task = tiny_model

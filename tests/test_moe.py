@@ -8,7 +8,7 @@ import torch
 
 from suite.numerics import moe
 from suite.numerics.sampling import sequence_seeds
-from suite.rl.train import batch_tensors
+from suite.numerics.scoring import Batch, batch_tensors
 
 
 def test_route_against_a_hand_computation_and_replay():
@@ -87,11 +87,11 @@ def test_fp32_sampler_and_trainer_agree_and_replay_forces_the_experts(tiny_moe):
     assert roll.routes.shape == (B, S, 2, 2) and bool((roll.routes[:, :-1] >= 0).all())
     assert bool((roll.routes[:, -1] == -1).all())  # the last token never went through a forward
     with torch.no_grad():
-        lp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)
+        lp, _, _ = trainer.score(Batch(ids, attn, roll.tokens, 1.0))
     assert torch.allclose(lp * roll.mask, roll.logprobs, atol=1e-5)
     assert moe.flip_fraction(roll.routes, trainer.chosen_routes(B), attn.bool()) == 0.0
     other = torch.where(roll.routes >= 0, (roll.routes + 1) % 4, roll.routes)
-    forced, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0, other)
+    forced, _, _ = trainer.score(Batch(ids, attn, roll.tokens, 1.0, routes=other))
     w = engine.training_weights(dict(trainer.model.named_parameters()))
     with torch.no_grad():
         ref, _ = engine.score_full(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0, w, other)
@@ -111,7 +111,7 @@ def test_bf16_routing_replay_uses_the_samplers_experts(tiny_moe):
     try:
         moe.experts = lambda x, gu, d, idx, w, lin: (seen.append(idx), real(x, gu, d, idx, w, lin))[1]
         with torch.no_grad():
-            trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0, roll.routes)
+            trainer.score(Batch(ids, attn, roll.tokens, 1.0, routes=roll.routes))
     finally:
         moe.experts = real
     B, S = ids.shape

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from suite.numerics.precision import resolve
-from suite.numerics.trainer import Trainer
+from suite.numerics.trainer import Trainer, TrainerOptions
 from suite.rl.schema import OptimConfig
-from suite.rl.train import batch_tensors
+from suite.numerics.scoring import Batch, batch_tensors
 
 R = 12
 LENGTHS = (12, 5, 3, 7)  # response lengths: rows 1-3 end early (right padding)
@@ -52,7 +52,7 @@ def _tolerance(model, seq: int) -> float:
 
 def _trainer(model, packing, precision="fp32", backend="native", **kw):
     return Trainer(copy.deepcopy(model), resolve(precision), backend, OptimConfig(lr=1e-3, grad_clip=1e9),
-                   packing=packing, **kw)
+                   TrainerOptions(packing=packing, **kw))
 
 
 def test_packed_equals_padded_in_fp32_and_pads_are_zero(tiny_model):
@@ -66,7 +66,7 @@ def test_packed_equals_padded_in_fp32_and_pads_are_zero(tiny_model):
     for packing in (False, True):
         t = _trainer(model, packing)
         t.model.register_forward_pre_hook(lambda m, a, kw: shapes.append(tuple(kw["input_ids"].shape)), with_kwargs=True)
-        logp, ent = t.logprobs(ids, attn, R, tokens, 1.0)
+        logp, ent, _ = t.score(Batch(ids, attn, tokens, 1.0))
         (-(logp * mask).sum()).backward()
         grad = torch.cat([p.grad.flatten() for p in t.params])
         out[packing] = logp.detach(), ent.detach(), grad, t.log_distribution(ids, attn, R, 1.0)
@@ -96,8 +96,8 @@ def test_packed_sequences_do_not_see_each_other(tiny_model):
     changed[1, :LENGTHS[1]] = 3 + (tokens[1, :LENGTHS[1]] - 2) % (len(tok) - 3)  # other ids, same length
     ids2, _ = batch_tensors(prompts, changed, mask)
     with torch.no_grad():
-        a, _ = t.logprobs(ids, attn, R, tokens, 1.0)
-        b, _ = t.logprobs(ids2, attn, R, changed, 1.0)
+        a, _, _ = t.score(Batch(ids, attn, tokens, 1.0))
+        b, _, _ = t.score(Batch(ids2, attn, changed, 1.0))
     assert not torch.equal(a[1], b[1])
     for row in (0, 2, 3):
         assert torch.equal(a[row], b[row]), row
@@ -115,10 +115,10 @@ def test_packed_truncation_and_chunks(tiny_model):
     kept[0, :, 5] = -1  # a smaller kept set: -1 pads it
     tol = _tolerance(model, ids.shape[1])
     with torch.no_grad():
-        padded = _trainer(model, False).logprobs(ids, attn, R, tokens, 1.0, kept=kept)
-        packed = _trainer(model, True).logprobs(ids, attn, R, tokens, 1.0, kept=kept)
-        chunked = _trainer(model, True, logprob_chunk=5).logprobs(ids, attn, R, tokens, 1.0, kept=kept)
-        full = _trainer(model, True).logprobs(ids, attn, R, tokens, 1.0)
+        padded = _trainer(model, False).score(Batch(ids, attn, tokens, 1.0, kept=kept))
+        packed = _trainer(model, True).score(Batch(ids, attn, tokens, 1.0, kept=kept))
+        chunked = _trainer(model, True, logprob_chunk=5).score(Batch(ids, attn, tokens, 1.0, kept=kept))
+        full = _trainer(model, True).score(Batch(ids, attn, tokens, 1.0))
     m = mask.bool()
     torch.testing.assert_close(packed[0][m], padded[0][m], rtol=0, atol=tol)
     assert (packed[0][m] > full[0][m]).all()  # renormalised over fewer tokens than the vocabulary
@@ -135,7 +135,7 @@ def test_a_packed_training_step_changes_the_weights(tiny_model):
     before = [p.detach().clone() for p in t.params]
 
     def loss():
-        logp, _ = t.logprobs(ids, attn, R, tokens, 1.0)
+        logp, _, _ = t.score(Batch(ids, attn, tokens, 1.0))
         return -(logp * mask).sum() / mask.sum(), {}
     with torch.no_grad():
         first = float(loss()[0])
@@ -162,8 +162,8 @@ def test_packed_routing_replay_and_the_experts_chosen(tiny_model):
     for packing in (False, True):
         t = _trainer(moe_model, packing)
         with torch.no_grad():
-            forced = t.logprobs(ids, attn, R, tokens, 1.0, routes)[0]
-            own = t.logprobs(ids, attn, R, tokens, 1.0)[0]
+            forced = t.score(Batch(ids, attn, tokens, 1.0, routes=routes))[0]
+            own = t.score(Batch(ids, attn, tokens, 1.0))[0]
         out[packing] = forced, own, t.chosen_routes(B)
     m, keep = mask.bool(), attn.bool()
     tol = _tolerance(moe_model, S)

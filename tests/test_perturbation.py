@@ -9,7 +9,7 @@ from suite.numerics.engine import TorchEngine
 from suite.numerics.sampling import sequence_seeds
 from suite.numerics.mismatch import mismatch_metrics
 from suite.numerics.perturbation import Perturbation, perturb
-from suite.rl.train import batch_tensors
+from suite.numerics.scoring import batch_tensors
 
 
 def test_lowp_bias_against_a_hand_computation():

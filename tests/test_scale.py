@@ -8,7 +8,8 @@ import torch
 from test_run import _kill_at
 
 from suite.numerics.precision import resolve
-from suite.numerics.trainer import Trainer
+from suite.numerics.scoring import Batch
+from suite.numerics.trainer import Trainer, TrainerOptions
 from suite.results import read_jsonl
 from suite.rl import config
 from suite.rl.train import run
@@ -19,12 +20,12 @@ def _logp_and_grads(tiny_model, precision, **options):
     import copy
 
     cfg = config.load(["tier=smoke", f"precision={precision}"])
-    trainer = Trainer(copy.deepcopy(model), resolve(precision), "native", cfg.optim, **options)
+    trainer = Trainer(copy.deepcopy(model), resolve(precision), "native", cfg.optim, TrainerOptions(**options))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, len(tok), (3, 20), generator=g)
     attn = torch.ones_like(ids)
     attn[0, :4] = 0  # a left-padded row
-    logp, ent = trainer.logprobs(ids, attn, 12, ids[:, -12:], 1.0)
+    logp, ent, _ = trainer.score(Batch(ids, attn, ids[:, -12:], 1.0))
     (logp.sum() + 0.1 * ent.sum()).backward()
     return logp.detach(), ent.detach(), [p.grad.clone() for p in trainer.params]
 

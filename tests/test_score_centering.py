@@ -11,12 +11,13 @@ import torch
 
 from suite.numerics.centering import SamplerDist, expected_logp, sampler_probs
 from suite.numerics.precision import resolve
-from suite.numerics.trainer import Trainer
+from suite.numerics.trainer import Trainer, TrainerOptions
 from suite.results import config_hash, read_jsonl
 from suite.rl import config
 from suite.rl.algos import ALGORITHMS, centering_term, policy_loss
 from suite.rl.schema import OptimConfig
-from suite.rl.train import batch_tensors, run
+from suite.numerics.scoring import Batch, batch_tensors
+from suite.rl.train import run
 
 F64 = {"dtype": torch.float64}  # exact math on tiny tensors
 
@@ -156,15 +157,15 @@ def test_every_scoring_path_of_the_trainer_gives_e_t(tiny_model, path):
     V = model.config.vocab_size
     mu = SamplerDist(torch.log_softmax(torch.randn(3, R, V, generator=g), -1))
     head = SamplerDist(*mu.logp.topk(5, dim=-1))
-    t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3), **path)
+    t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3), TrainerOptions(**path))
     full = t.log_distribution(ids, attn, R, 1.0)
     m = mask.bool()
     for sampler in (mu, head):
-        logp, ent, e_t = t.logprobs(ids, attn, R, tokens, 1.0, centre=sampler)
+        logp, ent, e_t = t.score(Batch(ids, attn, tokens, 1.0, centre=sampler))
         assert e_t.requires_grad and e_t.shape == (3, R)
         want = expected_logp(full, sampler)
         torch.testing.assert_close(e_t[m].detach(), want[m], rtol=0, atol=1e-5)
-    assert len(t.logprobs(ids, attn, R, tokens, 1.0)) == 2  # off: the two outputs of before
+    assert t.score(Batch(ids, attn, tokens, 1.0)).expected is None  # off: no third output
 
 
 # ---- end to end ---------------------------------------------------------------------------------

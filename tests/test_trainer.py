@@ -8,7 +8,8 @@ import torch
 
 from suite import dist
 from suite.numerics.precision import resolve
-from suite.numerics.trainer import LossScaler, Trainer
+from suite.numerics.scoring import Batch
+from suite.numerics.trainer import LossScaler, Trainer, TrainerOptions
 from suite.rl.schema import OptimConfig
 
 
@@ -105,7 +106,7 @@ def test_fp16_trainer_skips_injected_inf_and_recovers(tiny_model):
     targets = ids[:, -10:]
 
     def loss_fn(poison=False):
-        logp, _ = trainer.logprobs(ids, attn, 10, targets, 1.0)
+        logp, _, _ = trainer.score(Batch(ids, attn, targets, 1.0))
         loss = -logp.mean()
         return (loss * float("inf") if poison else loss), {}
 
@@ -129,7 +130,7 @@ def test_scaled_gradients_equal_unscaled(tiny_model):
         t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3, grad_clip=1e9))
         t.scaler = LossScaler(enabled=enabled, init_scale=2.0**10)
         t.opt.step = lambda: None  # keep the parameters; look at the gradients only
-        t.step(lambda: (-t.logprobs(ids, torch.ones_like(ids), 10, ids[:, -10:], 1.0)[0].mean(), {}))
+        t.step(lambda: (-t.score(Batch(ids, torch.ones_like(ids), ids[:, -10:], 1.0))[0].mean(), {}))
         grads.append(torch.cat([p.grad.flatten() for p in t.params]))
     assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-9)
 
@@ -138,7 +139,7 @@ def test_micro_batches_accumulate_the_minibatch_gradient(tiny_model):
     """Gradient accumulation over micro-batches (weights from suite.rl.train.accumulation_weights) gives the
     gradient of the whole minibatch's loss, for a seq-mean and for the token-mean aggregation."""
     from suite.rl.algos import get_algorithm, policy_loss
-    from suite.rl.train import accumulation_weights, micro_batches
+    from suite.rl.step import accumulation_weights, micro_batches
 
     model, tok, task = tiny_model
     ids = torch.tensor([tok(it.prompt + task.trace(it))["input_ids"] for it in task.split("train", 6)])
@@ -153,10 +154,10 @@ def test_micro_batches_accumulate_the_minibatch_gradient(tiny_model):
             t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3, grad_clip=1e9))
             t.opt.step = lambda: None
             with torch.no_grad():
-                old, _ = t.logprobs(ids, attn, R, ids[:, -R:], 1.0)
+                old, _, _ = t.score(Batch(ids, attn, ids[:, -R:], 1.0))
 
             def fn(c):
-                logp, _ = t.logprobs(ids[c], attn[c], R, ids[c, -R:], 1.0)
+                logp, _, _ = t.score(Batch(ids[c], attn[c], ids[c, -R:], 1.0))
                 return policy_loss(algo, logp, old[c], old[c], adv[c], mask[c], norm_len=R)
             micro = micro_batches(torch.arange(6), size)
             t.step([(lambda c=c: fn(c), w) for c, w in zip(micro, accumulation_weights(micro, mask, algo.agg))])
@@ -172,7 +173,7 @@ def test_per_micro_batch_padding_scores_fewer_columns_to_the_same_numbers(tiny_m
     Tolerance: both forwards round every op to fp32 (eps 1.2e-7) and differ only in summation order and in
     attention rows of other lengths; through two layers of hidden 64 and a 20-token vocabulary that is a few
     hundred rounded ops per log-prob, so 1e-5 absolute on values of order 1 (a bf16 rounding would be 4e-3)."""
-    from suite.rl.train import batch_tensors
+    from suite.numerics.scoring import Batch, batch_tensors
 
     model, tok, task = tiny_model
     items = task.split("train", 4)
@@ -188,10 +189,10 @@ def test_per_micro_batch_padding_scores_fewer_columns_to_the_same_numbers(tiny_m
     seen = []
     out = {}
     for trim in (False, True):
-        t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3), trim_padding=trim)
+        t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3), TrainerOptions(trim_padding=trim))
         t.model.register_forward_pre_hook(lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True)
         c = torch.tensor([1, 2])  # the micro-batch of the two short rows
-        logp, ent = t.logprobs(ids[c], attn[c], R, tokens[c], 1.0)
+        logp, ent, _ = t.score(Batch(ids[c], attn[c], tokens[c], 1.0))
         (-(logp * mask[c]).sum()).backward()
         out[trim] = logp.detach(), ent.detach(), torch.cat([p.grad.flatten() for p in t.params])
     assert seen[0] == ids.shape[1] and seen[1] == ids.shape[1] - 3 - (R - 5)  # 3 prompt + 7 response columns fewer

@@ -9,7 +9,8 @@ import torch
 from suite.numerics import truncation
 from suite.numerics.engine import TorchEngine
 from suite.rl import config
-from suite.rl.train import batch_tensors, build_engines
+from suite.numerics.scoring import Batch, batch_tensors
+from suite.rl.train import build_engines
 
 
 def test_keep_mask_by_hand():
@@ -43,10 +44,9 @@ def _rollout_and_scores(tiny_model, precision, top_p=0.8, top_k=0):
     prompts = [tok(it.prompt)["input_ids"] for it in task.split("train", 8)]
     roll = engine.generate(prompts, 12, 1.0, top_p, torch.Generator().manual_seed(0), top_k=top_k)
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
-    R = roll.tokens.shape[1]
     with torch.no_grad():
-        renorm = trainer.logprobs(ids, attn, R, roll.tokens, 1.0, kept=roll.kept)[0]
-        plain = trainer.logprobs(ids, attn, R, roll.tokens, 1.0)[0]
+        renorm = trainer.score(Batch(ids, attn, roll.tokens, 1.0, kept=roll.kept))[0]
+        plain = trainer.score(Batch(ids, attn, roll.tokens, 1.0))[0]
     return roll, renorm, plain
 
 
@@ -109,7 +109,7 @@ def test_fp8_kv_cache_changes_only_the_sampler(tiny_model):
             roll = engine.generate(prompts, 12, 1.0, 1.0, torch.Generator().manual_seed(0))
             ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
             with torch.no_grad():
-                logp = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, 1.0)[0]
+                logp = trainer.score(Batch(ids, attn, roll.tokens, 1.0))[0]
             k3[kv, precision] = mismatch_metrics(logp, roll.logprobs, roll.mask)["mismatch/kl_k3"]
     assert k3["auto", "exact"] == 0.0 and k3["fp8", "exact"] == 0.0
     assert k3["fp8", "bf16"] > k3["auto", "bf16"]

@@ -151,12 +151,12 @@ def test_rollout_contract(engines, policy):
     assert not all(a.truncated) and a.finish_reasons == ["length" if t else "stop" for t in a.truncated]
     for row, n, trunc in zip(a.tokens.tolist(), a.mask.sum(1).long().tolist(), a.truncated):
         assert (row[n - 1] == EOS) != trunc and EOS not in row[:n - 1] and all(t == 0 for t in row[n:])
-    from suite.rl.train import batch_tensors
+    from suite.numerics.scoring import Batch, batch_tensors
 
     ids, attn = batch_tensors(a.prompt_ids, a.tokens, a.mask)
     with torch.no_grad():
-        logp, _ = trainer.logprobs(ids, attn, a.tokens.shape[1], a.tokens, 0.7)  # (B, R) at T = 0.7
-        raw, _ = trainer.logprobs(ids, attn, a.tokens.shape[1], a.tokens, 1.0)
+        logp, _, _ = trainer.score(Batch(ids, attn, a.tokens, 0.7))  # (B, R) at T = 0.7
+        raw, _, _ = trainer.score(Batch(ids, attn, a.tokens, 1.0))
     m = a.mask.bool()
     err = (logp[m] - a.logprobs[m]).abs().mean()
     # Both sides round the logits z to the sampler's dtype (relative error eps/2 each, rounding inside the network
@@ -172,8 +172,8 @@ def test_rollout_contract(engines, policy):
     hot = engine.generate(prompts, n_new, 2.0, 1.0, torch.Generator().manual_seed(3))
     ids, attn = batch_tensors(hot.prompt_ids, hot.tokens, hot.mask)
     with torch.no_grad():
-        logp, _ = trainer.logprobs(ids, attn, hot.tokens.shape[1], hot.tokens, 2.0)
-        raw, _ = trainer.logprobs(ids, attn, hot.tokens.shape[1], hot.tokens, 1.0)
+        logp, _, _ = trainer.score(Batch(ids, attn, hot.tokens, 2.0))
+        raw, _, _ = trainer.score(Batch(ids, attn, hot.tokens, 1.0))
     m = hot.mask.bool()
     assert (logp[m] - hot.logprobs[m]).abs().mean() < (raw[m] - hot.logprobs[m]).abs().mean() / 5
 

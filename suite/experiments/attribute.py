@@ -126,7 +126,7 @@ def _sampler(probe: Probe, on: frozenset):
 
 def _replay_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None):
     """The matched trainer: the sampler's own code (no FP8, no FP8 KV cache), replaying the decode loop."""
-    from suite.rl.train import batch_tensors
+    from suite.numerics.scoring import batch_tensors
 
     dtype = resolve(probe.cfg.precision).sampler_dtype
     device = dist.World().device  # the sampler's device: the replay runs its kernels
@@ -146,7 +146,8 @@ def _replay_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None)
 def _module_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None, packing: bool = False):
     """The run's trainer: the HF module under the flow's autocast (or its emulation), fp32 masters; ``packing``:
     each call's rows scored as one packed row (the source decides it, whatever the config says)."""
-    from suite.rl.train import batch_tensors, build_trainer
+    from suite.numerics.scoring import Batch, batch_tensors
+    from suite.rl.train import build_trainer
 
     cfg = replace(probe.cfg, packing=packing, trim_padding=probe.cfg.trim_padding and not packing)
     trainer = build_trainer(cfg, copy.deepcopy(probe.model))
@@ -156,7 +157,7 @@ def _module_scores(probe: Probe, roll, weights: dict, rows_per_call: int | None,
     lps, fulls = [], []
     with torch.no_grad():
         for c in torch.arange(len(ids)).split(rows_per_call or len(ids)):
-            lps.append(trainer.logprobs(ids[c], attn[c], R, roll.tokens[c], T)[0].cpu())
+            lps.append(trainer.score(Batch(ids[c], attn[c], roll.tokens[c], T))[0].cpu())
             fulls.append(trainer.log_distribution(ids[c], attn[c], R, T).cpu())
     return torch.cat(lps), torch.cat(fulls)
 

@@ -29,13 +29,23 @@ from suite.rl import config as cfgmod
 from suite.tasks.registry import prompt_ids
 
 
-def _median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
+def median_time(fn, repeats: int, cuda: bool = False) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs after one warm-up; on a GPU (``cuda``) timed with CUDA
+    events, which measure the kernels queued between them rather than the host's return from an asynchronous launch."""
+    fn()
     times = []
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+        if cuda:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
@@ -91,8 +101,8 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
             resp = o[:, ids.shape[1]:]
             tokens["hf"] = int(((resp != tok.pad_token_id) | (resp == tok.eos_token_id)).sum())
 
-        t_ours = _median_time(ours, repeats)
-        t_hf = _median_time(theirs, max(1, repeats // 2))
+        t_ours = median_time(ours, repeats)
+        t_hf = median_time(theirs, max(1, repeats // 2))
         model.float()
         row = {"dtype": name, "engine_backend": backend, "batch": len(prompts),
                "ours_tok_s": tokens["ours"] / t_ours, "hf_tok_s": tokens["hf"] / t_hf,
@@ -117,7 +127,7 @@ def _vllm_speed(cfg, name: str, model, prompts, n_new: int, repeats: int, engine
         def theirs():
             tokens["vllm"] = engine.generate(prompts, n_new, 1.0, 1.0, torch.Generator().manual_seed(0)).n_tokens
 
-        t = _median_time(theirs, repeats)
+        t = median_time(theirs, repeats)
         return {"vllm_s": t, "vllm_tok_s": tokens["vllm"] / t, "vllm_startup_s": engine.startup_s}
     finally:
         if own:
@@ -285,7 +295,7 @@ def step0_mismatch(cfg, trainer, engine, prompts) -> tuple[dict, float, float]:
     """Sample ``prompts`` with ``engine`` at the trainer's parameters, score them with ``trainer``:
     (mismatch metrics, sampling seconds, scoring seconds). No update in between."""
     from suite.numerics.mismatch import mismatch_metrics
-    from suite.rl.train import batch_tensors
+    from suite.numerics.scoring import Batch, batch_tensors
 
     engine.sync(trainer.model.state_dict())
     t0 = time.perf_counter()
@@ -294,6 +304,6 @@ def step0_mismatch(cfg, trainer, engine, prompts) -> tuple[dict, float, float]:
     t1 = time.perf_counter()
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
     with torch.no_grad():
-        logp, _ = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, cfg.sampling.temperature)
+        logp, _, _ = trainer.score(Batch(ids, attn, roll.tokens, cfg.sampling.temperature))
     # rollouts come back on the CPU (suite/numerics/engine.py), the trainer's log-probs on its device
     return mismatch_metrics(logp.cpu(), roll.logprobs, roll.mask), t1 - t0, time.perf_counter() - t1

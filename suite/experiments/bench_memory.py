@@ -75,7 +75,8 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
 
     from suite import dist
     from suite.numerics.precision import resolve
-    from suite.numerics.trainer import Trainer
+    from suite.numerics.scoring import Batch
+    from suite.numerics.trainer import Trainer, TrainerOptions
     from suite.rl import config
     from suite.rl.policy import PolicySpec, build_model
 
@@ -89,8 +90,8 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
     spec = PolicySpec(**_widths(hidden, arch))
     model = build_model(spec, vocab_size=vocab, max_len=prompt + response + 8)
     cfg = config.load(["tier=small", f"precision={precision}"])
-    trainer = Trainer(model, resolve(precision), "native", cfg.optim, world=dist.World(device=device),
-                      **VARIANTS[variant])
+    trainer = Trainer(model, resolve(precision), "native", cfg.optim, TrainerOptions(**VARIANTS[variant]),
+                      world=dist.World(device=device))
     ids = torch.randint(3, vocab, (batch, prompt + response))
     attn = torch.ones_like(ids)
     attn[0, 0] = 0  # one left-padded prompt, as in every real batch: the attention then runs with a padding mask
@@ -104,7 +105,7 @@ def one(variant: str, vocab: int, batch: int, prompt: int, response: int, steps:
         t0 = time.perf_counter()
 
         def loss_fn():
-            logp, ent = trainer.logprobs(ids, attn, response, ids[:, -response:], 1.0)
+            logp, ent, _ = trainer.score(Batch(ids, attn, ids[:, -response:], 1.0))
             return -(logp.mean() + 0.01 * ent.mean()), {}
 
         trainer.step(loss_fn)

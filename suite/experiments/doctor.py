@@ -38,6 +38,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from suite.numerics.scoring import Batch
 from suite.rl.schema import RunConfig
 
 # The ordering the mantissa bits predict (bf16 keeps 8 significand bits, fp16 11), and the unified
@@ -198,7 +199,7 @@ def check_fp16_overflow(model) -> list[Row]:
     ids = torch.full((2, 6), int(model.config.bos_token_id or 0))
 
     def loss_fn():  # a finite loss whose scaled gradient overflows: 1e35 x scale 65536 > fp32's 3.4e38
-        logp, _ = trainer.logprobs(ids, torch.ones_like(ids), 3, ids[:, -3:], 1.0)
+        logp, _, _ = trainer.score(Batch(ids, torch.ones_like(ids), ids[:, -3:], 1.0))
         return logp.sum() * 1e35, {}
 
     m = trainer.step(loss_fn)

@@ -71,7 +71,8 @@ def measure(cfg, flow: str, model, prompts, batch: int, seed: int) -> dict[str, 
     batch), its trainer scores them at the same parameters; the GATED metrics."""
     from suite.numerics.sampling import sequence_seeds
     from suite.rl import config as cfgmod
-    from suite.rl.train import batch_tensors, build_engines
+    from suite.numerics.scoring import Batch, batch_tensors
+    from suite.rl.train import build_engines
 
     c = cfgmod.validate(dataclasses.replace(cfg, precision=flow))
     trainer, engine, _ = build_engines(c, copy.deepcopy(model))
@@ -83,7 +84,7 @@ def measure(cfg, flow: str, model, prompts, batch: int, seed: int) -> dict[str, 
         ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
         kept = roll.kept if c.sampling.truncation == "renormalise" else None
         with torch.no_grad():
-            logp = trainer.logprobs(ids, attn, roll.tokens.shape[1], roll.tokens, c.sampling.temperature, kept=kept)[0]
+            logp = trainer.score(Batch(ids, attn, roll.tokens, c.sampling.temperature, kept=kept))[0]
         m = {**mismatch_metrics(logp.cpu(), roll.logprobs, roll.mask), **ratio_band_fractions(logp.cpu(), roll.logprobs,
                                                                                                roll.mask)}
         return {k: float(m[v]) for k, v in GATED.items()}

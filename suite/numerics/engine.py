@@ -52,7 +52,7 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class TorchEngine:
     """Batched sampling with a KV cache from a copy of the weights held in ``dtype``."""
 
-    # Prompts one generate() call of an evaluation takes (suite/rl/train.py evaluate): the KV cache is dense, every
+    # Prompts one generate() call of an evaluation takes (suite/rl/step.py evaluate): the KV cache is dense, every
     # sequence of a batch holds prompt + max_new_tokens positions, so the batch bounds the memory (the plan's gen_batch).
     max_batch: int | None = 256
 

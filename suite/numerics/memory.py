@@ -3,7 +3,7 @@
 Pure arithmetic (no torch): suite/rl/plan.py turns a run config into ``Arch`` and ``Shape`` and refuses a
 config whose plan exceeds the device. Every count below is of what this suite's code holds, not of a generic
 trainer: HF decoder layers under ``torch.autocast`` with fp32 masters (suite/numerics/trainer.py), the fp32
-log-softmax of ``_logp_entropy``, AdamW, FSDP2 over ``world`` ranks, and the sampler beside them.
+log-softmax of ``scoring.log_probs``, AdamW, FSDP2 over ``world`` ranks, and the sampler beside them.
 
 **States** (N parameters, W = nproc x nnodes ranks; FSDP2 shards all three, a single process holds them whole):
 fp32 masters 4N/W, fp32 gradients 4N/W, AdamW's exp_avg and exp_avg_sq 8N/W. Sharded, a rank also holds
@@ -47,7 +47,7 @@ micro-batch, the price of packing without flash-attention's varlen kernel (which
 head's input is still counted at every position, though packed it is gathered at the response positions only.
 
 **The log-prob pass** (``Trainer._logprobs``): the logits of the whole padded sequence in the compute dtype
-(B S V c), and the fp32 log-softmax and entropy of the R response positions: the backward of ``_logp_entropy``
+(B S V c), and the fp32 log-softmax and entropy of the R response positions: the backward of ``scoring.log_probs``
 holds five fp32 (B, R, V) tensors at once (log-probs and their exp saved, three gradients), the forward three
 beside the logits. With ``logprob_chunk`` = C the five are of one chunk (B, C, V), but the logits stay alive for
 the chunks' recomputation and their gradient accumulates over the chunks (B R V c). Packed, the head computes the

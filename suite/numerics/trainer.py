@@ -25,12 +25,14 @@ an inf (as ``ShardedGradScaler``), and clipping uses the global gradient norm.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+from dataclasses import dataclass
 
 import torch
 
 from suite import dist
-from suite.numerics import centering, moe, packing, truncation
+from suite.numerics import moe, packing
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import (
     Flow,
@@ -39,6 +41,7 @@ from suite.numerics.precision import (
     fp32_lm_head,
     lowp_linear,
 )
+from suite.numerics.scoring import Batch, Scores, log_probs
 
 
 class LossScaler:
@@ -109,27 +112,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _logp_entropy(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                  kept: torch.Tensor | None = None,
-                  centre: centering.SamplerDist | None = None) -> tuple[torch.Tensor, ...]:
-    """Log-probs of ``targets`` and the entropy, (B, R) each, from compute-dtype logits (B, R, V): log_softmax
-    in fp32 on the logits divided by the sampling temperature, exactly as the sampler. ``kept`` (B, R, K):
-    the sampler's kept ids (truncated sampling, sampling.truncation=renormalise): the log-prob is renormalised
-    over them (suite/numerics/truncation.py); the entropy stays the full distribution's.
-    ``centre``: the sampler's distribution; a third output (B, R) is then score centering's E_t
-    (suite/numerics/centering.py)."""
-    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, R, V)
-    if kept is not None:
-        logp = truncation.renormalised(logp_all, targets, kept)[0]
-    else:
-        logp = logp_all.gather(-1, targets[..., None])[..., 0]
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
-    if centre is not None:
-        return logp, entropy, centering.expected_logp(logp_all, centre)
-    return logp, entropy
-
-
-def _padded_back(score, ids, attn, n_resp, targets, temperature, kept, centre=None):
+def _padded_back(score, b: Batch) -> tuple[torch.Tensor, ...]:
     """Per-micro-batch padding (``trim_padding``): score only the columns some row of this micro-batch attends to.
 
     A rollout batch pads every row to its longest prompt (left) and longest response (right); a micro-batch of a
@@ -139,27 +122,38 @@ def _padded_back(score, ids, attn, n_resp, targets, temperature, kept, centre=No
     same up to the kernels' summation order; the log-probs and entropies of dropped response positions, masked
     out of every loss and metric, come back as 0 in the (B, R) shape the caller expects.
     """
-    S = ids.shape[1]
-    cols = attn.bool().any(0).nonzero().flatten()
+    S, n_resp = b.ids.shape[1], b.n_resp
+    cols = b.attn.bool().any(0).nonzero().flatten()
     first, last = int(cols[0]) if len(cols) else 0, max(int(cols[-1]) + 1 if len(cols) else S, S - n_resp + 1)
+    out = score(b.columns(first, last))
     r = last - (S - n_resp)  # response positions kept (at least one, so every shape stays non-empty)
-    out = score(ids[:, first:last], attn[:, first:last], r, targets[:, :r], temperature,
-                None if kept is None else kept[:, :r], None if centre is None else centre[:, :r])
     return tuple(torch.nn.functional.pad(x, (0, n_resp - r)) for x in out)
+
+
+@dataclass(frozen=True)
+class TrainerOptions:
+    """The trainer's knobs, each the config field of the same name (suite/rl/schema.py says what it does;
+    suite/rl/config.py validate holds every rule about combining them, the trainer only asserts)."""
+
+    lm_head_fp32: bool = False
+    gradient_checkpointing: bool = False
+    logprob_chunk: int = 0
+    kv_quant: str | None = None  # the sampler's KV-cache format, for the flows that score in the sampler's code
+    trim_padding: bool = False
+    defer_grad_sync: bool = False
+    packing: bool = False
 
 
 class Trainer:
     """Holds the fp32 master model (FSDP2-sharded over a world), its optimizer and loss scaler."""
 
-    def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg, lm_head_fp32: bool = False,
-                 world: dist.World | None = None, gradient_checkpointing: bool = False, logprob_chunk: int = 0,
-                 kv_quant: str | None = None, trim_padding: bool = False, defer_grad_sync: bool = False,
-                 packing: bool = False):
+    def __init__(self, model: torch.nn.Module, flow: Flow, backend: str, optim_cfg,
+                 options: TrainerOptions = TrainerOptions(), world: dist.World | None = None):
         self.world = world or dist.World()
-        if packing and trim_padding:  # config.validate refuses it first
-            raise ValueError("packing: drops every pad already; trim_padding must be off with it")
-        self.trim_padding, self.packing = trim_padding, packing
-        self.defer_grad_sync = defer_grad_sync
+        o = self.options = options
+        assert not (o.packing and o.trim_padding), "config.validate: packing drops every pad already"
+        assert not (flow.sampler_code and (o.packing or o.gradient_checkpointing or self.world.distributed)), \
+            f"config.validate: precision {flow.name} trains through the sampler's code, not the HF module"
         self.device = torch.device(self.world.device)
         self.model = model.float().to(self.device)
         self.flow = flow
@@ -171,9 +165,8 @@ class Trainer:
             self.model.config._attn_implementation = "sdpa"
         if flow.trainer_quant == "fp8":  # kept for the HF module too (e.g. evaluation code paths)
             fp8_decoder_linears(self.model)
-        if lm_head_fp32:
+        if o.lm_head_fp32:
             fp32_lm_head(self.model)
-        self.lm_head_fp32 = lm_head_fp32
         # A mixture-of-experts policy computes its MoE blocks with suite/numerics/moe.py (the sampler's routing
         # semantics, the compute dtype's GEMMs, and the routing-replay hook); ``routing`` holds the replayed and
         # the chosen experts of the last forward.
@@ -186,33 +179,38 @@ class Trainer:
         # own forward, replaying its decode loop, so trainer and sampler run identical kernels.
         # kv_quant: the sampler's KV cache format (config kv_cache); only the flows that run the sampler's code
         # apply it, the HF module has no KV cache to quantise (that difference is the source it measures).
-        self.replay = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
-                                   functional_cache=True, device=str(self.device), kv_quant=kv_quant)
-                       if flow.exact else None)
+        engine = functools.partial(TorchEngine, self.model.config, self.dtype, backend, lm_head_fp32=o.lm_head_fp32,
+                                   device=str(self.device), kv_quant=o.kv_quant)
+        self.exact_engine = engine(functional_cache=True) if flow.exact else None
         # The unified flows (Jet-RL's FP8 one, and the bf16/fp16 controls): the trainer's forward runs the
         # sampler's own code (its activation dtype, the same FP8 quantisers) on the full sequence, so the
         # sampler's computation is a subgraph of it; only GEMM shapes differ.
-        self.unified = (TorchEngine(self.model.config, self.dtype, backend, lm_head_fp32=lm_head_fp32,
-                                    quant=flow.trainer_quant, device=str(self.device), kv_quant=kv_quant)
-                        if flow.unified else None)
-        self.logprob_chunk = logprob_chunk
-        if packing and (self.replay is not None or self.unified is not None):  # config.validate refuses it first
-            raise ValueError(f"packing: precision {flow.name} trains through the sampler's code, not the HF module")
-        if gradient_checkpointing:
-            if self.replay is not None or self.unified is not None:  # config.validate refuses it first
-                raise ValueError(f"gradient_checkpointing: precision {flow.name} trains through the sampler's code")
+        self.unified_engine = engine(quant=flow.trainer_quant) if flow.unified else None
+        self._forward = self._scoring_path()  # decided once, here
+        if o.gradient_checkpointing:
             # HF recomputes a layer only in train mode; the policy has no dropout, so train() changes nothing else.
             self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.train()
         if self.world.distributed:
-            if self.replay is not None or self.unified is not None:  # config.validate refuses it first
-                raise ValueError(f"precision {flow.name}: not supported sharded (its trainer runs the sampler's code)")
             self._shard()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
                                      weight_decay=optim_cfg.weight_decay)
         self.grad_clip = optim_cfg.grad_clip
         self.scaler = LossScaler(enabled=flow.loss_scaling)
+
+    def _scoring_path(self):
+        """The forward that scores a batch: the sampler's code (exact: its decode loop replayed; unified: its code on
+        the full sequence), or the HF module on the packed row, on the micro-batch's own columns, or padded."""
+        if self.exact_engine is not None:
+            return self._replayed
+        if self.unified_engine is not None:
+            return self._unified
+        if self.options.packing:
+            return self._packed
+        if self.options.trim_padding:
+            return functools.partial(_padded_back, self._hf)
+        return self._hf
 
     def _shard(self) -> None:
         """FSDP2 over fp32 shards: every decoder layer is a unit, then the root (embeddings, final norm,
@@ -249,8 +247,8 @@ class Trainer:
         """The dtypes the trainer's forward actually produces: the first decoder GEMM's output and the
         logits (one tiny forward, on every rank), recorded in env.json instead of the configured dtype."""
         param_device = str(next(self.model.parameters()).device)
-        if self.replay is not None or self.unified is not None:
-            return {**self._observe_engine(self.replay or self.unified), "autocast_device": "none",
+        if self.exact_engine is not None or self.unified_engine is not None:
+            return {**self._observe_engine(self.exact_engine or self.unified_engine), "autocast_device": "none",
                     "param_device": param_device}
         seen = {}
         first = next(m for m in self.model.modules()
@@ -291,28 +289,18 @@ class Trainer:
             del engine._lin, engine._forward
         return seen
 
-    def logprobs(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
-                 temperature: float, routes: torch.Tensor | None = None,
-                 kept: torch.Tensor | None = None, *,
-                 centre: centering.SamplerDist | None = None) -> tuple[torch.Tensor, ...]:
-        """Log-probs (B, R) of ``targets`` (the last ``n_resp`` tokens) and the entropy (B, R).
-
-        ids/attn (B, P+R); the logits at position t predict token t+1. log_softmax runs in fp32
-        on the compute-dtype logits divided by the sampling temperature, exactly as the sampler.
-        ``routes`` (B, P+R, L, k): a mixture of experts runs each position through these experts (routing replay).
-        ``kept`` (B, R, K): the sampler's kept ids, to renormalise over (truncated sampling).
-        ``centre``: the sampler's distribution at each response position (score centering): a third
-        output (B, R), E_t, whose gradient is the sampler-expected score (numerics/centering.py).
-        """
-        kept = None if kept is None else kept.to(self.device)
-        centre = None if centre is None else centre.to(self.device)
-        if centre is not None and self.flow.sampler_code:  # config.validate refuses it first
-            raise ValueError(f"algo.score_centering: {self.flow.name} scores in the sampler's code")
+    def score(self, b: Batch) -> Scores:
+        """The trainer's log-probs (B, R) of ``b.targets`` and its entropy (B, R), with score centering's E_t when
+        ``b.centre`` is given; the batch's routes are replayed through a mixture of experts' blocks."""
+        assert b.centre is None or not self.flow.sampler_code, "config.validate: centering scores in the HF module"
+        # One place moves a batch to this rank's device, for every flow: the HF module's, the replayed decode
+        # loop's (exact) and the sampler code's (unified) forward alike.
+        b = b.to(self.device)
         if self.routing is None:
-            return self._logprobs(ids, attn, n_resp, targets, temperature, None, kept, centre)
-        self.routing.replay, self.routing.seen = (None if routes is None else routes.to(self.device)), {}
+            return Scores(*self._forward(b))
+        self.routing.replay, self.routing.seen = b.routes, {}
         try:
-            return self._logprobs(ids, attn, n_resp, targets, temperature, routes, kept, centre)
+            return Scores(*self._forward(b))
         finally:
             self.routing.replay = None
 
@@ -320,62 +308,49 @@ class Trainer:
         """The experts the trainer's own routers chose in the last forward, (B, S, L, k); None for a dense policy."""
         if self.routing is None:
             return None
-        if self.unified is not None:
-            return torch.stack(self.unified.routes_seen, 2) if self.unified.routes_seen else None
+        if self.unified_engine is not None:
+            return torch.stack(self.unified_engine.routes_seen, 2) if self.unified_engine.routes_seen else None
         return self.routing.chosen(batch)
 
-    def _logprobs(self, ids, attn, n_resp, targets, temperature, routes, kept=None, centre=None):
-        # One place moves a batch to this rank's device, for every flow: the HF module's, the replayed decode
-        # loop's (exact) and the sampler code's (unified) forward alike.
-        ids, attn, targets = ids.to(self.device), attn.to(self.device), targets.to(self.device)
-        if self.replay is not None:
-            weights = self.replay.training_weights(dict(self.model.named_parameters()))
-            return self.replay.score(ids[:, :-n_resp], attn[:, :-n_resp].bool(), targets, temperature, weights, kept)
-        if self.unified is not None:
-            weights = self.unified.training_weights(dict(self.model.named_parameters()))
-            return self.unified.score_full(ids, attn, n_resp, targets, temperature, weights,
-                                           None if routes is None else routes.to(self.device), kept)
-        if self.packing:
-            return self._packed_logprobs(ids, attn, n_resp, targets, temperature, kept, centre)
-        if self.trim_padding:
-            return _padded_back(self._hf_logprobs, ids, attn, n_resp, targets, temperature, kept,
-                                centre)
-        return self._hf_logprobs(ids, attn, n_resp, targets, temperature, kept, centre)
+    def _replayed(self, b: Batch) -> tuple[torch.Tensor, ...]:
+        weights = self.exact_engine.training_weights(dict(self.model.named_parameters()))
+        prompt = slice(None, -b.n_resp)
+        return self.exact_engine.score(b.ids[:, prompt], b.attn[:, prompt].bool(), b.targets, b.temperature, weights, b.kept)
 
-    def _hf_logprobs(self, ids, attn, n_resp, targets, temperature, kept, centre=None):
-        pos = (attn.cumsum(1) - 1).clamp(min=0)
+    def _unified(self, b: Batch) -> tuple[torch.Tensor, ...]:
+        weights = self.unified_engine.training_weights(dict(self.model.named_parameters()))
+        return self.unified_engine.score_full(b.ids, b.attn, b.n_resp, b.targets, b.temperature, weights, b.routes, b.kept)
+
+    def _hf(self, b: Batch) -> tuple[torch.Tensor, ...]:
+        pos = (b.attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
-            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=pos).logits
-        logits = logits[:, -n_resp - 1:-1]  # (B, R, V)
-        return self._scores(logits, targets, temperature, kept, centre)
+            logits = self.model(input_ids=b.ids, attention_mask=b.attn, position_ids=pos).logits
+        return self._log_probs(logits[:, -b.n_resp - 1:-1], b.targets, b.temperature, b.kept, b.centre)  # (B, R, V)
 
-    def _scores(self, logits, targets, temperature, kept, centre=None):
-        """Log-probs and entropies (B, R) of logits (B, R, V) (and centering's E_t with ``centre``),
-        in chunks of ``logprob_chunk`` positions when set."""
-        n = logits.shape[1]
-        if not self.logprob_chunk or self.logprob_chunk >= n:
-            return _logp_entropy(logits, targets, temperature, kept, centre)
+    def _log_probs(self, logits, targets, temperature, kept, centre) -> tuple[torch.Tensor, ...]:
+        """scoring.log_probs of logits (B, R, V), in chunks of ``logprob_chunk`` positions when set."""
+        n, c = logits.shape[1], self.options.logprob_chunk
+        if not c or c >= n:
+            return log_probs(logits, targets, temperature, kept, centre)
         # Chunks of positions, each recomputed in the backward pass: the fp32 log-softmax of one chunk is alive
         # at a time. Positions are independent, so the values equal the unchunked ones.
         from torch.utils.checkpoint import checkpoint
 
-        c = self.logprob_chunk
-
         def part(x, i):  # positions i .. i + c of an optional (B, R, ...) input
             return None if x is None else x[:, i:i + c]
-        parts = [checkpoint(_logp_entropy, logits[:, i:i + c], targets[:, i:i + c], temperature,
+        parts = [checkpoint(log_probs, logits[:, i:i + c], targets[:, i:i + c], temperature,
                             part(kept, i), part(centre, i), use_reentrant=False)
                  for i in range(0, n, c)]
         return tuple(torch.cat(outs, 1) for outs in zip(*parts))
 
-    def _packed_logprobs(self, ids, attn, n_resp, targets, temperature, kept, centre=None):
+    def _packed(self, b: Batch) -> tuple[torch.Tensor, ...]:
         """``packing``: the micro-batch scored as one row (suite/numerics/packing.py). Only the M scored positions'
         logits are computed (1, M, V), their log-probs and entropies come back in the (B, R) shape, 0 elsewhere."""
-        where, idx = packing.scored(attn, n_resp)
-        logits = self._packed_logits(ids, attn, idx)
-        out = self._scores(logits, targets[where][None], temperature,
-                           None if kept is None else kept[where][None],
-                           None if centre is None else centre[where][None])
+        where, idx = packing.scored(b.attn, b.n_resp)
+        logits = self._packed_logits(b.ids, b.attn, idx)
+        out = self._log_probs(logits, b.targets[where][None], b.temperature,
+                              None if b.kept is None else b.kept[where][None],
+                              None if b.centre is None else b.centre[where][None])
         return tuple(packing.unpack(x[0], where) for x in out)
 
     def _packed_logits(self, ids, attn, idx):
@@ -397,10 +372,10 @@ class Trainer:
         """The trainer's full fp32 log-distribution (B, R, V) at each response position (HF module flows): for the
         full-vocabulary divergences of ``suite attribute`` and ``suite gate`` (mismatch.distribution_divergence).
         Packed, the positions it does not score (after a row's EOS) are 0, as its log-probs."""
-        if self.replay is not None or self.unified is not None:
+        if self.exact_engine is not None or self.unified_engine is not None:
             raise ValueError(f"precision {self.flow.name}: the full distribution is read from the sampler's code")
         ids, attn = ids.to(self.device), attn.to(self.device)
-        if self.packing:
+        if self.options.packing:
             where, idx = packing.scored(attn, n_resp)
             logits = self._packed_logits(ids, attn, idx)[0]  # (M, V)
             return packing.unpack(torch.log_softmax(logits.float() / temperature, dim=-1), where)
@@ -419,7 +394,7 @@ class Trainer:
         """One optimizer update: backward of the (scaled) loss, unscale, clip, step or skip.
 
         ``loss_fns`` is a closure returning (loss, metrics), or a list of (closure, weight) pairs,
-        one per micro-batch: gradients accumulate over sum_i weight_i * loss_i (suite.rl.train.
+        one per micro-batch: gradients accumulate over sum_i weight_i * loss_i (suite.rl.step.
         accumulation_weights makes that the minibatch loss), one forward graph alive at a time.
         """
         self.opt.zero_grad(set_to_none=True)
@@ -429,7 +404,7 @@ class Trainer:
         # reduce-scatters once (FSDP1's no_sync; pytorch#118298), one collective per unit per update instead of one
         # per micro-batch, at the price of the whole model's fp32 gradients on every rank until then. Off by default
         # as in torchtitan (pytorch/torchtitan#292, #1710) and verl (use_no_sync_for_gradient_accumulation).
-        defer = self.defer_grad_sync and self.world.distributed and len(parts) > 1
+        defer = self.options.defer_grad_sync and self.world.distributed and len(parts) > 1
         try:
             for i, (fn, w) in enumerate(parts):
                 if defer:

@@ -1,5 +1,6 @@
-"""Stage 3, one RL run. train.py reads top to bottom (sample, reward, advantage, trainer log-probs, mismatch,
-loss, step, log) over: the config (schema.py fields, tiers and regimes; config.py composes and validates;
+"""Stage 3, one RL run. step.py is the RL step, read top to bottom (sample, reward, advantage, trainer
+log-probs, mismatch, loss, updates, sync, log), and train.py the run around it (set-up, the steps,
+teardown), over: the config (schema.py fields, tiers and regimes; config.py composes and validates;
 recipe.py the recipe's knobs; provenance.py the command that reruns a run), the data (data.py: the base
 policy of policy.py or models.py and the perfectible set of perfectible.py), the algorithm table (algos.py),
 checkpoints (checkpoint.py), trackers (loggers.py) and evaluation after the run (evaluate.py with the

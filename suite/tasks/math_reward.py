@@ -278,7 +278,7 @@ class SymbolicVerifier:
 
 
 # The process's math-verify workers: a pool that threads take a worker from and give it back to, so
-# ``reward_workers`` responses are checked side by side (suite/rl/train.py grade).
+# ``reward_workers`` responses are checked side by side (suite/rl/step.py: sample and evaluate).
 _POOL: list[SymbolicVerifier] = []
 _FREE: queue.Queue = queue.Queue()
 _POOL_LOCK = threading.Lock()
