@@ -91,11 +91,14 @@ VERDICT_RULE = (
 
 
 def display_path(path) -> str:
-    """``path`` relative to the working directory when it is below it (no machine-specific prefix in text)."""
-    try:
-        return str(Path(path).resolve().relative_to(Path.cwd().resolve()))
-    except ValueError:
-        return str(path)
+    """``path`` relative to the working directory when it is below it, else to the clone (committed results are
+    named ``results/reference/...`` wherever they were generated): no machine-specific prefix in text."""
+    from suite.locations import CHECKOUT
+
+    for base in (Path.cwd(), CHECKOUT):
+        if base is not None and Path(path).resolve().is_relative_to(base.resolve()):
+            return str(Path(path).resolve().relative_to(base.resolve()))
+    return str(path)
 
 
 def run_dir_name(task: str, algorithm: str, precision: str, seed: int) -> str:
@@ -212,16 +215,16 @@ def config_hash(cfg: dict) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
 
 
-def _git(*args: str) -> str | None:
-    """stdout of `git <args>` run in this file's directory, or None on any failure."""
+def git(*args: str, cwd: Path | None = None) -> str | None:
+    """stdout of `git <args>` (stripped) run in ``cwd`` (default: this file's directory), or None on any failure."""
     try:
         out = subprocess.run(
-            ["git", *args], cwd=Path(__file__).resolve().parent,
+            ["git", *args], cwd=cwd or Path(__file__).resolve().parent,
             capture_output=True, text=True, timeout=10, check=True,
         )
     except (OSError, subprocess.SubprocessError):  # git missing, not a repo, hung
         return None
-    return out.stdout
+    return out.stdout.strip()
 
 
 def _cpu_model() -> str | None:
@@ -267,9 +270,9 @@ def env_info(extra: dict | None = None) -> dict:
     """The environment a run ran in: code version, software, hardware, plus `extra` (the
     caller's resolved dtypes, task and dataset versions). Never raises for a missing git,
     a non-git checkout or a missing package; those fields are None."""
-    sha = _git("rev-parse", "HEAD")
+    sha = git("rev-parse", "HEAD")
     # Result folders are output, not code: runs written inside the checkout do not make it dirty.
-    status = (_git("status", "--porcelain", "--", ".", ":(exclude)runs", ":(exclude)results", ":(exclude)leaderboard")
+    status = (git("status", "--porcelain", "--", ".", ":(exclude)runs", ":(exclude)results", ":(exclude)leaderboard")
               if sha is not None else None)
     threads, gpus = _torch_info()
     info = {

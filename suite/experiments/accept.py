@@ -98,22 +98,16 @@ def provenance() -> dict:
     import torch
 
     from suite.numerics import machine
+    from suite.results import git
 
     rec = GPU_DIR / "provenance.json"
-    prov = json.loads(rec.read_text()) if rec.is_file() else {"commit": _git("rev-parse", "HEAD")}
+    prov = json.loads(rec.read_text()) if rec.is_file() else {"commit": git("rev-parse", "HEAD", cwd=ROOT)}
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     cls = machine.describe("auto", 1, device=dev)
     return {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "command": " ".join(sys.argv),
             "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "gpu": cls.get("gpu"), "gpu_driver": cls.get("gpu_driver"), "machine_class": cls["id"],
             "cpu_count": os.cpu_count(), "device": dev}
-
-
-def _git(*args: str) -> str | None:
-    try:
-        return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
 
 
 def _suite(*args: str, timeout: float, log: Path | None = None) -> int | str:
@@ -164,9 +158,12 @@ def prepare(st: Stage) -> None:
                    "built and cached", t0)
 
     def travel():
+        from suite.results import git
+
         atomic_write_json(GPU_DIR / "provenance.json",
-                          {"commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain"))})
-        tracked = _git("ls-files", "-z", "--cached", "--others", "--exclude-standard") or ""
+                          {"commit": git("rev-parse", "HEAD", cwd=ROOT),
+                           "dirty": bool(git("status", "--porcelain", cwd=ROOT))})
+        tracked = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT) or ""
         files = [ROOT / p for p in tracked.split("\0") if p]
         carried = [p for d in (WHEEL_DIR, GPU_DIR) for p in d.rglob("*") if p.is_file()]
         mib = sum(p.stat().st_size for p in files + carried if p.is_file()) / 2**20
@@ -265,29 +262,6 @@ def mismatch(st: Stage) -> None:
                f"fp8 {k3['fp8']:.2e} vs bf16_fp8rollout {k3['bf16_fp8rollout']:.2e}", "fp8 < bf16_fp8rollout")
 
 
-def _timed(fn, reps: int, cuda: bool) -> float:
-    """Median seconds of ``fn()`` over ``reps`` runs after one warm-up (CUDA events on a GPU)."""
-    import statistics
-
-    import torch
-
-    fn()
-    times = []
-    for _ in range(reps):
-        if cuda:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            fn()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b) / 1e3)
-        else:
-            t = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t)
-    return statistics.median(times)
-
-
 def gemms(st: Stage) -> None:
     """FP8 (block-scaled, the path this device chose) and FP4 (emulated before Blackwell) GEMMs at R1D-1.5B's
     layer shapes: FP8 against the emulation up to the FP8 accumulator's rounding (fp8.agrees), FP4 against an
@@ -295,6 +269,7 @@ def gemms(st: Stage) -> None:
     import torch
 
     from suite import dist
+    from suite.experiments.bench import median_time
     from suite.numerics import fp4, fp8
 
     t0 = time.monotonic()
@@ -313,16 +288,16 @@ def gemms(st: Stage) -> None:
         agree = fp8.agrees(got, qx, sx, qw, swr)
         xb, wb = x.bfloat16(), w.bfloat16()
         reps = 10 if cuda else 2
-        t_bf16 = _timed(lambda: xb @ wb.T, reps, cuda)
-        t_fp8 = _timed(lambda: fp8._gemm(qx, sx, qw, swr), reps, cuda)
-        t_fp8_lin = _timed(lambda: fp8.fp8_linear_inference(xb, qw, sw), reps, cuda)
+        t_bf16 = median_time(lambda: xb @ wb.T, reps, cuda)
+        t_fp8 = median_time(lambda: fp8._gemm(qx, sx, qw, swr), reps, cuda)
+        t_fp8_lin = median_time(lambda: fp8.fp8_linear_inference(xb, qw, sw), reps, cuda)
         w4 = fp4.quantize_weight(w, "nvfp4")
         y4 = fp4.fp4_linear(xb, w4, out_dtype=torch.float32)
         a64, b64 = xb.double(), w4.operand.double()  # fp64 on the device: every product and sum exact enough
         want4 = (a64 @ b64.T) / float(w4.tensor_scale)
         bound4 = 2 * K * torch.finfo(torch.float32).eps * (a64.abs() @ b64.abs().T) / float(w4.tensor_scale)
         agree4 = bool(((y4.double() - want4).abs() <= bound4 + 1e-30).all())
-        t_fp4 = _timed(lambda: fp4.fp4_linear(xb, w4), reps, cuda)
+        t_fp4 = median_time(lambda: fp4.fp4_linear(xb, w4), reps, cuda)
         flop = 2 * M * N * K
         rows.append({"layer": layer, "M": M, "N": N, "K": K, "fp8_agrees": agree, "fp4_agrees": agree4,
                      "bf16_tflops": round(flop / t_bf16 / 1e12, 2), "fp8_gemm_tflops": round(flop / t_fp8 / 1e12, 2),
