@@ -54,3 +54,16 @@ def test_the_table_in_docs_is_what_the_committed_runs_give():
     roots = [p for p in sorted((ROOT / "results" / "reference").glob("*/*")) if p.is_dir()]
     table = ew.markdown(ew.tally(roots))
     assert table in (ROOT / "docs" / "collapse.md").read_text()
+
+
+def test_the_reports_table_marks_each_signals_first_step_for_the_runs_that_did_not_pass():
+    reward = {s: 0.9 for s in range(10, 21)} | {s: 0.5 for s in range(21, 41)}
+    fell = _rows(**{"reward/mean": reward, "mismatch/chi2_seq": {15: 2.0}, "train/grad_norm": {30: 9.0}})
+    alarm = _rows(**{"mismatch/chi2_token": {5: 3.0}})  # passed, yet its token ESS fell below 1/2 at step 5
+    assert ew.report_table([("ok", _rows(), "pass"), ("alarm", alarm, "pass")]) is None  # nothing failed
+    head, rows, caption = ew.report_table([("fell", fell, "collapse"), ("ok", _rows(), "pass"),
+                                           ("alarm", alarm, "pass"), ("short", _rows(4), "too_short")])
+    assert head[:3] == ["run", "verdict", "collapse onset (step)"] and len(head) == 3 + len(ew.SIGNALS)
+    # onset 24: the sequence ESS warned 9 steps ahead; the gradient spike at 30 came after it (no lead)
+    assert rows == [["fell", "collapse", "24", "-", "15 (9)", "30", "-"]]
+    assert "fired in the 2 passing run(s) too (false alarms): ess_token 1, ess_seq 0, grad_norm 0, entropy 0" in caption

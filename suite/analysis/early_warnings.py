@@ -85,15 +85,45 @@ def onset(rows: list[dict]) -> int | None:
     return None
 
 
+def of_rows(rows: list[dict], verdict: str | None) -> dict:
+    """The first step each signal fired, the collapse's onset (collapsed runs) and each signal's lead on it."""
+    fired = {name: fn(rows) for name, fn in SIGNALS.items()}
+    start = onset(rows) if verdict == "collapse" else None
+    return {"verdict": verdict, "onset": start, "fired": fired,
+            "lead": {n: (start - s if start is not None and s is not None and s <= start else None)
+                     for n, s in fired.items()}}
+
+
 def of_run(run_dir: Path) -> dict:
     rows = read_log(run_dir, "metrics.jsonl", missing_ok=True)
     summary = run_dir / "summary.json"
     verdict = json.loads(summary.read_text()).get("verdict") if summary.is_file() else None
-    fired = {name: fn(rows) for name, fn in SIGNALS.items()}
-    start = onset(rows) if verdict == "collapse" else None
-    return {"run": str(run_dir), "verdict": verdict, "onset": start, "fired": fired,
-            "lead": {n: (start - s if start is not None and s is not None and s <= start else None)
-                     for n, s in fired.items()}}
+    return {"run": str(run_dir), **of_rows(rows, verdict)}
+
+
+def report_table(runs: list[tuple[str, list[dict], str]]) -> tuple[list[str], list[list[str]], str] | None:
+    """The report's section: for every run of (label, metric rows, verdict) that did not pass, the first step each
+    signal fired (with its lead on a collapse's onset); the caption counts the passing runs it fired in anyway (false
+    alarms). None when every run passed or none could be judged."""
+    judged = [(label, of_rows(rows, verdict)) for label, rows, verdict in runs if verdict in ("pass", "unstable",
+                                                                                            "collapse")]
+    failing = [(label, r) for label, r in judged if r["verdict"] != "pass"]
+    if not failing:
+        return None
+    head = ["run", "verdict", "collapse onset (step)", *(f"{n}: first step (lead)" for n in SIGNALS)]
+    rows = [[label, r["verdict"], "-" if r["onset"] is None else str(r["onset"]),
+             *("-" if r["fired"][n] is None else f"{r['fired'][n]}" + ("" if r["lead"][n] is None else
+                                                                        f" ({r['lead'][n]})") for n in SIGNALS)]
+            for label, r in failing]
+    passing = [r for _, r in judged if r["verdict"] == "pass"]
+    alarms = ", ".join(f"{n} {sum(r['fired'][n] is not None for r in passing)}" for n in SIGNALS)
+    caption = (f"Early warnings (suite/analysis/early_warnings.py): ess_token / ess_seq = first step the normalised "
+               f"effective sample size of the token / sequence IS weights, 1 / (1 + chi2), fell below {ESS_FLOOR:g}; "
+               f"grad_norm = first step the gradient norm was non-finite or above {SPIKE:g}x the median of the "
+               f"{WINDOW} steps before; entropy = first step the mean entropy exceeded {SPIKE:g}x its median over the "
+               f"first {WINDOW} steps; lead = onset - first step, for a signal that fired at or before a collapse's "
+               f"onset. The same signals fired in the {len(passing)} passing run(s) too (false alarms): {alarms}.")
+    return head, rows, caption
 
 
 def tally(roots: list[Path]) -> dict:

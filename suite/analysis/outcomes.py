@@ -70,13 +70,17 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
         from suite.analysis import collapse
 
         runs = load_runs(search)
-        text += f" The collapse search ({search}, report in {search / 'report'}): " + collapse.statement(runs, collapse.findings(runs))
+        text += (f" The collapse search ({display_path(search)}, report in {display_path(search / 'report')}): "
+                 + collapse.statement(runs, collapse.findings(runs)))
     else:
         from suite.results import REFERENCE_ROOT
 
         committed = sorted(REFERENCE_ROOT.glob(f"*/{SEARCH_DIR}"))
+        # where the sweep writes (out/name): beside the main job's runs, or the default out for a committed grid
+        where = (f"runs/{SEARCH_DIR}" if Path(root).resolve().is_relative_to(REFERENCE_ROOT.resolve())
+                 else display_path(search))
         text += (" Where precision does decide the outcome is searched by `suite sweep grid=collapse-search launcher=local "
-                 f"jobs=2` (results in {search}, `suite report {search}`)" + (
+                 f"jobs=2` (results in {where}, `suite report {where}`)" + (
                      "; committed searches: " + ", ".join(f"{display_path(p)} (machine class {p.parent.name})" for p in committed)
                      if committed else "") + ".")
     return head, rows, text
@@ -126,7 +130,7 @@ def outcome_markdown(root: Path) -> str:
     from suite.analysis import sources
 
     runs = load_runs(root)
-    lines = [f"# Outcomes in `{root}`", "", machine_sentence(runs), ""]
+    lines = [f"# Outcomes in `{display_path(root)}`", "", machine_sentence(runs), ""]
     if axis := sources.source_axis(runs):  # a source grid: each source against its control, never pooled
         records = sources.rows(runs, axis)
         head, rows = sources.table(records, axis)

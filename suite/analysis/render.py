@@ -349,6 +349,9 @@ def consistency_warnings(runs: list[Run]) -> list[str]:
 
 def env_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     envs = {r.label: flatten(r.env) for r in runs if r.env}
+    for f in envs.values():  # the dataset's folder name carries its version and hash; the folder above is the machine's
+        if "dataset.path" in f:
+            f["dataset.path"] = "(cache)/datasets/" + Path(str(f["dataset.path"])).name
     keys = sorted({k for f in envs.values() for k in f
                    if k in (*ENV_CHECKED, "git_dirty", "platform", "hostname", "dataset.path") or k.startswith("packages.")})
     rows = []

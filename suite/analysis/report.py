@@ -31,7 +31,7 @@ from suite.analysis import bundle, render
 from suite.analysis.outcomes import machine_sentence
 from suite.analysis.render import IS_PLOT, MISMATCH_PLOT, ratio_caption
 from suite.analysis.runs import Run, load_runs
-from suite.results import PEAK_WINDOW, VERDICT_RULE, find_run_dirs
+from suite.results import PEAK_WINDOW, VERDICT_RULE, display_path, find_run_dirs
 from suite.rl import provenance
 
 # ---------------------------------------------------------------------------- the document
@@ -72,7 +72,7 @@ def algorithm_rows(runs: list[Run]) -> list[list[str]]:
 
 def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     """Every section of the report, drawing the figures into `fig_dir` on the way."""
-    from suite.analysis import attribution, figures
+    from suite.analysis import attribution, early_warnings, figures
 
     flows = render.flow_order(r.precision for r in runs)
     cells = render.group_cells(runs)
@@ -93,7 +93,7 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     tasks, algos = sorted({r.task for r in runs}), sorted({r.algorithm for r in runs})
     doc: list[tuple] = [
         ("p", outcome_sentence(root)),
-        ("p", f"{len(runs)} runs in {len(cells)} cells from {root}: tasks {', '.join(tasks)}; algorithms "
+        ("p", f"{len(runs)} runs in {len(cells)} cells from {display_path(root)}: tasks {', '.join(tasks)}; algorithms "
               f"{', '.join(algos)}; precision flows {', '.join(flows)}; seeds "
               f"{', '.join(map(str, sorted({r.seed for r in runs})))}. {len(bad)} run(s) incomplete or failed. "
               "Every number below is computed from the run directories alone (suite report)."),
@@ -134,6 +134,9 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
         doc += [("h", "Training accuracy", "curves"),
                 ("fig", "reward_curves", f"Training accuracy (reward/mean), trailing mean over {PEAK_WINDOW} steps "
                  "(the verdict rule's acc_t). One panel per algorithm, colour = precision flow.")]
+
+    if warned := early_warnings.report_table([(r.label, r.metrics, r.verdict) for r in runs]):
+        doc += [("h", "Early warnings of the runs that did not pass", "early-warnings"), ("table", *warned)]
 
     doc += [("h", "Training-inference mismatch", "mismatch")]
     mism = {k: _series(runs, k) for k in MISMATCH_PLOT}
