@@ -222,23 +222,25 @@ def cmd_gate(args: list[str]) -> int:
 
 
 def cmd_report(args: list[str]) -> int:
-    """suite report RESULTS_DIR [--out DIR]: write the reproducibility report of a results directory.
+    """suite report RESULTS_DIR [--out DIR] [--svg]: write the reproducibility report of a results directory.
 
       RESULTS_DIR  directory holding run directories (or up to two levels of experiment folders)
-      --out DIR    output folder (default: RESULTS_DIR/report)"""
+      --out DIR    output folder (default: RESULTS_DIR/report)
+      --svg        also write every figure as SVG (the report links it beside the PNG)"""
     from suite.analysis import report
 
     return report.cli(args)
 
 
 def cmd_hypotheses(args: list[str]) -> int:
-    """suite hypotheses [--class CLASS] [--root DIR] [--out DIR]: the per-hypothesis science report.
+    """suite hypotheses [--class CLASS] [--root DIR] [--out DIR] [--svg]: the per-hypothesis science report.
 
     Reads a machine class's committed grids.
 
       --class CLASS  machine class (default: this machine's)
       --root DIR     reference root (default: results/reference)
-      --out DIR      output folder (default: results/hypotheses/<class>)"""
+      --out DIR      output folder (default: results/hypotheses/<class>)
+      --svg          also write every figure as SVG"""
     from suite.analysis import hypotheses
 
     return hypotheses.cli(args)

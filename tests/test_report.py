@@ -1,15 +1,19 @@
 """Reports are pure functions of result bundles: the outcome table, the statistics and the
 reproducibility report, checked against hand computations on bundles written here."""
 
+import importlib.util
+import io
 import json
 import math
+import re
 from itertools import product
 from pathlib import Path
 
 import numpy as np
 import pytest
+from PIL import Image
 
-from suite.analysis import outcomes, render, report, stats
+from suite.analysis import figures, outcomes, render, report, stats
 from suite.analysis.runs import load_runs
 from suite.results import atomic_write_json, atomic_write_text, config_hash, summarize
 from suite.rl import config, provenance
@@ -246,10 +250,69 @@ def test_html_is_escaped_and_self_contained(golden):
     imgs = [ln for ln in page.split("<img ")[1:]]
     assert imgs
     for name in ("reward_curves", "mismatch_curves", "mismatch_step0", "loss_scale", "is_diagnostics"):
-        for ext in ("png", "svg"):
-            f = out / "figures" / f"{name}.{ext}"
-            assert f.is_file() and f.stat().st_size > 1000, f
+        f = out / "figures" / f"{name}.png"
+        assert f.is_file() and f.stat().st_size > 1000, f
+        assert Image.open(f).mode == "P"  # figures.compact_png: a palette PNG
         assert f'src="figures/{name}.png"' in page
+    # SVGs only on request (--svg), and then each linked beside its PNG in both pages.
+    assert not list(out.rglob("*.svg")) and ".svg" not in page + (out / "report.md").read_text()
+
+
+def test_svg_figures_on_request(golden, tmp_path):
+    root, out = golden
+    vec = report.write_report(root, tmp_path / "svg", svg=True)
+    pngs = sorted(f.stem for f in (vec / "figures").glob("*.png"))
+    assert pngs and sorted(f.stem for f in (vec / "figures").glob("*.svg")) == pngs
+    page, md = (vec / "index.html").read_text(), (vec / "report.md").read_text()
+    for stem in pngs:
+        assert f'<a href="figures/{stem}.svg">SVG</a>' in page and f"([SVG](figures/{stem}.svg))" in md
+        assert (vec / "figures" / f"{stem}.png").read_bytes() == (out / "figures" / f"{stem}.png").read_bytes()
+
+
+REPO = Path(__file__).parents[1]
+
+
+def test_compact_figures_turns_an_svg_report_into_the_png_only_one(golden, tmp_path):
+    """scripts/compact_figures.py on a report written with SVGs and RGBA PNGs (as the references were) gives the
+    files `suite report` writes today; a second pass changes nothing."""
+    spec = importlib.util.spec_from_file_location("compact_figures", REPO / "scripts" / "compact_figures.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    root, out = golden
+    old = report.write_report(root, tmp_path / "old", svg=True)
+    for f in (old / "figures").glob("*.png"):  # back to matplotlib's RGBA, as the older code wrote it
+        Image.open(f).convert("RGBA").save(f)
+    for f in (old / "figures").glob("*.svg"):
+        f.unlink()
+    for name in ("index.html", "report.md"):
+        text = (old / name).read_text()
+        fixed = script.unlink_svgs(text, lambda stem: False)
+        assert fixed == (out / name).read_text() and script.unlink_svgs(fixed, lambda stem: False) == fixed
+    for f in (old / "figures").glob("*.png"):
+        small = figures.compact_png(f.read_bytes())
+        assert Image.open(io.BytesIO(small)).mode == "P" and figures.compact_png(small) == small
+        assert np.array_equal(np.asarray(Image.open(io.BytesIO(small)).convert("RGB")),
+                              np.asarray(Image.open(out / "figures" / f.name).convert("RGB"))), f.name
+
+
+COMMITTED_PAGES = sorted(REPO.glob("results/**/index.html")) + sorted(REPO.glob("results/**/report.md"))
+
+
+@pytest.mark.parametrize("page", COMMITTED_PAGES, ids=lambda p: str(p.relative_to(REPO / "results")))
+def test_committed_report_pages_link_only_files_that_exist(page):
+    """Every figures/... link or image of a committed report page names a file next to it."""
+    text = page.read_text(encoding="utf-8")
+    links = re.findall(r'(?:href|src)="(figures/[^"]+)"', text) + re.findall(r"\]\((figures/[^)]+)\)", text)
+    for link in links:
+        assert (page.parent / link).is_file(), f"{page}: {link}"
+
+
+def test_committed_figures_are_palette_pngs():
+    """The committed references store figures as figures.save writes them (compact_png), PNG only."""
+    pngs = sorted(REPO.glob("results/**/*.png"))
+    assert len(pngs) > 50 and not list(REPO.glob("results/**/figures/*.svg"))
+    for f in pngs:
+        assert Image.open(f).mode == "P", f
 
 
 def test_report_is_deterministic_and_replaced_atomically(golden, tmp_path):

@@ -441,10 +441,14 @@ def build_document(class_dir: Path, fig_dir: Path) -> list[tuple]:
             ("table", ["study", "hypothesis", "grid", "runs", "outcome"], summary, "")] + body
 
 
-def write(class_dir: Path, out: Path) -> Path:
-    """Write the report folder ``out`` (replaced atomically; a folder that is not a report is refused)."""
+def write(class_dir: Path, out: Path, svg: bool = False) -> Path:
+    """Write the report folder ``out`` (replaced atomically; a folder that is not a report is refused); `svg`:
+    every figure also as SVG."""
+    from suite.analysis import figures
+
     title = f"Why does BF16 not fail at small scale? Hypotheses, {Path(class_dir).name}"
-    return render.write_folder(out, lambda fig_dir: (build_document(class_dir, fig_dir), title))
+    with figures.vectors(svg):
+        return render.write_folder(out, lambda fig_dir: (build_document(class_dir, fig_dir), title))
 
 
 def cli(args: list[str]) -> int:
@@ -455,11 +459,12 @@ def cli(args: list[str]) -> int:
     p.add_argument("--class", dest="cls", help="machine class (default: this machine's)")
     p.add_argument("--root", type=Path, default=REFERENCE_ROOT, help="reference root (default: results/reference)")
     p.add_argument("--out", type=Path, help="output folder (default: results/hypotheses/<class>)")
+    p.add_argument("--svg", action="store_true", help="also write every figure as SVG (vector; larger files)")
     ns = p.parse_args(args)
     cls = ns.cls or machine.describe("auto", 1)["id"]
     class_dir = ns.root / cls
     if not class_dir.is_dir():
         raise ValueError(f"no reference results for machine class {cls} under {ns.root}")
-    out = write(class_dir, ns.out or ns.root.parent / "hypotheses" / cls)
+    out = write(class_dir, ns.out or ns.root.parent / "hypotheses" / cls, svg=ns.svg)
     print(f"hypotheses report written to {out / 'index.html'} (also report.md and figures/)")
     return 0

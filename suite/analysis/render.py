@@ -392,8 +392,9 @@ figcaption{color:#555;font-size:12.5px}
 STATUS_CELLS = {"pass", "collapse", "unstable", "too_short", "incomplete", "failed"}
 
 
-def to_html(doc: list[tuple], title: str) -> str:
-    """A self-contained page: inline CSS, figures as relative files, every string HTML-escaped."""
+def to_html(doc: list[tuple], title: str, svgs: frozenset = frozenset()) -> str:
+    """A self-contained page: inline CSS, figures as relative files, every string HTML-escaped; a figure links its
+    SVG only when its stem is in `svgs` (written by ``suite report --svg``)."""
     e = html.escape
     nav = " ".join(f'<a href="#{b[2]}">{e(b[1])}</a>' for b in doc if b[0] == "h")
     out = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
@@ -416,9 +417,11 @@ def to_html(doc: list[tuple], title: str) -> str:
             cap = f'<p class="cap">{e(b[3])}</p>'.replace("\n", "<br>") if b[3] else ""
             out.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{cap}')
         elif kind == "fig":
-            stem = e(b[1])
-            out.append(f'<figure><a href="figures/{stem}.svg"><img src="figures/{stem}.png" alt="{e(b[2])}"></a>'
-                       f'<figcaption>{e(b[2])} (<a href="figures/{stem}.svg">SVG</a>)</figcaption></figure>')
+            stem, cap = e(b[1]), e(b[2])
+            img = f'<img src="figures/{stem}.png" alt="{cap}">'
+            if b[1] in svgs:
+                img, cap = f'<a href="figures/{stem}.svg">{img}</a>', f'{cap} (<a href="figures/{stem}.svg">SVG</a>)'
+            out.append(f"<figure>{img}<figcaption>{cap}</figcaption></figure>")
         elif kind == "pre":
             out.append(f"<pre>{e(b[1])}</pre>")
     return "\n".join(out + ["</body></html>", ""])
@@ -428,7 +431,7 @@ def _md_cell(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 
 
-def to_markdown(doc: list[tuple], title: str) -> str:
+def to_markdown(doc: list[tuple], title: str, svgs: frozenset = frozenset()) -> str:
     out = [f"# {title}", ""]
     for b in doc:
         kind = b[0]
@@ -443,7 +446,8 @@ def to_markdown(doc: list[tuple], title: str) -> str:
             out += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in b[2]]
             out += ["", b[3], ""] if b[3] else [""]
         elif kind == "fig":
-            out += [f"![{b[2]}](figures/{b[1]}.png)", "", f"{b[2]} ([SVG](figures/{b[1]}.svg))", ""]
+            link = f" ([SVG](figures/{b[1]}.svg))" if b[1] in svgs else ""
+            out += [f"![{b[2]}](figures/{b[1]}.png)", "", b[2] + link, ""]
         elif kind == "pre":
             fence = "~~~~" if "```" in b[1] else "```"
             out += [fence, b[1], fence, ""]
@@ -465,8 +469,10 @@ def write_folder(out: Path, build: Callable[[Path], tuple[list[tuple], str]]) ->
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes 0700; reports are meant to be shared like results
         doc, title = build(tmp / "figures")
-        (tmp / "index.html").write_text(to_html(doc, title), encoding="utf-8")
-        (tmp / "report.md").write_text(to_markdown(doc, title), encoding="utf-8")
+        figs = tmp / "figures"
+        svgs = frozenset(f.relative_to(figs).with_suffix("").as_posix() for f in figs.glob("**/*.svg"))
+        (tmp / "index.html").write_text(to_html(doc, title, svgs), encoding="utf-8")
+        (tmp / "report.md").write_text(to_markdown(doc, title, svgs), encoding="utf-8")
         old = None
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")

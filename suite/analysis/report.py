@@ -1,8 +1,8 @@
 """Tables and reproducibility reports: pure functions of result bundles (suite/results.py).
 
-``suite report RESULTS_DIR [--out DIR]`` writes a self-contained folder (default
+``suite report RESULTS_DIR [--out DIR] [--svg]`` writes a self-contained folder (default
 ``RESULTS_DIR/report/``): ``index.html`` and ``report.md`` with the same content, and
-``figures/*.png`` + ``*.svg``. RESULTS_DIR holds run directories
+``figures/*.png`` (with ``--svg`` also ``*.svg``, linked beside each PNG). RESULTS_DIR holds run directories
 (``<task>__<algorithm>__<precision>__s<seed>/``), directly or up to two levels down
 (``results/<name>/<run>/``). The report contains, in order: the generated outcome sentence
 (outcomes.md's), what the runs are and on which machine class, warnings that change the
@@ -250,9 +250,16 @@ def command_of(r: Run) -> str:
 
 
 # ---------------------------------------------------------------------------- writing, CLI
-def write_report(results_dir: Path, out: Path | None = None) -> Path:
+def write_report(results_dir: Path, out: Path | None = None, svg: bool = False) -> Path:
     """Write the report of `results_dir` to `out` (default `<results_dir>/report/`, replaced atomically) and
-    return it."""
+    return it; `svg`: every figure also as SVG (the committed references carry PNGs only)."""
+    from suite.analysis import figures
+
+    with figures.vectors(svg):
+        return _write_report(Path(results_dir), out)
+
+
+def _write_report(results_dir: Path, out: Path | None) -> Path:
     from suite.analysis import attribution
 
     root = Path(results_dir)
@@ -281,12 +288,13 @@ def write_report(results_dir: Path, out: Path | None = None) -> Path:
 
 
 def cli(args: list[str]) -> int:
-    """``suite report RESULTS_DIR [--out DIR]``; bad input raises ValueError (exit code 2 in suite.cli)."""
+    """``suite report RESULTS_DIR [--out DIR] [--svg]``; bad input raises ValueError (exit code 2 in suite.cli)."""
     p = argparse.ArgumentParser(prog="suite report", description="Reproducibility report of a results directory "
                                 "(HTML + Markdown + figures), computed from the run files alone.")
     p.add_argument("results_dir", help="directory holding run directories (or up to two levels of experiment folders)")
     p.add_argument("--out", help="output folder (default: RESULTS_DIR/report)")
+    p.add_argument("--svg", action="store_true", help="also write every figure as SVG (vector; larger files)")
     ns = p.parse_args(args)
-    out = write_report(Path(ns.results_dir), Path(ns.out) if ns.out else None)
+    out = write_report(Path(ns.results_dir), Path(ns.out) if ns.out else None, svg=ns.svg)
     print(f"report written to {out / 'index.html'} (also report.md and figures/)")
     return 0
