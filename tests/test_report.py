@@ -399,3 +399,17 @@ def test_informative_columns_keep_what_varies():
     head, rows = render.informative_columns(["a", "b", "c", "d"], [["x", "-", "0", "1"], ["y", "-", "0 (0)", "0"]],
                                             keep=("b",))
     assert head == ["a", "b", "d"] and rows == [["x", "-", "1"], ["y", "-", "0"]]
+
+
+def test_the_first_screen_is_the_verdict_per_flow_and_algorithm_then_the_reward(golden):
+    root, out = golden
+    md = (out / "report.md").read_text()
+    first_table = md[md.index("| precision flow |"):].split("\n\n")[0].splitlines()
+    assert first_table[0] == "| precision flow | grpo | grpo_token_tis |"
+    # fp32: 3 pass + 1 unstable; bf16 grpo: a collapse and a failed run (incomplete), token TIS: a pass and a run
+    # killed before its summary; fp16 never ran token TIS
+    assert "| fp32 | 3/4 pass, 1 unstable | - |" in first_table
+    assert "| fp16 | 2/2 pass | - |" in first_table
+    assert "| bf16 | 0/2 pass, 1 collapse, 1 incomplete | 1/2 pass, 1 incomplete |" in first_table
+    order = [md.index(s) for s in ("| precision flow |", "## Training accuracy", "## The runs", "## Verdicts per cell")]
+    assert order == sorted(order)

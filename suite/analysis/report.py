@@ -91,8 +91,24 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
              "recorded field; a rerun's config hash will differ."] if added else []
     bad = [r for r in runs if r.verdict == "incomplete"]
     tasks, algos = sorted({r.task for r in runs}), sorted({r.algorithm for r in runs})
-    doc: list[tuple] = [
-        ("p", outcome_sentence(root)),
+    # The first screen: what the runs found (verdicts per flow x algorithm, the reward they are read from); then
+    # what they are, on which machine, what changes how they read, and how they compare with the reference.
+    head, rows = verdict_matrix(runs)
+    doc: list[tuple] = [("p", outcome_sentence(root)),
+                        ("table", head, rows, "Verdicts of every run per precision flow and algorithm (the rule, and "
+                         "each cell's accuracies, under Verdicts per cell below).")]
+    fig_dir.mkdir(parents=True, exist_ok=True)
+    rewards = _series(runs, "reward/mean")
+    if rewards:
+        thresholds = {r.task: r.config.get("threshold", 0.95) for r in runs if r.config}
+        figures.reward_curves(rewards, flows, fig_dir / "reward_curves", PEAK_WINDOW, thresholds)
+        doc += [("h", "Training accuracy", "curves"),
+                ("fig", "reward_curves", f"Training accuracy (reward/mean), trailing mean over {PEAK_WINDOW} steps "
+                 "(the verdict rule's acc_t). One panel per algorithm, colour = precision flow.")]
+    if warned := early_warnings.report_table([(r.label, r.metrics, r.verdict) for r in runs]):
+        doc += [("h", "Early warnings of the runs that did not pass", "early-warnings"), ("table", *warned)]
+    doc += [
+        ("h", "The runs", "about"),
         ("p", f"{len(runs)} runs in {len(cells)} cells from {display_path(root)}: tasks {', '.join(tasks)}; algorithms "
               f"{', '.join(algos)}; precision flows {', '.join(flows)}; seeds "
               f"{', '.join(map(str, sorted({r.seed for r in runs})))}. {len(bad)} run(s) incomplete or failed. "
@@ -104,6 +120,16 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     ]
     if warnings:
         doc += [("h", "Warnings", "warnings"), ("warn", warnings)]
+    head, rows = render.verdict_table(runs)
+    doc += [("h", "Verdicts per cell", "verdicts"),
+            ("table", head, rows, "Counts over every run of the cell; accuracy statistics over its complete runs "
+             "only: mean ± sample std (ddof=1), 95% percentile-bootstrap CI of the mean (10,000 resamples, fixed "
+             "seed; with two seeds it is [min, max]), IQM = mean after dropping the lowest and highest quarter. "
+             "First pass step: mean over the runs that reached the threshold (reached / complete). Columns that "
+             "carry nothing at this number of seeds (an interval of one run, a count that is 0 everywhere) are "
+             "left out."),
+            ("p", "Verdict rule: " + VERDICT_RULE)]
+
     repro = Path(root) / "reproduction.json"
     if repro.is_file():  # written by `suite main` (suite/analysis/reproduce.py)
         from suite.analysis import reproduce
@@ -115,28 +141,6 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
                 ("table", ["invariant (every machine)", "holds", "detail"],
                  [[i["name"], "n/a" if i["ok"] is None else "yes" if i["ok"] else "NO", i["detail"]]
                   for i in rdoc["invariants"]], "")]
-
-    head, rows = render.verdict_table(runs)
-    doc += [("h", "Verdicts per cell", "verdicts"),
-            ("table", head, rows, "Counts over every run of the cell; accuracy statistics over its complete runs "
-             "only: mean ± sample std (ddof=1), 95% percentile-bootstrap CI of the mean (10,000 resamples, fixed "
-             "seed; with two seeds it is [min, max]), IQM = mean after dropping the lowest and highest quarter. "
-             "First pass step: mean over the runs that reached the threshold (reached / complete). Columns that "
-             "carry nothing at this number of seeds (an interval of one run, a count that is 0 everywhere) are "
-             "left out."),
-            ("p", "Verdict rule: " + VERDICT_RULE)]
-
-    thresholds = {r.task: r.config.get("threshold", 0.95) for r in runs if r.config}
-    fig_dir.mkdir(parents=True, exist_ok=True)
-    rewards = _series(runs, "reward/mean")
-    if rewards:
-        figures.reward_curves(rewards, flows, fig_dir / "reward_curves", PEAK_WINDOW, thresholds)
-        doc += [("h", "Training accuracy", "curves"),
-                ("fig", "reward_curves", f"Training accuracy (reward/mean), trailing mean over {PEAK_WINDOW} steps "
-                 "(the verdict rule's acc_t). One panel per algorithm, colour = precision flow.")]
-
-    if warned := early_warnings.report_table([(r.label, r.metrics, r.verdict) for r in runs]):
-        doc += [("h", "Early warnings of the runs that did not pass", "early-warnings"), ("table", *warned)]
 
     doc += [("h", "Training-inference mismatch", "mismatch")]
     mism = {k: _series(runs, k) for k in MISMATCH_PLOT}
@@ -221,6 +225,25 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
             ("p", "Commands that rerun every run (its axes, then the fields that differ from what those compose to):"),
             ("pre", "\n".join(f"# {r.label}\n{command_of(r)}" for r in runs if r.config) or "(no configs)")]
     return doc
+
+
+def verdict_matrix(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
+    """The first screen's table: a row per precision flow, a column per algorithm (task-prefixed when a grid has
+    several tasks), each cell its runs' verdicts: "3/3 pass", or "1/3 pass, 2 unstable"."""
+    cells = render.group_cells(runs)
+    tasks = sorted({t for t, _, _ in cells})
+    cols = sorted({(t, a) for t, a, _ in cells}, key=lambda c: (tasks.index(c[0]), c[1]))
+    head = ["precision flow", *(a if len(tasks) == 1 else f"{t} {a}" for t, a in cols)]
+    rows = []
+    for f in render.flow_order(p for _, _, p in cells):
+        row = [f]
+        for t, a in cols:
+            cell = cells.get((t, a, f), [])
+            counts = [(v, sum(r.verdict == v for r in cell)) for v in render.VERDICTS]
+            rest = ", ".join(f"{n} {v.replace('_', ' ')}" for v, n in counts[1:] if n)
+            row.append("-" if not cell else f"{counts[0][1]}/{len(cell)} pass" + (f", {rest}" if rest else ""))
+        rows.append(row)
+    return head, rows
 
 
 def outcome_sentence(root: Path) -> str:
