@@ -88,37 +88,3 @@ def f_accept(cls: str, table: str) -> str:
     if table not in TABLES:
         raise ValueError(f"accept:{cls}:{table}: tables are {', '.join(TABLES)}")
     return TABLES[table](cls)
-
-
-def f_matrix(path: str, extra: str = "", label: str = "") -> str:
-    """A grid's outcome as flow x algorithm: each cell's final accuracy (the mean over its seeds) and its verdicts;
-    ``extra``: another grid of one algorithm (the fp4 grid's centering runs) as one more column, headed ``label``."""
-    from suite.analysis.runs import load_runs
-
-    def by_cell(p):
-        cells: dict[tuple, list] = {}
-        for r in load_runs(REFERENCE_ROOT / p):
-            cells.setdefault((r.summary.get("precision"), r.summary.get("algorithm")), []).append(r)
-        return cells
-
-    main, more = by_cell(path), (by_cell(extra) if extra else {})
-    from suite.analysis.render import flow_order
-    from suite.rl.algo_table import ALGORITHMS
-
-    flows = flow_order({p for p, _ in main})
-    algos = sorted({a for _, a in main}, key=list(ALGORITHMS).index)
-    lines = ["| flow | " + " | ".join([*algos, *([label or extra] if extra else [])]) + " |",
-             "|---|" + "---|" * (len(algos) + bool(extra))]
-
-    def show(runs):
-        if not runs:
-            return "-"
-        finals = [r.summary["accuracy/final"] for r in runs]
-        verdicts = ", ".join(sorted({r.verdict for r in runs}))
-        return f"{sum(finals) / len(finals):.3f} ({verdicts}{', n=' + str(len(runs)) if len(runs) > 1 else ''})"
-
-    for f in flows:
-        row = [show(main.get((f, a))) for a in algos] + ([show(next((v for (p, _), v in more.items() if p == f), []))]
-                                                         if extra else [])
-        lines.append(f"| {f} | " + " | ".join(row) + " |")
-    return "\n".join(lines)

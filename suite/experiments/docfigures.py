@@ -26,7 +26,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from suite.experiments.accept_tables import f_accept, f_matrix
+from suite.experiments.accept_tables import f_accept
+from suite.experiments.grid_tables import f_centering, f_matrix, f_source
 from suite.experiments.bench_memory import plan_markdown
 from suite.packed import read_log
 from suite.results import REFERENCE_ROOT, atomic_write_text
@@ -402,18 +403,6 @@ def f_attribution(cls: str, stack: str, source: str = "", metric: str = "k3") ->
     return _fmt(summary["metrics"][metric]["on"][source]) if source else table_markdown(summary, title_of(summary))
 
 
-def f_source(path: str, part: str) -> str:
-    """A committed source grid (suite/analysis/sources.py): its outcome sentence (part=outcome) or table (part=table)."""
-    from suite.analysis import sources
-    runs = list(_grid(path))
-    axis = sources.source_axis(runs)
-    records = sources.rows(runs, axis)
-    if part == "outcome":
-        return sources.outcome(records, axis)
-    head, body = sources.table(records, axis)
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in body)])
-
-
 def f_plan(*overrides: str) -> str:
     """The memory plan of a run config on 1 and 8 H100s, itemised (suite/rl/plan.py ``markdown``)."""
     return plan_table(list(overrides))
@@ -434,7 +423,7 @@ FIGURES = {
     "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids,
     "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution,
     "attribution-on": f_attribution, "source": f_source, "plan": f_plan, "memplan": f_memplan, "accept": f_accept,
-    "matrix": f_matrix}
+    "matrix": f_matrix, "centering": f_centering}
 
 
 def figure(name: str) -> str:
