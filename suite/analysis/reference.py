@@ -47,8 +47,12 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
     tmp = dest.with_name(f".{grid}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     for d in dirs:
-        # Nested grids (<grid>/<regime or ppo_ref>/<run>) keep their folders: run names repeat across them.
-        shutil.copytree(d, tmp / d.relative_to(root), ignore=shutil.ignore_patterns("ckpt", "policy", "error.txt"))
+        # Nested grids (<grid>/<regime or ppo_ref>/<run>) keep their folders: run names repeat across them. Evidence
+        # only, as a leaderboard submission (suite/analysis/submit.py): a reference run is complete, so its console
+        # log.txt says nothing that metrics.jsonl and timing.jsonl do not (its tail matters for a run left without
+        # a summary, which is refused above).
+        shutil.copytree(d, tmp / d.relative_to(root),
+                        ignore=shutil.ignore_patterns("ckpt", "policy", "error.txt", "log.txt"))
     job = json.loads((Path(root) / "job.json").read_text()) if (Path(root) / "job.json").is_file() else {}
     meta_path = dest.parent / "reference.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
