@@ -106,14 +106,14 @@ def sample(run: Run, step: int) -> tuple[Rollout, list[float]]:
     """A sequence's seed is a function of (seed, step, group, sample) only, so every world size samples the same
     tokens. Score centering has the sampler record its next-token distribution, whole or its top-k head."""
     cfg, G = run.cfg, run.cfg.samples_per_prompt
-    batch = [run.items[i] for i in step_prompts(len(run.items), step, cfg.prompts_per_step, cfg.seed)]
-    prompts = [prompt_ids(run.tok, batch[g]) for g in run.groups for _ in range(G)]
+    step_items = [run.items[i] for i in step_prompts(len(run.items), step, cfg.prompts_per_step, cfg.seed)]
+    prompts = [prompt_ids(run.tok, step_items[g]) for g in run.groups for _ in range(G)]
     centering = ({"keep_dist": True, "dist_topk": cfg.algo.score_centering_topk or 0}
                  if cfg.algo.score_centering else {})
     roll = run.engine.generate(prompts, cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_p,
                                sequence_seeds(cfg.seed, step, run.groups, G), top_k=cfg.sampling.top_k, **centering)
     texts = run.tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
-    rewards = grade(run.task, [batch[run.groups[i // G]] for i in range(len(texts))], texts, roll.truncated,
+    rewards = grade(run.task, [step_items[run.groups[i // G]] for i in range(len(texts))], texts, roll.truncated,
                     cfg.reward_workers)
     return roll, rewards
 
