@@ -184,24 +184,27 @@ def test_piped_output_is_never_cut():
 
 
 def test_main_job_writes_next_to_its_runs_and_leaves_git_status_clean(tmp_path):
-    """A small main job (two smoke cells) writes runs, table, reproduction, report and leaderboard under
-    its out directory; nothing tracked by git (the committed references, the committed site) changes."""
+    """A small main job (smoke cells, one seed, every row in fp32) writes runs, table, controls, reproduction,
+    report and leaderboard under its out directory; nothing tracked by git (the committed references, the
+    committed site) changes. Runs too short to judge judge no control, and say so."""
     from suite import cli
 
     before = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
     site = (REPO / "leaderboard" / "data.js").read_bytes()
     out = tmp_path / "out"
-    assert cli.main(["main", "tier=smoke", "precision=fp32,exact", "algorithm=grpo", f"out={out}"]) == 0
-    root = out / "sanity"
+    assert cli.main(["main", "tier=smoke", "precision=fp32", "seed=0", f"out={out}"]) == 0
+    root = out / "main"
     for f in ("outcomes.md", "reproduction.md", "reproduction.json", "job.json", "report/index.html",
-              "leaderboard/index.html", "leaderboard/data.js"):
+              "leaderboard/index.html", "leaderboard/data.js", "controls.json", "../controls/reproduction.md"):
         assert (root / f).is_file(), f
+    first = json.loads((root / "controls.json").read_text())["first_line"]
+    assert "not judged: stale-k4, nvfp4a4-rollout" in first and first in (root / "outcomes.md").read_text()
     doc = json.loads((root / "reproduction.json").read_text())
     assert doc["machine_class"]["id"] == machine.describe("auto", 1)["id"]
     assert "Reproduction against the committed reference" in (root / "report" / "report.md").read_text()
     env = json.loads((root / "arith__grpo__fp32__s0" / "env.json").read_text())
     assert env["machine_class"] == doc["machine_class"]
-    assert json.loads((root / "job.json").read_text())["cells_trained"] == 2
+    assert json.loads((root / "job.json").read_text())["cells_trained"] == 5  # 1 main cell, 4 control rows
     after = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
     assert after == before and (REPO / "leaderboard" / "data.js").read_bytes() == site
 

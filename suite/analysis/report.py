@@ -97,6 +97,11 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     doc: list[tuple] = [("p", outcome_sentence(root)),
                         ("table", head, rows, "Verdicts of every run per precision flow and algorithm (the rule, and "
                          "each cell's accuracies, under Verdicts per cell below).")]
+    if (ctl := root / "controls.json").is_file():  # the main job's judgement of its controls (experiments/controls)
+        c = json.loads(ctl.read_text())
+        doc += [("h", "Controls: known-bad recipes beside their fixes", "controls"), ("p", c["first_line"]),
+                ("table", c["head"], c["rows"], f"Runs in {c['root']}; committed evidence per control: "
+                 + "; ".join(f"{r['control']}: {r['evidence']}" for r in c["records"]) + ".")]
     fig_dir.mkdir(parents=True, exist_ok=True)
     rewards = _series(runs, "reward/mean")
     if rewards:

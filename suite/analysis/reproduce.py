@@ -90,18 +90,20 @@ def first_difference(a: Path, b: Path) -> str:
 
 
 def compare(root: Path, ref: Path | None) -> list[dict]:
-    """One record per run of ``root``: its counterpart in ``ref`` (same directory name) and how they compare."""
+    """One record per run of ``root``: its counterpart in ``ref`` (the same path below the grid's folder, so the
+    rows of a grid of experiments never meet another row's run of the same name) and how they compare."""
     out = []
-    ref_dirs = {d.name: d for d in find_run_dirs(ref)} if ref else {}
+    ref_dirs = {d.relative_to(ref).as_posix(): d for d in find_run_dirs(ref)} if ref else {}
     for d in find_run_dirs(root):
-        s, other = _summary(d), ref_dirs.get(d.name)
+        name = d.relative_to(root).as_posix()
+        s, other = _summary(d), ref_dirs.get(name)
         if other and not _same_config(d, other):  # same cell name, another experiment (tier=smoke, ...)
             other = None
         rs = _summary(other) if other else {}
         out.append({
-            "run": d.name, "reference": str(other) if other else None,
+            "run": name, "reference": str(other) if other else None,
             "metrics": (first_difference(d / "metrics.jsonl", other / "metrics.jsonl") if other else
-                        "no reference" if d.name not in ref_dirs else "reference has another config"),
+                        "no reference" if name not in ref_dirs else "reference has another config"),
             "verdict": s.get("verdict"), "ref_verdict": rs.get("verdict"),
             "step0_kl_k3": s.get("mismatch/step0/kl_k3"), "ref_step0_kl_k3": rs.get("mismatch/step0/kl_k3"),
             "step0_rel_diff": rel_diff(s.get("mismatch/step0/kl_k3"), rs.get("mismatch/step0/kl_k3")) if other else None,
@@ -167,14 +169,16 @@ def statement(doc: dict) -> str:
     inv = doc["invariants"]
     held = [i for i in inv if i["ok"]]
     broke = [i for i in inv if i["ok"] is False]
-    inv_text = (f"What must hold on every machine: {len(held)} of {len(held) + len(broke)} checks hold"
-                + (f"; broken: {'; '.join(i['name'] + ' (' + i['detail'] + ')' for i in broke)}" if broke else "") + ".")
+    inv_text = ((f"What must hold on every machine: {len(held)} of {len(held) + len(broke)} checks hold"
+                 + (f"; broken: {'; '.join(i['name'] + ' (' + i['detail'] + ')' for i in broke)}" if broke else "")
+                 + ".") if held or broke else "No machine-independent check applies to these runs.")
     if not doc["reference"]:
         others = ", ".join(doc["known_classes"]) or "none"
         where = "" if doc["known_classes"] else f" ({where_to_get_references()})"
-        return (f"No committed reference for machine class {cls.get('id', 'unknown')} (references exist for: {others}"
-                f"{where}), so nothing here can be compared value by value. {inv_text} Every other number (the values, "
-                "the perfectible set, whether unified fp8 is exactly 0) depends on the hardware.")
+        what = (f"of the grid {doc.get('grid')} " if cls.get("id") in doc["known_classes"] else "")
+        return (f"No committed reference {what}for machine class {cls.get('id', 'unknown')} (references exist for: "
+                f"{others}{where}), so nothing here can be compared value by value. {inv_text} Every other number "
+                "(the values, the perfectible set, whether unified fp8 is exactly 0) depends on the hardware.")
     rows = doc["rows"]
     with_ref = [r for r in rows if r["reference"]]
     same = sum(r["metrics"] == "identical" for r in with_ref)

@@ -26,6 +26,8 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
+from suite.experiments import calibration
+from suite.experiments.controls import f_evidence
 from suite.experiments.accept_tables import f_accept
 from suite.experiments.grid_tables import f_centering, f_matrix, f_source
 from suite.experiments.bench_memory import plan_markdown
@@ -387,8 +389,9 @@ def f_grids_table() -> str:
     lines = ["| grid | runs | axes | fixed | what |", "|---|---|---|---|---|"]
     for name in grids.GRIDS:
         g = grids.get(name)
-        n = len(list(itertools.product(*g["axes"].values())))
-        axes = " x ".join(f"`{k}` {', '.join(map(str, v))}" for k, v in g["axes"].items())
+        n = len(g["rows"]) * len(list(itertools.product(*g["axes"].values())))
+        rows = [f"rows {'; '.join(' '.join(f'`{o}`' for o in r) for r in g['rows'])}"] if len(g["rows"]) > 1 else []
+        axes = " x ".join(rows + [f"`{k}` {', '.join(map(str, v))}" for k, v in g["axes"].items()])
         fixed = " ".join(f"`{o}`" for o in g["overrides"])
         doc = g["doc"].replace("|", "\\|")  # a bar in a doc would end the table cell
         lines.append(f"| `{name}` | {n} | {axes} | {fixed} | {doc} |")
@@ -423,7 +426,8 @@ FIGURES = {
     "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids,
     "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution,
     "attribution-on": f_attribution, "source": f_source, "plan": f_plan, "memplan": f_memplan, "accept": f_accept,
-    "matrix": f_matrix, "centering": f_centering}
+    "matrix": f_matrix, "centering": f_centering, "calibration": calibration.f_table, "calibrated": calibration.f_choice,
+    "calibration-lr": calibration.f_lr, "control-evidence": f_evidence}
 
 
 def figure(name: str) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from suite.experiments.calibration import EMBEDDED_LINE
 from suite.names import lookup
 
 
@@ -46,9 +47,40 @@ FP4_FLOWS = ["bf16", "bf16_fp8rollout", "bf16_nvfp4rollout", "bf16_nvfp4a4rollou
 # The corrections the source grids cross with each source: none, token-level TIS, sequence-level MIS.
 SOURCE_ALGORITHMS = ["grpo", "grpo_token_tis", "grpo_seq_mis"]
 
+# The main job's precision flows: the reference (fp32) and the three the literature argues about, under plain GRPO.
+# The unified FP8 and exact flows, the rollout-dtype ablations and the other algorithms are in ``sanity``.
+MAIN_FLOWS = ["fp32", "fp16", "bf16", "bf16_fp8rollout"]
+
+
+
+def _control_rows() -> list[list[str]]:
+    from suite.experiments.controls import rows
+
+    return rows()
+
+
 GRIDS: dict[str, dict[str, Any]] = {
+    "main": {
+        "doc": "the main job's flows: fp32 (the reference), fp16, bf16 and FP8 rollouts under plain GRPO, three "
+               "seeds, judged at the calibrated line (run with the controls grid by `suite main`)",
+        "axes": {"precision": MAIN_FLOWS, "seed": [0, 1, 2]},
+        "overrides": ["algorithm=grpo", f"threshold={EMBEDDED_LINE}"],
+    },
+    "controls": {
+        "doc": "the main job's controls: each known-bad recipe beside its fix (suite/experiments/controls.py), "
+               "three seeds, judged at the calibrated line",
+        "rows": _control_rows,
+        "axes": {"seed": [0, 1, 2]},
+        "overrides": [f"threshold={EMBEDDED_LINE}"],
+    },
+    "calibration-lr": {
+        "doc": "the calibration's learning-rate check (docs/calibration.md): fp32 at lr 2e-4 and 3e-4 (the small "
+               "tier's is 1e-4) x no correction / token TIS / sequence MIS, three seeds",
+        "axes": {"optim.lr": [2e-4, 3e-4], "algorithm": SOURCE_ALGORITHMS, "seed": [0, 1, 2]},
+        "overrides": ["precision=fp32", "name=calibration-lr/lr${optim.lr}"],
+    },
     "sanity": {
-        "doc": "the main job: every precision flow x the three sanity-test algorithms, one seed",
+        "doc": "every precision flow x the three sanity-test algorithms, one seed, at the published line 0.95",
         "axes": {"precision": _flows, "algorithm": SANITY_ALGORITHMS, "seed": [0]},
         "overrides": [],
     },
@@ -182,7 +214,9 @@ def get(name: str) -> dict[str, Any]:
     """The grid ``name`` with every axis resolved to a list; unknown names get a "did you mean"."""
     g = lookup("grid", name, GRIDS)
     axes = {k: list(v() if callable(v) else v) for k, v in g["axes"].items()}
-    return {"name": name, "doc": g["doc"], "axes": axes, "overrides": list(g["overrides"])}
+    rows = g.get("rows", [[]])  # a grid of rows: each row's overrides crossed with the axes
+    rows = [list(r) for r in (rows() if callable(rows) else rows)]
+    return {"name": name, "doc": g["doc"], "axes": axes, "overrides": list(g["overrides"]), "rows": rows}
 
 
 def describe() -> str:
@@ -190,7 +224,8 @@ def describe() -> str:
     lines = []
     for name in GRIDS:
         g = get(name)
-        size = " x ".join(f"{len(v)} {k}" for k, v in g["axes"].items())
+        rows = [f"{len(g['rows'])} rows"] if len(g["rows"]) > 1 else []
+        size = " x ".join(rows + [f"{len(v)} {k}" for k, v in g["axes"].items()])
         extra = f" ({' '.join(g['overrides'])})" if g["overrides"] else ""
         lines.append(f"  {name:<20} {size}{extra}: {g['doc']}")
     return "\n".join(lines)

@@ -1,5 +1,7 @@
-"""The main job (``suite main``, ``bash scripts/main.sh``): the sanity grid, then its table, reproduction check,
-report and leaderboard, all next to the runs in ``runs/sanity``; nothing tracked by git is written."""
+"""The main job (``suite main``, ``bash scripts/main.sh``): the main flows and the controls (known-bad recipes
+beside their fixes), three seeds each, then the table, the controls' judgement, the reproduction checks, the
+report and the leaderboard, all under ``runs/`` (``runs/main``, ``runs/controls``); nothing tracked by git is
+written. Exits non-zero when a cell failed or a control did not behave as its committed evidence says."""
 
 from __future__ import annotations
 
@@ -8,53 +10,95 @@ import time
 
 from rich.console import Console
 
+GRIDS = ("main", "controls")
+
+
+def _train(args: list[str], console: Console) -> tuple[list, list, int]:
+    """Plan both grids (every cell validated before any compute), run what is missing in one queue on the local
+    cores (the longest cells first), print the outcome tables; (cells, cells trained, number failed)."""
+    from suite.experiments import sweep
+    from suite.experiments.local_launcher import launch_local
+
+    plans = [sweep.plan_grid([f"grid={g}", *args]) for g in GRIDS]
+    cells = [c for p in plans for c in p.cells]
+    todo = [c for c in cells if sweep.state(c) != "complete"]
+    console.print(f"main job: {len(cells)} cells ({len(cells) - len(todo)} already complete): "
+                  + ", ".join(f"{p.grid['name']} {len(p.cells)}" for p in plans), highlight=False)
+    if todo:
+        from suite.numerics import determinism
+
+        determinism.reserve(any(c.cfg.deterministic for c in todo))
+        sweep.prebuild(todo, console)
+        jobs = plans[0].options.get("jobs")
+        launch_local(todo, int(jobs) if jobs else None, console)
+    failed = sweep.report_sweep(cells, console, tables=False)  # the tables follow, by grid
+    return cells, todo, len(failed)
+
 
 def run(args: list[str], console: Console) -> int:
-    """Train the ``sanity`` grid (extra ``key=value`` go to every cell) on the local cores, then write and print
-    the grid table (mismatch first), the reproduction check against this class's reference, the report and the
-    leaderboard; ``job.json`` records the command and wall time that ``suite reference`` keeps as provenance."""
+    """Train the ``main`` and ``controls`` grids (extra ``key=value`` go to every cell: the user's word is final,
+    so ``staleness=0`` plants a control that must then be caught), then write and print the controls' judgement
+    (its first line: the known-bad recipes failed, the fixes and references passed), the mismatch table, the
+    reproduction checks against this class's references, the report and the leaderboard; ``job.json`` records the
+    command and wall time that ``suite reference`` keeps as provenance."""
     from rich.table import Table
 
     from suite.analysis import leaderboard, outcomes, report, reproduce
-    from suite.experiments import sweep
+    from suite.experiments import controls
     from suite.numerics import machine
+    from suite.analysis.runs import load_summaries
     from suite.results import atomic_write_json, atomic_write_text, env_info
 
     t0 = time.time()
     # The embedded grid needs no hub: say so to every library (a user's explicit setting wins).
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-    plan = sweep.plan_grid(["grid=sanity", *args])  # validates every cell first
-    root = plan.cells[0].root
-    todo = [c for c in plan.cells if sweep.state(c) != "complete"]
-    code = sweep.main(["grid=sanity", "launcher=local", *args])
-    atomic_write_text(root / "outcomes.md", outcomes.outcome_markdown(root))
+    cells, todo, failed = _train(["launcher=local", *args], console)
+    roots = {g: next(c.root for c in cells if c.cfg.name.split("/")[0] == g) for g in GRIDS}
+    root, ctl_root = roots["main"], roots["main"].parent / "controls"
+
+    docs = {g: reproduce.check(r, g) for g, r in (("main", root), ("controls", ctl_root))}
+    cls = docs["main"]["machine_class"]
+    records = controls.judge(ctl_root)
+    refs = [s.get("verdict") for s in load_summaries(root) if s.get("precision") == "fp32"]
+    line = controls.first_line(records, refs, machine.label(cls))
+    controls.write(ctl_root, root, records, line)
+    title, _, rest = outcomes.outcome_markdown(root).partition("\n")
+    atomic_write_text(root / "outcomes.md", f"{title}\n\n**{line}**\n{rest}")
+
     head, rows, text = outcomes.mismatch_lead(root)
     lead = Table(*head, title="mismatch first (step 0, mean over each flow's runs)")
     for row in rows:
         lead.add_row(*row)
     console.print(lead)
     console.print(text, highlight=False)
-
-    doc = reproduce.check(root, "sanity")
-    reproduce.write(root, doc)
-    table = Table(*reproduce.HEAD, title=f"reproduction on machine class {(doc['machine_class'] or {}).get('id')}")
-    for row in reproduce.table_rows(doc):
-        table.add_row(*row)
-    console.print(table)
-    console.print(doc["statement"], highlight=False)
+    ctl = Table(*controls.table(records)[0], title="controls: each known-bad recipe beside its fix")
+    for row in controls.table(records)[1]:
+        ctl.add_row(*row)
+    console.print(ctl)
+    for g, doc in docs.items():
+        reproduce.write(roots[g] if g == "main" else ctl_root, doc)
+        table = Table(*reproduce.HEAD, title=f"reproduction of {g} on machine class {(cls or {}).get('id')}")
+        for row in reproduce.table_rows(doc):
+            table.add_row(*row)
+        console.print(table)
+        console.print(doc["statement"], highlight=False)
 
     out = report.write_report(root)
     site = leaderboard.build([root], root / "leaderboard")
     atomic_write_json(root / "job.json", {  # what `suite reference` records as the reference's provenance
         "command": " ".join(["suite", "main", *args]), "wall_time_s": round(time.time() - t0, 1),
-        "cells": len(plan.cells), "cells_trained": len(todo), "machine_class": doc["machine_class"],
-        "git_sha": env_info()["git_sha"]})
-    trained = (f"trained {len(todo)} of {len(plan.cells)} cells" if todo else
-               f"trained nothing: all {len(plan.cells)} cells were already complete in {root} (delete it, or pass "
-               "out=DIR, to compute them again)")
-    console.print(f"main job: {trained}; wall time {time.time() - t0:.0f} s on machine class "
-                  f"{machine.label(doc['machine_class'])}.\n  results      {root}\n  table        {root / 'outcomes.md'}"
-                  f"\n  reproduction {root / 'reproduction.md'}\n  report       {out / 'index.html'}\n  leaderboard  {site}",
+        "cells": len(cells), "cells_trained": len(todo), "machine_class": cls, "git_sha": env_info()["git_sha"],
+        "first_line": line})
+    trained = (f"trained {len(todo)} of {len(cells)} cells" if todo else
+               f"trained nothing: all {len(cells)} cells were already complete under {root.parent} (delete "
+               "runs/main and runs/controls, or pass out=DIR, to compute them again)")
+    console.print(f"{line}\nmain job: {trained}; wall time {time.time() - t0:.0f} s.\n  results      {root}, "
+                  f"{ctl_root}\n  table        {root / 'outcomes.md'}\n  reproduction {root / 'reproduction.md'}, "
+                  f"{ctl_root / 'reproduction.md'}\n  report       {out / 'index.html'}\n  leaderboard  {site}",
                   highlight=False)
-    return code
+    wrong = controls.misbehaved(records)
+    for w in wrong:
+        console.print(f"[red]control did not behave as its committed evidence says: {w}[/]", soft_wrap=True)
+    return 1 if failed else 3 if wrong else 0
+

@@ -142,16 +142,7 @@ def plan_grid(args: list[str]) -> Sweep:
         raise ValueError(f"jobs: must be a whole number >= 1, got '{options['jobs']}'.")
     grid = grids.get(options["grid"])
 
-    # The grid's axes become sweeps in place; the command line replaces any of them, and any field.
-    given = {override_key(o): o for o in fields}
-    overrides = [o for o in grid["overrides"] if override_key(o) not in given]
-    if "name" not in given and not any(override_key(o) == "name" for o in overrides):
-        overrides.append(f"name={grid['name']}")
-    for k, values in grid["axes"].items():
-        overrides.append(given.pop(k) if k in given else f"{k}={','.join(hydra_value(v) for v in values)}")
-    overrides += [o for o in fields if override_key(o) in given]
-
-    cells = expand(overrides)
+    cells = [c for row in grid["rows"] for c in expand(_row_overrides(grid, row, fields))]
     check_run_dirs(cells)
     sweep = Sweep(grid, cells, hydra_ovs, options)
     if sweep.launcher == "local" or sweep.launcher in LOCAL_LAUNCHERS:
@@ -161,6 +152,18 @@ def plan_grid(args: list[str]) -> Sweep:
         hcfg = hydra_config(sweep)  # an unknown launcher or launcher field is refused here, before compute
         check_job_shape(sweep.launcher, sweep.ranks, hcfg.hydra.launcher)
     return sweep
+
+
+def _row_overrides(grid: dict, row: list[str], fields: list[str]) -> list[str]:
+    """One row of the grid (most grids have one, empty) as overrides: its settings, the grid's, the axes as
+    sweeps in place; the command line replaces any of them, and any field (the user's word is final)."""
+    given = {override_key(o): o for o in fields}
+    overrides = [o for o in [*grid["overrides"], *row] if override_key(o) not in given]
+    if "name" not in given and not any(override_key(o) == "name" for o in overrides):
+        overrides.append(f"name={grid['name']}")
+    for k, values in grid["axes"].items():
+        overrides.append(given.pop(k) if k in given else f"{k}={','.join(hydra_value(v) for v in values)}")
+    return overrides + [o for o in fields if override_key(o) in given]
 
 
 def hydra_config(sweep: Sweep, sweep_dir: Path | None = None):
@@ -376,11 +379,12 @@ def prebuild(cells: list[Cell], console: Console) -> None:
             console.print(f"[yellow]could not prepare the data of {cell.run_dir.name}: {type(e).__name__}: {e}[/]")
 
 
-def report_sweep(cells: list[Cell], console: Console) -> list[Cell]:
-    """The outcome table of each result root, then one line per cell that is not complete; returns those."""
+def report_sweep(cells: list[Cell], console: Console, tables: bool = True) -> list[Cell]:
+    """The outcome table of each result root (``tables``), then one line per cell that is not complete; returns
+    those."""
     from suite.analysis import outcomes
 
-    for root in dict.fromkeys(c.root for c in cells):
+    for root in dict.fromkeys(c.root for c in cells) if tables else ():
         console.print(outcomes.outcome_table(root))
     failed = [c for c in cells if state(c) != "complete"]
     for c in failed:
