@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The main job: the sanity grid (every precision flow x 3 algorithms) into runs/sanity (git-ignored),
-# then its table, the reproduction check against results/reference/<machine class>/, report and leaderboard.
+# The main job: the main flows and the controls (known-bad recipes beside their fixes), three seeds, into
+# runs/main and runs/controls (git-ignored), then the controls' judgement (exit 3 when one misbehaves), the
+# table, the reproduction checks against results/reference/<machine class>/, report and leaderboard.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh

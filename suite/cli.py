@@ -75,23 +75,23 @@ def cmd_perfectible(args: list[str]) -> int:
 
 
 def cmd_main(args: list[str]) -> int:
-    """The main job: the sanity grid into runs/sanity, then its table, reproduction check, report and leaderboard.
+    """The main job: the main flows and the controls into runs/main and runs/controls, then the controls' judgement,
+    the table, reproduction checks, report and leaderboard.
 
-    The ``sanity`` grid (every precision flow x grpo, grpo_token_tis, pg_seq_is, one seed) on the embedded
-    default, side by side on the local cores, into ``runs/sanity`` (ignored by git); then the grid table, the
-    reproduction check against the committed reference of this machine class, the report and the
-    leaderboard, all next to the runs. Nothing tracked by git is written. Extra ``key=value`` arguments go
-    to every cell."""
+    The ``main`` grid (fp32, fp16, bf16, FP8 rollouts under plain GRPO) and the ``controls`` grid (known-bad
+    recipes beside their fixes), three seeds, on the embedded default, side by side on the local cores (ignored
+    by git); exit 3 when a control does not behave as its committed evidence says. Nothing tracked by git is
+    written. Extra ``key=value`` arguments go to every cell (suite/experiments/main_job.py)."""
     from suite.experiments import main_job
 
     return main_job.run(args, _console())
 
 
 def cmd_table(args: list[str]) -> int:
-    """suite table [RESULTS_DIR]: print the outcome table of a results directory (default runs/sanity)."""
+    """suite table [RESULTS_DIR]: print the outcome table of a results directory (default runs/main)."""
     from suite.analysis import outcomes
 
-    root = Path(args[0] if args else "runs/sanity")
+    root = Path(args[0] if args else "runs/main")
     if not root.is_dir():
         raise ValueError(f"{root}: no such results directory")
     # `suite run out=OUT` writes OUT/<name>/<run>/: a folder of experiments gets one table per experiment

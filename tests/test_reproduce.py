@@ -199,6 +199,9 @@ def test_main_job_writes_next_to_its_runs_and_leaves_git_status_clean(tmp_path):
         assert (root / f).is_file(), f
     first = json.loads((root / "controls.json").read_text())["first_line"]
     assert "not judged: stale-k4, nvfp4a4-rollout" in first and first in (root / "outcomes.md").read_text()
+    md = (root / "report" / "report.md").read_text()
+    assert md.index(first) < md.index("Controls: known-bad recipes beside their fixes") < md.index("The runs")
+    assert (root / "report" / "figures" / "headline.png").is_file()  # a panel per flow and per control row
     doc = json.loads((root / "reproduction.json").read_text())
     assert doc["machine_class"]["id"] == machine.describe("auto", 1)["id"]
     assert "Reproduction against the committed reference" in (root / "report" / "report.md").read_text()

@@ -53,6 +53,8 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT, allow_dirty:
         # a summary, which is refused above).
         shutil.copytree(d, tmp / d.relative_to(root),
                         ignore=shutil.ignore_patterns("ckpt", "policy", "error.txt", "log.txt"))
+    if (Path(root) / "controls.json").is_file():  # the main job's judgement of its controls: the report shows it
+        shutil.copy2(Path(root) / "controls.json", tmp / "controls.json")
     job = json.loads((Path(root) / "job.json").read_text()) if (Path(root) / "job.json").is_file() else {}
     meta_path = dest.parent / "reference.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}

@@ -97,12 +97,19 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
     doc: list[tuple] = [("p", outcome_sentence(root)),
                         ("table", head, rows, "Verdicts of every run per precision flow and algorithm (the rule, and "
                          "each cell's accuracies, under Verdicts per cell below).")]
-    if (ctl := root / "controls.json").is_file():  # the main job's judgement of its controls (experiments/controls)
-        c = json.loads(ctl.read_text())
-        doc += [("h", "Controls: known-bad recipes beside their fixes", "controls"), ("p", c["first_line"]),
-                ("table", c["head"], c["rows"], f"Runs in {c['root']}; committed evidence per control: "
-                 + "; ".join(f"{r['control']}: {r['evidence']}" for r in c["records"]) + ".")]
     fig_dir.mkdir(parents=True, exist_ok=True)
+    if (ctl := root / "controls.json").is_file():  # the main job's judgement of its controls (experiments/controls)
+        from suite.analysis import headline
+
+        c, line = json.loads(ctl.read_text()), next(r.config.get("threshold", 0.95) for r in runs if r.config)
+        doc[:0] = [("p", c["first_line"])]
+        if headline.draw(root, fig_dir / "headline", line):
+            doc.append(("fig", "headline", f"Training accuracy per precision flow (plain GRPO) and per control row, "
+                        f"one panel each: thin lines the seeds, bold their mean ({PEAK_WINDOW}-step trailing mean, "
+                        f"the verdict rule's acc_t); dashed: the pass line {line:g} (docs/calibration.md)."))
+        doc += [("h", "Controls: known-bad recipes beside their fixes", "controls"),
+                ("table", c["head"], c["rows"], "Committed evidence per control: "
+                 + "; ".join(f"{r['control']}: {r['evidence']}" for r in c["records"]) + " (docs/calibration.md).")]
     rewards = _series(runs, "reward/mean")
     if rewards:
         thresholds = {r.task: r.config.get("threshold", 0.95) for r in runs if r.config}

@@ -104,8 +104,11 @@ def load_bundle(run_dir: Path, root: Path) -> Run:
              **{k: summary[k] for k in ("task", "algorithm", "precision", "seed") if summary.get(k) is not None}}
     label = run_dir.name if run_dir.parent == root else f"{run_dir.parent.name}/{run_dir.name}"
     framework = bundle.framework_label(env) if bundle.framework_of(env)["name"] != bundle.SUITE else bundle.SUITE
-    # An outside loop's algorithm is its own implementation: it gets its own cells and panels.
-    algorithm = str(ident["algorithm"]) + ("" if framework == bundle.SUITE else f" [{framework}]")
+    # An outside loop's algorithm is its own implementation, and score centering (arXiv 2609.20807) a correction on
+    # top of the named loss: each gets its own cells and panels, never pooled with the plain recipe.
+    centred = bool(((cfg or {}).get("algo") or {}).get("score_centering"))
+    algorithm = (str(ident["algorithm"]) + ("+centering" if centred else "")
+                 + ("" if framework == bundle.SUITE else f" [{framework}]"))
     return Run(dir=run_dir, label=label, task=str(ident["task"]), algorithm=algorithm, framework=framework,
                precision=str(ident["precision"]), seed=int(ident["seed"]), summary=summary, config=cfg,
                config_hash=(cfg_file or {}).get("config_hash") or summary.get("config_hash"), env=env,

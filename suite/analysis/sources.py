@@ -28,9 +28,11 @@ def _field(run, dotted: str):
 
 
 def source_axis(runs) -> str | None:
-    """The source knob these runs vary (None when they vary none of SOURCE_AXES)."""
+    """The source knob these runs vary (None when they vary none of SOURCE_AXES, or also the precision flow: a
+    source grid switches one source with everything else fixed, e.g. the main job's controls are not one)."""
     varying = [a for a in SOURCE_AXES if len({str(_field(r, a)) for r in runs}) > 1]
-    return varying[0] if len(varying) == 1 else None
+    one_flow = len({r.precision for r in runs}) == 1
+    return varying[0] if len(varying) == 1 and one_flow else None
 
 
 def cells(runs, axis: str) -> dict:

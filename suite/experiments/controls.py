@@ -173,3 +173,31 @@ def write(root: Path, out: Path, records: list[dict], line: str) -> None:
     head, body = table(records)
     atomic_write_json(Path(out) / "controls.json", {"first_line": line, "root": display_path(root), "records": records,
                                                     "expect": EXPECT, "head": head, "rows": body})
+
+
+def f_first_line(cls: str) -> str:
+    """The first line of a class's committed main job, recomputed from its committed runs."""
+    from suite.analysis.runs import load_summaries
+    from suite.results import REFERENCE_ROOT
+
+    refs = [s["verdict"] for s in load_summaries(REFERENCE_ROOT / cls / "main") if s["precision"] == "fp32"]
+    return first_line(judge(REFERENCE_ROOT / cls / "controls"), refs, cls)
+
+
+def f_flows(cls: str) -> str:
+    """Pass counts per main flow of a class's committed main job: "fp32 3/3, fp16 3/3, ..."."""
+    from suite.analysis.render import flow_order
+    from suite.analysis.runs import load_summaries
+    from suite.results import REFERENCE_ROOT
+
+    sums = load_summaries(REFERENCE_ROOT / cls / "main")
+    by = {f: [s["verdict"] for s in sums if s["precision"] == f] for f in flow_order(s["precision"] for s in sums)}
+    return ", ".join(f"{f} {v.count('pass')}/{len(v)}" for f, v in by.items())
+
+
+def f_pairs(cls: str) -> str:
+    """Each committed control of a class as "stale-k4 0/3 pass beside token TIS 3/3"."""
+    from suite.results import REFERENCE_ROOT
+
+    return "; ".join(f"{r['control']} {r['passes']['bad']}/{r['runs']['bad']} pass beside {r['fix']} "
+                     f"{r['passes']['fix']}/{r['runs']['fix']}" for r in judge(REFERENCE_ROOT / cls / "controls"))
