@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from suite import packed
 from suite.analysis import leaderboard, stats
 from suite.results import atomic_write_json, config_hash
 
@@ -18,8 +19,12 @@ RUN = "arith__grpo__fp16__s0"
 
 
 def copy_run(dst_root: Path, run: str = RUN, name: str | None = None) -> Path:
+    """A copy of a fixture run with its logs plain, as a run writes them (the fixture stores them as .xz)."""
     dst = dst_root / (name or run)
-    shutil.copytree(DEFAULT / run, dst, ignore=shutil.ignore_patterns("ckpt", "log.txt"))
+    shutil.copytree(DEFAULT / run, dst, ignore=shutil.ignore_patterns("ckpt", "log.txt*"))
+    for xz in dst.glob("*" + packed.SUFFIX):
+        xz.with_suffix("").write_bytes(packed.read_bytes(xz))
+        xz.unlink()
     return dst
 
 

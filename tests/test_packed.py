@@ -20,7 +20,7 @@ from suite.analysis.runs import load_runs
 from suite.results import find_run_dirs, load_run, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO / "tests" / "fixtures" / "results-2seeds"  # real runs: metrics, timing, log.txt
+FIXTURE = REPO / "tests" / "fixtures" / "results-2seeds"  # real runs: metrics, timing, log.txt (stored as .xz)
 RUN = "arith__grpo__fp16__s0"
 MIB = 1 << 20
 
@@ -48,6 +48,10 @@ def pair(tmp_path):
     fresh, ref = tmp_path / "fresh", tmp_path / "ref"
     shutil.copytree(FIXTURE, fresh)
     shutil.copytree(FIXTURE, ref)
+    for d in find_run_dirs(fresh):  # the fixture is stored compressed: the fresh grid gets the plain logs a run writes
+        for xz in d.glob("*" + packed.SUFFIX):
+            xz.with_suffix("").write_bytes(packed.read_bytes(xz))
+            xz.unlink()
     for d in find_run_dirs(ref):
         _pack_run(d)
     return fresh, ref
