@@ -72,6 +72,9 @@ MIN_FINAL_WINDOW = 5  # W = max(5, total_steps // 10): the final-accuracy window
 # A run shorter than a peak window plus a final window compares its best with itself: no verdict (a 4-step smoke run
 # is no collapse, whatever its reward did).
 MIN_JUDGED_STEPS = PEAK_WINDOW + MIN_FINAL_WINDOW
+# A peak within one binomial standard error of the line, over the peak window's samples (640 at the small tier:
+# 0.0086 at a line of 0.95, about 5 samples), is decided by a few samples: "at_line", not a verdict either way.
+AT_LINE_SE = 1.0
 
 VERDICT_RULE = (
     "acc_t = trailing mean of reward/mean over w = min(5, steps_done) steps; "
@@ -80,7 +83,11 @@ VERDICT_RULE = (
     "incomplete: an error was recorded or steps_done < total_steps. "
     "too_short: complete, but total_steps < 10, too few for a peak window and a final window that do not overlap: "
     "too short to judge. "
-    "pass: peak > threshold and final >= threshold - 0.05. "
+    "band = one binomial standard error of an accuracy at the threshold over the peak window's samples "
+    "(w x prompts x samples per prompt). "
+    "at_line: final >= threshold - 0.05 and |peak - threshold| <= band, and no collapse: the peak decides and a few "
+    "samples would flip it, so no verdict either way. "
+    "pass: otherwise, peak > threshold and final >= threshold - 0.05. "
     "collapse: otherwise, final <= peak - 0.25 or final < initial - 0.1 (fell far from its best or below where it started). "
     "unstable: otherwise (completed without passing and without collapsing: never held the pass threshold)."
 )
@@ -314,7 +321,7 @@ def _finite(x) -> bool:
 
 
 def summarize(rows: list[dict], *, total_steps: int, threshold: float = 0.95,
-              error: str | None = None) -> dict:
+              error: str | None = None, samples_per_step: int | None = None) -> dict:
     """Summary of one run from its per-step metric rows.
 
     Each row has `step` (1-based) and `reward/mean` (training accuracy of that step's
@@ -333,6 +340,10 @@ def summarize(rows: list[dict], *, total_steps: int, threshold: float = 0.95,
 
     Verdict (also in VERDICT_RULE, which reports print):
       incomplete  an error was recorded or steps_done < total_steps (or no rows);
+      too_short   total_steps < MIN_JUDGED_STEPS;
+      at_line     final >= threshold - 0.05 and the peak within `accuracy/line_band` (AT_LINE_SE binomial
+                  standard errors at the threshold over the peak window's w x samples_per_step samples) of the
+                  threshold, and no collapse; without samples_per_step (an outside loop's bundle) no band;
       pass        peak > threshold and final >= threshold - 0.05;
       collapse    otherwise, final <= peak - 0.25 or final < initial - 0.1;
       unstable    otherwise: completed, never held the pass threshold, did not collapse.
@@ -395,22 +406,32 @@ def summarize(rows: list[dict], *, total_steps: int, threshold: float = 0.95,
     summary["train/nan_grad_steps"] = sum(1 for g in grad_norms if not _finite(g))
     summary["time/total_s"] = sum(step_times) if step_times else None
 
-    summary["verdict"] = _verdict(n, total_steps, threshold, error, peak, final, initial)
+    band = (AT_LINE_SE * math.sqrt(threshold * (1 - threshold) / (w * samples_per_step))
+            if samples_per_step and w and 0 < threshold < 1 else None)
+    summary["accuracy/line_band"] = band
+    summary["verdict"] = _verdict(n, total_steps, threshold, error, peak, final, initial, band)
     summary["verdict_rule"] = VERDICT_RULE
     summary["error"] = error
     return summary
 
 
-def _verdict(steps_done, total_steps, threshold, error, peak, final, initial) -> str:
+def _verdict(steps_done, total_steps, threshold, error, peak, final, initial, band=None) -> str:
     if error is not None or steps_done == 0 or steps_done < total_steps:
         return "incomplete"
     if total_steps < MIN_JUDGED_STEPS:
         return "too_short"
+    collapse = final <= peak - 0.25 or final < initial - 0.1
+    if final >= threshold - 0.05 and band is not None and abs(peak - threshold) <= band and not collapse:
+        return "at_line"
     if peak > threshold and final >= threshold - 0.05:
         return "pass"
-    if final <= peak - 0.25 or final < initial - 0.1:
-        return "collapse"
-    return "unstable"
+    return "collapse" if collapse else "unstable"
+
+
+def samples_per_step(config: dict) -> int | None:
+    """Samples a step's accuracy is measured on (prompts x samples per prompt); None when the config lacks them."""
+    p, k = config.get("prompts_per_step"), config.get("samples_per_prompt")
+    return p * k if isinstance(p, int) and isinstance(k, int) else None
 
 
 def write_summary(run_dir, config: dict, error: str | None = None) -> dict:
@@ -422,7 +443,8 @@ def write_summary(run_dir, config: dict, error: str | None = None) -> dict:
     rows = read_log(run_dir, "metrics.jsonl", missing_ok=True)
     timing = {r["step"]: r for r in read_log(run_dir, "timing.jsonl", missing_ok=True)}
     merged = [{**r, **timing.get(r["step"], {})} for r in rows]
-    summary = summarize(merged, total_steps=config["steps"], threshold=config.get("threshold", 0.95), error=error)
+    summary = summarize(merged, total_steps=config["steps"], threshold=config.get("threshold", 0.95), error=error,
+                        samples_per_step=samples_per_step(config))
     summary.update({"run": run_dir.name, **{k: config.get(k) for k in ("task", "algorithm", "precision", "seed", "tier")},
                     "config_hash": config_hash(config)})
     atomic_write_json(run_dir / "summary.json", summary)

@@ -92,6 +92,26 @@ def test_summarize_collapse_below_start():
     assert s["verdict"] == "collapse"
 
 
+def test_a_peak_a_few_samples_from_the_line_is_at_the_line_not_a_verdict():
+    """128 samples a step, a 5-step window: 640 samples, one standard error at 0.95 is sqrt(0.95 x 0.05 / 640)
+    = 0.00862 (5.5 samples). A peak 3 samples above the line and one 3 below are both at the line; 10 above passes,
+    10 below fails; a run that fell far from such a peak is still a collapse."""
+    band = math.sqrt(0.95 * 0.05 / 640)
+
+    def run(peak):
+        return make_rows([0.5] * 5 + [peak] * 10)  # peak and final both `peak`
+
+    for samples, want in ((3, "at_line"), (-3, "at_line"), (10, "pass"), (-10, "unstable")):
+        s = summarize(run(0.95 + samples / 640), total_steps=15, samples_per_step=128)
+        assert s["verdict"] == want, samples
+        assert s["accuracy/line_band"] == pytest.approx(band)
+    fell = make_rows([0.5] * 5 + [0.955] * 5 + [0.6] * 5)  # peak 0.955 (at the line), final 0.6
+    assert summarize(fell, total_steps=15, samples_per_step=128)["verdict"] == "collapse"
+    # Without the sample count (an outside loop's bundle) there is no band: the old rule.
+    s = summarize(run(0.95 + 3 / 640), total_steps=15)
+    assert s["verdict"] == "pass" and s["accuracy/line_band"] is None
+
+
 def test_a_run_too_short_for_the_windows_gets_no_verdict():
     """A 4-step smoke run that falls is no collapse, and one that rises no pass: too short to judge."""
     fall, rise = [0.9, 0.6, 0.3, 0.1], [0.96, 0.97, 0.98, 0.99]

@@ -53,6 +53,7 @@ from suite.results import (
     VERDICT_RULE,
     config_hash,
     read_jsonl,
+    samples_per_step,
     summarize,
 )
 from suite.rl import provenance, transfer
@@ -242,7 +243,7 @@ def _check_summary(summary: dict, rows: list[dict], timing: list[dict], cfg: dic
     merged = [{**r, **by_step.get(r["step"], {})} for r in rows]
     try:
         recomputed = summarize(merged, total_steps=cfg.get("steps"), threshold=cfg.get("threshold", 0.95),
-                               error=summary.get("error"))
+                               error=summary.get("error"), samples_per_step=samples_per_step(cfg))
     except (ValueError, TypeError) as e:
         raise Rejected(f"metrics.jsonl cannot be summarized ({e})") from None
     keys = sorted({k for k in (*recomputed, *summary) if k.startswith(CHECKED_PREFIXES)} | set(CHECKED_KEYS))

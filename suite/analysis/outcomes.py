@@ -88,10 +88,14 @@ def mismatch_lead(root: Path) -> tuple[list[str], list[list[str]], str]:
 
 def _not_passing(summaries: list[dict]) -> str:
     """Which runs did not pass, and whether the mismatch can explain it (a flow with exactly 0 cannot)."""
-    bad = [s for s in summaries if s.get("verdict") not in ("pass", "too_short")]
+    bad = [s for s in summaries if s.get("verdict") not in ("pass", "too_short", "at_line")]
     short = sum(s.get("verdict") == "too_short" for s in summaries)
-    note = (f"{short} run(s) too short to judge (fewer than {MIN_JUDGED_STEPS} steps: the verdict rule needs a peak "
-            "window and a final window that do not overlap); no verdict is drawn from them.") if short else ""
+    line = sorted(s.get("run", Path(s["_dir"]).name) for s in summaries if s.get("verdict") == "at_line")
+    note = " ".join(t for t in (
+        (f"{short} run(s) too short to judge (fewer than {MIN_JUDGED_STEPS} steps: the verdict rule needs a peak "
+         "window and a final window that do not overlap); no verdict is drawn from them.") if short else "",
+        (f"{len(line)} run(s) at the line (the peak within one binomial standard error of the threshold, a few "
+         f"samples either way; no verdict): {', '.join(line)}.") if line else "") if t)
     if not bad:
         return note
     flows = render.flow_order(s.get("precision") for s in summaries if s.get("precision"))
@@ -105,7 +109,7 @@ def _not_passing(summaries: list[dict]) -> str:
                      f"{s.get('precision')} runs pass" + ("; its mismatch is exactly 0, so the mismatch does not explain it"
                                                           if zero else "") + ")")
     fails = {s.get("precision") for s in bad}
-    lowp_only = fails and all(by_flow.get(f) and all(p.get("verdict") not in ("pass", "too_short") for p in by_flow[f])
+    lowp_only = fails and all(by_flow.get(f) and all(p.get("verdict") not in ("pass", "too_short", "at_line") for p in by_flow[f])
                               for f in fails)
     return (f"{note} " if note else "") + (f"Not passing: {'; '.join(parts)}. " + (
         "Every run of those flows fails." if lowp_only else

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from suite.analysis.runs import Run
 
 GRID_AXES = ("precision", "algorithm", "seed")  # what may differ between cells of one report
-VERDICTS = ("pass", "collapse", "unstable", "too_short", "incomplete")
+VERDICTS = ("pass", "at_line", "collapse", "unstable", "too_short", "incomplete")
 # env.json fields that must agree across a results directory for its cells to be comparable.
 ENV_CHECKED = ("git_sha", "python", "cpu_model", "cpu_count", "gpus", "torch_threads", "engine",
                "lm_head_fp32", "task.name", "task.version", "dataset.sha256", "dataset.prompts", "policy.params")
@@ -150,7 +150,7 @@ def verdict_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     cells = group_cells(runs)
     one = max((len(c) for c in cells.values()), default=0) <= 1  # one run per cell: a value, not a mean ± std
     pm = (lambda m, sd: fmt(m)) if one else _pm
-    head = ["task", "algorithm", "precision", "seed ids", "pass", "collapse", "unstable", "too short to judge",
+    head = ["task", "algorithm", "precision", "seed ids", "pass", "at the line", "collapse", "unstable", "too short to judge",
             "incomplete (failed)",
             "peak acc" if one else "peak acc mean ± std", "peak 95% CI", "final acc" if one else "final acc mean ± std",
             "final 95% CI", "final IQM", "first pass step" if one else "first pass step: mean (reached)"]
@@ -159,7 +159,7 @@ def verdict_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     for (task, algo, prec), cell in cells.items():
         s = cell_stats(cell, extras)
         c, fp = s["counts"], s["first_pass"]
-        rows.append([task, algo, prec, ",".join(map(str, s["seeds"])), str(c["pass"]), str(c["collapse"]),
+        rows.append([task, algo, prec, ",".join(map(str, s["seeds"])), str(c["pass"]), str(c["at_line"]), str(c["collapse"]),
                      str(c["unstable"]), str(c["too_short"]), f"{c['incomplete']} ({s['failed']})",
                      pm(s["peak"]["mean"], s["peak"]["std"]), _ci(s["peak"]["ci"]),
                      pm(s["final"]["mean"], s["final"]["std"]), _ci(s["final"]["ci"]),
@@ -387,9 +387,9 @@ th{background:#f3f4f6}tr:nth-child(even) td{background:#fafafa}.cap{color:#555;f
 overflow-x:auto;font-size:12px}figure{margin:10px 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#555;font-size:12.5px}
 .s-pass{color:#0a7d28;font-weight:600}.s-collapse,.s-failed{color:#b3261e;font-weight:600}
-.s-unstable,.s-incomplete{color:#9a6700;font-weight:600}.s-too_short{color:#555}
+.s-unstable,.s-incomplete{color:#9a6700;font-weight:600}.s-too_short,.s-at_line{color:#555}
 """
-STATUS_CELLS = {"pass", "collapse", "unstable", "too_short", "incomplete", "failed"}
+STATUS_CELLS = {"pass", "at_line", "collapse", "unstable", "too_short", "incomplete", "failed"}
 
 
 def to_html(doc: list[tuple], title: str, svgs: frozenset = frozenset()) -> str:

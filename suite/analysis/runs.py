@@ -13,7 +13,7 @@ from pathlib import Path
 
 from suite.analysis import bundle
 from suite.packed import read_bytes, read_log, run_file
-from suite.results import RUN_NAME, SCHEMA_VERSION, find_run_dirs, summarize
+from suite.results import RUN_NAME, SCHEMA_VERSION, find_run_dirs, samples_per_step, summarize
 
 
 # ---------------------------------------------------------------------------- loading
@@ -94,7 +94,8 @@ def load_bundle(run_dir: Path, root: Path) -> Run:
         if cfg:
             summary = summarize(metrics, total_steps=cfg.get("steps") or max(1, len(metrics)),
                                 threshold=cfg.get("threshold", 0.95),
-                                error=error or (None if metrics else "no metrics were written"))
+                                error=error or (None if metrics else "no metrics were written"),
+                                samples_per_step=samples_per_step(cfg))
         else:
             summary = {"verdict": "incomplete", "steps_done": len(metrics)}
         detail = detail or _tail(run_dir, "log.txt")

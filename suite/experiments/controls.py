@@ -54,7 +54,8 @@ CONTROLS = (
 )
 ROLES = ("bad", "fix")
 EXPECT = {"bad": "fail", "fix": "pass"}  # in a majority of the row's seeds
-JUDGED = ("pass", "unstable", "collapse")  # verdicts of a complete run long enough to judge (suite/results.py)
+# Verdicts of a complete run long enough to judge (suite/results.py); at_line counts as neither a pass nor a fail.
+JUDGED = ("pass", "at_line", "unstable", "collapse")
 
 
 def rows() -> list[list[str]]:
@@ -92,8 +93,8 @@ def _behaved(role: str, verdicts: list[str]) -> bool | None:
     incomplete, missing): a smoke run neither catches nor misses a control."""
     if not verdicts or any(v not in JUDGED for v in verdicts):
         return None
-    passes = sum(v == "pass" for v in verdicts)
-    return 2 * (passes if EXPECT[role] == "pass" else len(verdicts) - passes) > len(verdicts)
+    hits = sum(v == "pass" if EXPECT[role] == "pass" else v in ("unstable", "collapse") for v in verdicts)
+    return 2 * hits > len(verdicts)
 
 
 def evidence_text(c: Control) -> str:
