@@ -1,4 +1,5 @@
-"""Rewrite the summary.json of every committed run from its own logs after the verdict rule changed.
+"""Rewrite the summary.json of every committed run (results/, tests/fixtures/) from its own logs after the verdict
+rule changed.
 
 A summary is a pure function of the per-step logs and the config (suite/results.py ``write_summary``); the
 leaderboard refuses a summary its logs do not give. When the rule changes, this recomputes every committed
@@ -51,7 +52,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     changed: collections.Counter = collections.Counter()
     refused = []
-    dirs = [d for d in find_run_dirs(REPO / "results", depth=6) if (d / "summary.json").is_file()]
+    roots = (REPO / "results", REPO / "tests" / "fixtures")  # the committed references and the tests' real runs
+    dirs = [d for r in roots for d in find_run_dirs(r, depth=6) if (d / "summary.json").is_file()]
     for d in dirs:
         old, new, full = resummarize(d)
         other = sorted(k for k in full if k not in RULE_KEYS and not _same(old.get(k), full.get(k)))

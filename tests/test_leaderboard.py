@@ -172,7 +172,8 @@ def test_build_groups_seeds_and_lists_two_seed_recipes_unranked(tmp_path):
     assert sorted(by_prec) == ["bf16", "fp16", "fp32"]
     assert [by_prec[p]["seeds"] for p in ("bf16", "fp16", "fp32")] == [2, 2, 2]
     # results/default/outcomes.md: bf16 seed 0 is unstable, the other five pass.
-    assert [by_prec[p]["passes"] for p in ("bf16", "fp16", "fp32")] == [1, 2, 2]
+    # fp32's two seeds peak at 0.958, within one standard error (0.0086 over 640 samples) of the line: at the line.
+    assert [by_prec[p]["passes"] for p in ("bf16", "fp16", "fp32")] == [1, 2, 0]
     # Two seeds rank nothing: every recipe is listed, unranked, saying why, with the command that fills it.
     assert b["ranked"] == [] and len(b["unranked"]) == 3
     for e in b["unranked"]:
@@ -276,3 +277,16 @@ def test_missing_results_dir_is_an_error(tmp_path):
     with pytest.raises(ValueError, match="not a directory"):
         leaderboard.build([tmp_path / "nope"], tmp_path / "site")
     assert not (tmp_path / "site").exists()
+
+
+def test_a_bundle_judged_by_an_earlier_verdict_rule_is_accepted_and_judged_by_todays(tmp_path):
+    """Its numbers are checked as any bundle's; its verdict comes from today's rule (a summary written before the
+    at_line verdict existed says pass for fp32 seed 0, whose peak 0.958 is one standard error from the line)."""
+    run = copy_run(tmp_path, "arith__grpo__fp32__s0")
+    def older(s):
+        s.update(verdict="pass", verdict_rule="an earlier rule")
+        s.pop("accuracy/line_band")
+    edit_json(run / "summary.json", older)
+    assert leaderboard.validate_run(run)["summary"]["verdict"] == "at_line"
+    edit_json(run / "summary.json", lambda s: s.update({"accuracy/peak": 0.99}))  # a number is still checked
+    assert "accuracy/peak" in reason(run)

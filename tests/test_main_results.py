@@ -54,8 +54,10 @@ def test_every_cell_of_the_sanity_grid_is_committed_and_complete(cls):
     assert 0 in seeds
     for seed, got in seeds.items():
         assert set(got) == want, seed
-        assert all(s["verdict"] in ("pass", "collapse", "unstable") for s in got.values())
-        assert all(got[("fp32", a)]["verdict"] == "pass" for a in grids.SANITY_ALGORITHMS), seed
+        assert all(s["verdict"] in ("pass", "at_line", "collapse", "unstable") for s in got.values())
+        # At the published 0.95 fp32 peaks on the line itself (docs/calibration.md): it never fails, and passes or
+        # sits at the line.
+        assert all(got[("fp32", a)]["verdict"] in ("pass", "at_line") for a in grids.SANITY_ALGORITHMS), seed
 
 
 @pytest.mark.parametrize("cls", CLASSES)

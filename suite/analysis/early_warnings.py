@@ -19,12 +19,13 @@ the lead in steps) and the runs that passed or stayed unstable in which it fired
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import statistics
 from pathlib import Path
 
-from suite.packed import read_log
+from suite.packed import read_bytes, read_log, run_file
 from suite.results import PEAK_WINDOW, find_run_dirs
 
 WINDOW = 10  # steps of the baseline a spike is measured against
@@ -127,8 +128,15 @@ def report_table(runs: list[tuple[str, list[dict], str]]) -> tuple[list[str], li
 
 
 def tally(roots: list[Path]) -> dict:
-    """Per signal: collapses warned of (and the median lead), and how often it fired in passing and unstable runs."""
-    runs = [of_run(d) for root in roots for d in find_run_dirs(Path(root))]
+    """Per signal: collapses warned of (and the median lead), and how often it fired in passing and unstable runs.
+    A run committed twice (the main job's references repeat the grids that are their evidence, byte for byte)
+    counts once."""
+    seen, dirs = set(), []
+    for d in (d for root in roots for d in find_run_dirs(Path(root))):
+        if (key := hashlib.sha256(read_bytes(run_file(d, "metrics.jsonl"))).hexdigest()) not in seen:
+            seen.add(key)
+            dirs.append(d)
+    runs = [of_run(d) for d in dirs]
     out = {"runs": len(runs), "signals": {}}
     for name in SIGNALS:
         fell = [r for r in runs if r["verdict"] == "collapse" and r["onset"] is not None]

@@ -58,11 +58,12 @@ def standard_error(line: float, samples: int) -> float:
 def judge(runs, budget: int, line: float) -> dict:
     """The references at one budget and line: how many pass, the lowest peak and its margin in samples and in
     standard errors of a peak window."""
-    sums = [(summarize([r for r in rows if r["step"] <= budget], total_steps=budget, threshold=line), n)
-            for _, _, rows, n in runs]
+    sums = [(summarize([r for r in rows if r["step"] <= budget], total_steps=budget, threshold=line,
+                       samples_per_step=n), n) for _, _, rows, n in runs]
     window = min(n * s["accuracy/peak_window"] for s, n in sums)
     low = min(s["accuracy/peak"] for s, _ in sums)
     return {"budget": budget, "line": line, "runs": len(sums), "passes": sum(s["verdict"] == "pass" for s, _ in sums),
+            "at_line": sum(s["verdict"] == "at_line" for s, _ in sums),
             "lowest_peak": low, "margin_samples": (low - line) * window,
             "margin_se": (low - line) / standard_error(line, window)}
 
@@ -80,11 +81,11 @@ def calibrate(ref_root: Path = REFERENCE_ROOT) -> dict:
 def f_table() -> str:
     """Markdown: per budget and line, the references passing, the lowest peak and its margin; the choice marked."""
     cal = calibrate()
-    lines = ["| steps | line | references passing | lowest peak | margin (samples) | margin (standard errors) |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| steps | line | references passing | at the line | lowest peak | margin (samples) | "
+             "margin (standard errors) |", "|---|---|---|---|---|---|---|"]
     for t in cal["tried"]:
         mark = " **chosen**" if (t["budget"], t["line"]) == (cal["budget"], cal["line"]) else ""
-        lines.append(f"| {t['budget']} | {t['line']:.2f}{mark} | {t['passes']} of {t['runs']} | "
+        lines.append(f"| {t['budget']} | {t['line']:.2f}{mark} | {t['passes']} of {t['runs']} | {t['at_line']} | "
                      f"{t['lowest_peak']:.3f} | {t['margin_samples']:+.0f} | {t['margin_se']:+.1f} |")
     return "\n".join(lines)
 

@@ -105,7 +105,7 @@ def evidence_text(c: Control) -> str:
 def evidence(c: Control, role: str, line: float, budget: int) -> list[dict]:
     """The committed runs of one row, re-judged at the main job's line and budget (their summaries hold the
     line they ran with): a summary per seed."""
-    from suite.results import REFERENCE_ROOT, read_log, summarize
+    from suite.results import REFERENCE_ROOT, read_log, samples_per_step, summarize
 
     path, algo = c.evidence[role]
     flow = next(o.split("=", 1)[1] for o in getattr(c, role) if o.startswith("precision="))
@@ -114,7 +114,7 @@ def evidence(c: Control, role: str, line: float, budget: int) -> list[dict]:
         cfg = json.loads((d / "config.json").read_text())["config"]
         if cfg["precision"] == flow and cfg["algorithm"] == algo:
             rows = [r for r in read_log(d, "metrics.jsonl") if r["step"] <= budget]
-            out.append(summarize(rows, total_steps=budget, threshold=line))
+            out.append(summarize(rows, total_steps=budget, threshold=line, samples_per_step=samples_per_step(cfg)))
     return out
 
 
@@ -129,8 +129,10 @@ def f_evidence() -> str:
             sums = evidence(c, role, EMBEDDED_LINE, TIERS["small"]["steps"])
             peaks, finals = [s["accuracy/peak"] for s in sums], [s["accuracy/final"] for s in sums]
             label = "known-bad: plain GRPO" if role == "bad" else f"fix: {c.fix_name}"
+            at = sum(s["verdict"] == "at_line" for s in sums)
             lines.append(f"| {c.name} | {label} | {c.evidence_class}/{c.evidence[role][0]} | "
-                         f"{sum(s['verdict'] == 'pass' for s in sums)}/{len(sums)} | {min(peaks):.3f}-{max(peaks):.3f} | "
+                         f"{sum(s['verdict'] == 'pass' for s in sums)}/{len(sums)}{f' ({at} at the line)' if at else ''} | "
+                         f"{min(peaks):.3f}-{max(peaks):.3f} | "
                          f"{min(finals):.3f}-{max(finals):.3f} |")
     return "\n".join(lines)
 
