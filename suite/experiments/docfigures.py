@@ -26,10 +26,19 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from suite.experiments import calibration
-from suite.experiments import controls
-from suite.experiments.controls import f_evidence
+from suite.experiments import calibration, controls
 from suite.experiments.accept_tables import f_accept
+from suite.experiments.cell_figures import (
+    f_final,
+    f_final_range,
+    f_gap,
+    f_gap_clipped,
+    f_half_ess,
+    f_runs,
+    f_seeds,
+    f_step0_cell,
+    span,
+)
 from suite.experiments.grid_tables import f_centering, f_matrix, f_source
 from suite.experiments.bench_memory import plan_markdown
 from suite.packed import read_log
@@ -56,11 +65,6 @@ def _num(x: float) -> str:
 def _ratio(x: float) -> str:
     """A ratio of two mismatch values, 3 significant digits: "0.391x", "10.3x", "104x"."""
     return f"{x:.3g}x" if x < 1000 else f"{x:,.0f}x"
-
-
-def _span(lo: float, hi: float, spec: str) -> str:
-    a, b = format(lo, spec), format(hi, spec)
-    return a if a == b else f"{a}-{b}"
 
 
 def _count(n: int) -> str:
@@ -192,7 +196,7 @@ def f_zero_steps(cls: str, flow: str) -> str:
         rows = _rows(d, "metrics.jsonl")
         counts.append(sum(r["mismatch/kl_k3"] == 0 for r in rows))
         total.add(len(rows))
-    return f"{_span(min(counts), max(counts), 'd')} of {'/'.join(map(str, sorted(total)))}"
+    return f"{span(min(counts), max(counts), 'd')} of {'/'.join(map(str, sorted(total)))}"
 
 
 def f_zero_classes(flow: str, zero: str) -> str:
@@ -236,7 +240,7 @@ def f_cost_table() -> str:
     cs = classes()
     lines = ["| flow | " + " | ".join(cs) + " |", "|---|" + "---|" * len(cs)]
     for f in flows(cs[0]):
-        lines.append(f"| {f} | " + " | ".join(_span(*step_time(c, f), ".2f") + " s" for c in cs) + " |")
+        lines.append(f"| {f} | " + " | ".join(span(*step_time(c, f), ".2f") + " s" for c in cs) + " |")
     return "\n".join(lines)
 
 
@@ -261,97 +265,6 @@ def f_wall(cls: str, grid: str, key: str = "wall_time_s") -> str:
 def f_made_at(cls: str) -> str:
     """The commit a class's reference was made at (reference.json ``git_sha``), short."""
     return _reference(cls)["git_sha"][:7]
-
-
-# ---------------------------------------------------------------------------- any committed grid, by cell
-# A cell is named by its grid's folder under results/reference/ and a filter on the run's config:
-# "cpu-avx2-emulated/collapse-search" and "regime=stress,precision=bf16_fp8rollout" (dotted fields, e.g.
-# algo.ppo_ref=sampler; a run without the field counts as regime=base, like suite/analysis/collapse.py).
-@lru_cache(maxsize=None)
-def _grid(path: str) -> tuple:
-    from suite.analysis.runs import load_runs
-
-    return tuple(r for r in load_runs(REFERENCE_ROOT / path) if r.verdict != "incomplete")
-
-
-def _field(run, dotted: str):
-    node = run.config or {}
-    for part in dotted.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return "base" if node is None and dotted == "regime" else node
-
-
-def cell(path: str, filt: str) -> list:
-    """The complete runs of a committed grid whose config matches every ``field=value`` of ``filt``."""
-    want = dict(kv.split("=", 1) for kv in filt.split(",") if kv)
-    runs = [r for r in _grid(path) if all(str(_field(r, k)) == v for k, v in want.items())]
-    if not runs:
-        raise ValueError(f"{path}: no complete run with {filt}")
-    return sorted(runs, key=lambda r: r.seed)
-
-
-def _finals(path: str, filt: str) -> list[float]:
-    return [r.summary["accuracy/final"] for r in cell(path, filt)]
-
-
-def f_final(path: str, filt: str, spec: str = ".3f") -> str:
-    """Mean over seeds of a cell's final accuracy; spec "%" gives percent with one decimal."""
-    m = statistics.fmean(_finals(path, filt))
-    return f"{m * 100:.1f}%" if spec == "%" else format(m, spec)
-
-
-def f_final_range(path: str, filt: str, field: str, values: str) -> str:
-    """The range of the cells' mean final accuracies over ``field`` = each of ``values``, in percent: "44-54%"."""
-    v = [statistics.fmean(_finals(path, f"{filt},{field}={x}")) * 100 for x in values.split("+")]
-    return _span(min(v), max(v), ".0f") + "%"
-
-
-def f_seeds(path: str, filt: str) -> str:
-    """Each seed's final accuracy, in seed order: "0.002, 0.023, 0.000"."""
-    return ", ".join(f"{x:.3f}" for x in _finals(path, filt))
-
-
-def f_gap(path: str, filt: str, ref: str, spec: str = ".3f") -> str:
-    """Mean final accuracy of a cell minus a reference cell's, with its 95% percentile-bootstrap CI over seeds
-    (suite/analysis/collapse.py ``gap_ci``, the estimator of the reports)."""
-    from suite.analysis import collapse
-
-    gap = collapse.gap_ci(_finals(path, filt), _finals(path, ref))
-    if gap is None:
-        raise ValueError(f"{path}: too few seeds for a gap between {filt} and {ref}")
-    return "{} [{}, {}]".format(*(format(g, "+" + spec.lstrip("+")) for g in gap))
-
-
-def f_runs(paths: str) -> str:
-    """Complete runs in the committed grids listed ("+"-separated)."""
-    return str(sum(len(_grid(p)) for p in paths.split("+")))
-
-
-def f_gap_clipped(path: str, filt: str) -> str:
-    """Mean over seeds of the share of tokens PPO's clip zeroes at step 1 on the precision gap alone
-    (hypothesis H1; suite/analysis/hypotheses.py ``mechanism_table``), in percent."""
-    from suite.analysis.hypotheses import _mech
-
-    # runs older than mechanism.jsonl logged it in metrics.jsonl (ppo/clip_frac_gap), as the report reads it
-    fr = [_mech(r)[0]["mech/gap_clip_frac"] if _mech(r) else (r.metrics[0] if r.metrics else {}).get("ppo/clip_frac_gap")
-          for r in cell(path, filt)]
-    fr = [x for x in fr if x is not None]
-    if not fr:
-        raise ValueError(f"{path}: no mechanism.jsonl in {filt}")
-    return f"{statistics.fmean(fr) * 100:.2f}%"
-
-
-def f_half_ess(path: str, filt: str) -> str:
-    """Response length at which the sequence IS weights' ESS would halve, ln 2 / ln(1 + chi2_tok) from the step-1
-    token chi2 (hypothesis H2; suite/analysis/hypotheses.py ``length_table``), mean over seeds, 2 significant digits."""
-    import math
-
-    from suite.analysis.hypotheses import step1
-
-    t = [math.log(2.0) / math.log1p(x["tok"]) for x in map(step1, cell(path, filt)) if x["tok"]]
-    if not t:
-        raise ValueError(f"{path}: no token chi2 at step 1 in {filt}")
-    return f"{float(f'{statistics.fmean(t):.2g}'):,.0f}"
 
 
 # ---------------------------------------------------------------------------- the code: tiers and grids
@@ -431,8 +344,9 @@ FIGURES = {
     "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution,
     "attribution-on": f_attribution, "source": f_source, "plan": f_plan, "memplan": f_memplan, "accept": f_accept,
     "matrix": f_matrix, "centering": f_centering, "calibration": calibration.f_table, "calibrated": calibration.f_choice,
-    "calibration-lr": calibration.f_lr, "control-evidence": f_evidence,
-    "main-line": controls.f_first_line, "main-flows": controls.f_flows, "main-pairs": controls.f_pairs}
+    "calibration-lr": calibration.f_lr, "control-evidence": controls.f_evidence,
+    "main-line": controls.f_first_line, "main-flows": controls.f_flows, "main-pairs": controls.f_pairs,
+    "step0-cell": f_step0_cell}
 
 
 def figure(name: str) -> str:

@@ -1,0 +1,114 @@
+"""Figures of any committed grid, by cell, for the documents' generated spans (suite/experiments/docfigures.py):
+final accuracies, gaps to a reference cell, seeds, step-0 mismatch over seeds, clipping and IS diagnostics.
+"""
+
+from __future__ import annotations
+
+import statistics
+from functools import lru_cache
+
+from suite.results import REFERENCE_ROOT
+
+STEP0 = "mismatch/step0/"
+
+
+def span(lo: float, hi: float, spec: str) -> str:
+    """Two values as "lo-hi" in ``spec``, one when they print alike."""
+    a, b = format(lo, spec), format(hi, spec)
+    return a if a == b else f"{a}-{b}"
+
+
+# A cell is named by its grid's folder under results/reference/ and a filter on the run's config:
+# "cpu-avx2-emulated/collapse-search" and "regime=stress,precision=bf16_fp8rollout" (dotted fields, e.g.
+# algo.ppo_ref=sampler; a run without the field counts as regime=base, like suite/analysis/collapse.py).
+@lru_cache(maxsize=None)
+def _grid(path: str) -> tuple:
+    from suite.analysis.runs import load_runs
+
+    return tuple(r for r in load_runs(REFERENCE_ROOT / path) if r.verdict != "incomplete")
+
+
+def _field(run, dotted: str):
+    node = run.config or {}
+    for part in dotted.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return "base" if node is None and dotted == "regime" else node
+
+
+def cell(path: str, filt: str) -> list:
+    """The complete runs of a committed grid whose config matches every ``field=value`` of ``filt``."""
+    want = dict(kv.split("=", 1) for kv in filt.split(",") if kv)
+    runs = [r for r in _grid(path) if all(str(_field(r, k)) == v for k, v in want.items())]
+    if not runs:
+        raise ValueError(f"{path}: no complete run with {filt}")
+    return sorted(runs, key=lambda r: r.seed)
+
+
+def _finals(path: str, filt: str) -> list[float]:
+    return [r.summary["accuracy/final"] for r in cell(path, filt)]
+
+
+def f_step0_cell(path: str, filt: str, key: str = "kl_k3") -> str:
+    """A cell's step-0 mismatch over its seeds: "6.9e-05 [4.3e-05, 8.8e-05] (3 runs)", one run its value."""
+    v = [r.summary[STEP0 + key] for r in cell(path, filt)]
+    return f"{v[0]:.1e}" if len(v) == 1 else f"{statistics.fmean(v):.1e} [{min(v):.1e}, {max(v):.1e}] ({len(v)} runs)"
+
+
+def f_final(path: str, filt: str, spec: str = ".3f") -> str:
+    """Mean over seeds of a cell's final accuracy; spec "%" gives percent with one decimal."""
+    m = statistics.fmean(_finals(path, filt))
+    return f"{m * 100:.1f}%" if spec == "%" else format(m, spec)
+
+
+def f_final_range(path: str, filt: str, field: str, values: str) -> str:
+    """The range of the cells' mean final accuracies over ``field`` = each of ``values``, in percent: "44-54%"."""
+    v = [statistics.fmean(_finals(path, f"{filt},{field}={x}")) * 100 for x in values.split("+")]
+    return span(min(v), max(v), ".0f") + "%"
+
+
+def f_seeds(path: str, filt: str) -> str:
+    """Each seed's final accuracy, in seed order: "0.002, 0.023, 0.000"."""
+    return ", ".join(f"{x:.3f}" for x in _finals(path, filt))
+
+
+def f_gap(path: str, filt: str, ref: str, spec: str = ".3f") -> str:
+    """Mean final accuracy of a cell minus a reference cell's, with its 95% percentile-bootstrap CI over seeds
+    (suite/analysis/collapse.py ``gap_ci``, the estimator of the reports)."""
+    from suite.analysis import collapse
+
+    gap = collapse.gap_ci(_finals(path, filt), _finals(path, ref))
+    if gap is None:
+        raise ValueError(f"{path}: too few seeds for a gap between {filt} and {ref}")
+    return "{} [{}, {}]".format(*(format(g, "+" + spec.lstrip("+")) for g in gap))
+
+
+def f_runs(paths: str) -> str:
+    """Complete runs in the committed grids listed ("+"-separated)."""
+    return str(sum(len(_grid(p)) for p in paths.split("+")))
+
+
+def f_gap_clipped(path: str, filt: str) -> str:
+    """Mean over seeds of the share of tokens PPO's clip zeroes at step 1 on the precision gap alone
+    (hypothesis H1; suite/analysis/hypotheses.py ``mechanism_table``), in percent."""
+    from suite.analysis.hypotheses import _mech
+
+    # runs older than mechanism.jsonl logged it in metrics.jsonl (ppo/clip_frac_gap), as the report reads it
+    fr = [_mech(r)[0]["mech/gap_clip_frac"] if _mech(r) else (r.metrics[0] if r.metrics else {}).get("ppo/clip_frac_gap")
+          for r in cell(path, filt)]
+    fr = [x for x in fr if x is not None]
+    if not fr:
+        raise ValueError(f"{path}: no mechanism.jsonl in {filt}")
+    return f"{statistics.fmean(fr) * 100:.2f}%"
+
+
+def f_half_ess(path: str, filt: str) -> str:
+    """Response length at which the sequence IS weights' ESS would halve, ln 2 / ln(1 + chi2_tok) from the step-1
+    token chi2 (hypothesis H2; suite/analysis/hypotheses.py ``length_table``), mean over seeds, 2 significant digits."""
+    import math
+
+    from suite.analysis.hypotheses import step1
+
+    t = [math.log(2.0) / math.log1p(x["tok"]) for x in map(step1, cell(path, filt)) if x["tok"]]
+    if not t:
+        raise ValueError(f"{path}: no token chi2 at step 1 in {filt}")
+    return f"{float(f'{statistics.fmean(t):.2g}'):,.0f}"
