@@ -124,12 +124,12 @@ def cmd_reference(args: list[str]) -> int:
 
     p = argparse.ArgumentParser(prog="suite reference", description=cmd_reference.__doc__)
     p.add_argument("results_dir", type=Path)
-    p.add_argument("--grid", default="sanity")
+    p.add_argument("--grid", help="the grid's name (default: the folder's, e.g. runs/main -> main)")
     p.add_argument("--allow-dirty", action="store_true")
     ns = p.parse_args(args)  # before the import below, so --help answers at once
     from suite.analysis import reference
 
-    dest = reference.promote(ns.results_dir, ns.grid, allow_dirty=ns.allow_dirty)
+    dest = reference.promote(ns.results_dir, ns.grid or ns.results_dir.resolve().name, allow_dirty=ns.allow_dirty)
     _console().print(f"reference written to {dest} (with {dest.parent / 'reference.json'}); commit it to make it the "
                      "reference of this machine class", highlight=False)
     return 0
