@@ -44,9 +44,9 @@ def run(args: list[str], console: Console) -> int:
     from rich.table import Table
 
     from suite.analysis import leaderboard, outcomes, report, reproduce
+    from suite.analysis.runs import load_summaries
     from suite.experiments import controls
     from suite.numerics import machine
-    from suite.analysis.runs import load_summaries
     from suite.results import atomic_write_json, atomic_write_text, env_info
 
     t0 = time.time()
@@ -54,10 +54,11 @@ def run(args: list[str], console: Console) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     cells, todo, failed = _train(["launcher=local", *args], console)
-    roots = {g: next(c.root for c in cells if c.cfg.name.split("/")[0] == g) for g in GRIDS}
-    root, ctl_root = roots["main"], roots["main"].parent / "controls"
+    root = next(c.root for c in cells if c.cfg.name == "main")
+    ctl_root = root.parent / "controls"  # each control row's cells lie below it (controls/<control>/<bad|fix>)
+    roots = {"main": root, "controls": ctl_root}
 
-    docs = {g: reproduce.check(r, g) for g, r in (("main", root), ("controls", ctl_root))}
+    docs = {g: reproduce.check(r, g) for g, r in roots.items()}
     cls = docs["main"]["machine_class"]
     records = controls.judge(ctl_root)
     refs = [s.get("verdict") for s in load_summaries(root) if s.get("precision") == "fp32"]
@@ -72,12 +73,13 @@ def run(args: list[str], console: Console) -> int:
         lead.add_row(*row)
     console.print(lead)
     console.print(text, highlight=False)
-    ctl = Table(*controls.table(records)[0], title="controls: each known-bad recipe beside its fix")
-    for row in controls.table(records)[1]:
+    head, rows = controls.table(records)
+    ctl = Table(*head, title="controls: each known-bad recipe beside its fix")
+    for row in rows:
         ctl.add_row(*row)
     console.print(ctl)
     for g, doc in docs.items():
-        reproduce.write(roots[g] if g == "main" else ctl_root, doc)
+        reproduce.write(roots[g], doc)
         table = Table(*reproduce.HEAD, title=f"reproduction of {g} on machine class {(cls or {}).get('id')}")
         for row in reproduce.table_rows(doc):
             table.add_row(*row)
