@@ -447,8 +447,14 @@ def _config_help(command: str, args: list[str]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import faulthandler
+
     from suite import lifetime
 
+    # A crash in native code (a kernel, gloo, a rank's allocator) prints every thread's Python stack to
+    # stderr instead of only torchrun's "exitcode -11": the report says where, not just that.
+    if sys.__stderr__ is not None and not faulthandler.is_enabled():
+        faulthandler.enable(sys.__stderr__)
     lifetime.honour_tie()  # a sweep's cell: it ends with the sweep (docs/distributed.md, "Lifetime")
     argv = sys.argv[1:] if argv is None else argv
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
