@@ -130,12 +130,15 @@ def next_fit(pending: list, in_use: int, cap: int) -> int | None:
 
 
 def relative_cost(cell) -> float:
-    """Rough cost of a cell for scheduling: steps x samples, doubled for the flows with heavier kernels."""
+    """Rough cost of a cell for scheduling (the longest first shortens the queue's tail): steps x samples,
+    doubled where the trainer runs heavier kernels (exact replay, a quantised forward), x1.5 where only the
+    sampler does (FP8 or 4-bit rollouts), as the committed step times order them (results/README.md)."""
     from suite.numerics.precision import resolve
 
     flow = resolve(cell.cfg.precision)
-    heavy = flow.exact or flow.trainer_quant == "fp8"  # the unified bf16/fp16 controls cost what bf16 does
-    return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * (2.0 if heavy else 1.0)
+    # the unified bf16/fp16 controls cost what bf16 does
+    factor = 2.0 if flow.exact or flow.trainer_quant else 1.5 if flow.sampler_quant else 1.0
+    return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * factor
 
 
 # ---- the launcher --------------------------------------------------------------------------------
