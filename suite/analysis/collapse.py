@@ -222,6 +222,31 @@ def growth_table(runs) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def _anatomy_rows(runs, precision: str) -> list[dict]:
+    """Every logged step of the flow's runs that carries the anatomy of its mismatch."""
+    return [m for r in runs if r.precision == precision for m in r.metrics if "anatomy/top1pct_share" in m]
+
+
+def anatomy_mean(runs, precision: str, key: str) -> float:
+    """One flow's ``anatomy/<key>`` pooled over its runs and steps, as the anatomy table shows it."""
+    vals = finite(m.get(f"anatomy/{key}") for m in _anatomy_rows(runs, precision))
+    if not vals:
+        raise ValueError(f"no run of {precision} logs anatomy/{key}")
+    return float(np.mean(vals))
+
+
+def fell(runs) -> list[tuple]:
+    """(run, drawdown, step of the fall, k3 of the first LEAD steps, k3 of the LEAD steps before the fall) for
+    every run whose smoothed accuracy fell by >= DROP below its running best."""
+    out = []
+    for r in runs:
+        dd, step = drawdown(r)
+        if dd >= DROP and step is not None:
+            out.append((r, dd, step, window_mean(r, "mismatch/kl_k3", True),
+                        window_mean(r, "mismatch/kl_k3", False, end=step + 1)))
+    return out
+
+
 def anatomy_table(runs) -> tuple[list[str], list[list[str]]]:
     """Per precision flow, pooled over regimes, seeds and steps: where the abs log-ratio mass sits."""
     head = (["precision", "steps"] + [f"pi {b}: tokens / mass" for b in PI_BINS]
@@ -229,7 +254,7 @@ def anatomy_table(runs) -> tuple[list[str], list[list[str]]]:
                "mu > pi"])
     rows = []
     for prec in render.flow_order(r.precision for r in runs):
-        ms = [m for r in runs if r.precision == prec for m in r.metrics if "anatomy/top1pct_share" in m]
+        ms = _anatomy_rows(runs, prec)
         if not ms:
             continue
 
@@ -248,12 +273,7 @@ def lead_table(runs) -> tuple[list[str], list[list[str]]]:
     head = ["run", "regime", "drawdown", "from step", f"k3 first {LEAD} steps", f"k3 {LEAD} steps before the fall",
             "ratio"]
     rows = []
-    for r in runs:
-        dd, step = drawdown(r)
-        if dd < DROP or step is None:
-            continue
-        a = window_mean(r, "mismatch/kl_k3", True)
-        b = window_mean(r, "mismatch/kl_k3", False, end=step + 1)
+    for r, dd, step, a, b in fell(runs):
         rows.append([r.label, regime(r), f"{dd:.3f}", str(step), render.fmt(a, ".2e"), render.fmt(b, ".2e"),
                      render.fmt(b / a, ".2f") if a and b is not None else "-"])
     return head, rows

@@ -112,3 +112,44 @@ def f_half_ess(path: str, filt: str) -> str:
     if not t:
         raise ValueError(f"{path}: no token chi2 at step 1 in {filt}")
     return f"{float(f'{statistics.fmean(t):.2g}'):,.0f}"
+
+
+# ---- the collapse report's mechanism figures (suite/analysis/collapse.py), over a grid's flows -----------------
+def _pct_or(x: float, spec: str) -> str:
+    return f"{x * 100:.0f}%" if spec == "%" else (f"{x * 100:.1f}%" if spec == "%.1" else format(x, spec))
+
+
+def f_anatomy(path: str, flows: str, key: str, spec: str = "%") -> str:
+    """The range over ``flows`` ("fp32+bf16+fp16") of each flow's ``anatomy/<key>``, pooled over its runs and
+    steps as in the collapse report's anatomy table: "51-52%" (spec "%"), "0.5%" ("%.1") or "0.53-0.54"."""
+    from suite.analysis.collapse import anatomy_mean
+
+    v = [anatomy_mean(_grid(path), f, key) for f in flows.split("+")]
+    lo, hi = _pct_or(min(v), spec), _pct_or(max(v), spec)
+    return lo if lo == hi else f"{lo.rstrip('%')}-{hi}" if spec.startswith("%") else f"{lo}-{hi}"
+
+
+def f_growth(path: str, filt: str, spec: str = ".1f") -> str:
+    """The range over the matching cells (regime x algorithm x flow; "+" in a value: any of them) of each cell's
+    mean k3 growth, last LEAD steps over first LEAD (the collapse report's growth table): "0.4-0.8"."""
+    from suite.analysis.collapse import cells, cell_stats
+
+    want = {k: v.split("+") for k, v in (kv.split("=", 1) for kv in filt.split(",") if kv)}
+    keys = {"regime": 0, "algorithm": 1, "precision": 2}
+    v = [cell_stats(c)["k3_growth"][0] for key, c in cells(_grid(path)).items()
+         if all(key[keys[k]] in vs for k, vs in want.items())]
+    if not v:
+        raise ValueError(f"{path}: no cell with {filt}")
+    return span(min(v), max(v), spec)
+
+
+def f_fell(path: str, part: str = "runs") -> str:
+    """The runs whose smoothed accuracy fell by >= DROP (the collapse report's lead table): their number
+    ("runs"), or the range of the k3 of the steps before the fall over the first steps' ("ratio")."""
+    from suite.analysis.collapse import fell
+
+    runs = fell(_grid(path))
+    if part == "runs":
+        return str(len(runs))
+    ratios = [b / a for _, _, _, a, b in runs if a and b is not None]
+    return span(min(ratios), max(ratios), ".1f")

@@ -29,10 +29,13 @@ from pathlib import Path
 from suite.experiments import calibration, controls
 from suite.experiments.accept_tables import f_accept
 from suite.experiments.cell_figures import (
+    f_anatomy,
+    f_fell,
     f_final,
     f_final_range,
     f_gap,
     f_gap_clipped,
+    f_growth,
     f_half_ess,
     f_runs,
     f_seeds,
@@ -346,7 +349,7 @@ FIGURES = {
     "matrix": f_matrix, "centering": f_centering, "calibration": calibration.f_table, "calibrated": calibration.f_choice,
     "calibration-lr": calibration.f_lr, "control-evidence": controls.f_evidence,
     "main-line": controls.f_first_line, "main-flows": controls.f_flows, "main-pairs": controls.f_pairs,
-    "step0-cell": f_step0_cell}
+    "step0-cell": f_step0_cell, "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell}
 
 
 def figure(name: str) -> str:
