@@ -11,6 +11,7 @@ compute; a bad value is one line naming the field, exit code 2.
 
 from __future__ import annotations
 
+import faulthandler
 import inspect
 import os
 import sys
@@ -79,8 +80,8 @@ def cmd_main(args: list[str]) -> int:
     the table, reproduction checks, report and leaderboard.
 
     The ``main`` grid (fp32, fp16, bf16, FP8 rollouts under plain GRPO) and the ``controls`` grid (known-bad
-    recipes beside their fixes), three seeds, on the embedded default, side by side on the local cores (ignored
-    by git); exit 3 when a control does not behave as its committed evidence says. Nothing tracked by git is
+    recipes beside their corrections), three seeds, on the embedded default, side by side on the local cores
+    (ignored by git); exit 3 when a control does not behave as its committed evidence says. Nothing tracked by git is
     written. Extra ``key=value`` arguments go to every cell (suite/experiments/main_job.py)."""
     from suite.experiments import main_job
 
@@ -447,12 +448,9 @@ def _config_help(command: str, args: list[str]) -> int | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import faulthandler
-
     from suite import lifetime
 
-    # A crash in native code (a kernel, gloo, a rank's allocator) prints every thread's Python stack to
-    # stderr instead of only torchrun's "exitcode -11": the report says where, not just that.
+    # A crash in native code (a kernel, gloo) prints every thread's Python stack, not only "exitcode -11".
     if sys.__stderr__ is not None and not faulthandler.is_enabled():
         faulthandler.enable(sys.__stderr__)
     lifetime.honour_tie()  # a sweep's cell: it ends with the sweep (docs/distributed.md, "Lifetime")

@@ -200,14 +200,14 @@ def test_main_job_writes_next_to_its_runs_and_leaves_git_status_clean(tmp_path):
     first = json.loads((root / "controls.json").read_text())["first_line"]
     assert "not judged: stale-k4, nvfp4a4-rollout" in first and first in (root / "outcomes.md").read_text()
     md = (root / "report" / "report.md").read_text()
-    assert md.index(first) < md.index("Controls: known-bad recipes beside their fixes") < md.index("The runs")
+    assert md.index(first) < md.index("Controls: known-bad recipes beside their corrections") < md.index("The runs")
     assert (root / "report" / "figures" / "headline.png").is_file()  # a panel per flow and per control row
     doc = json.loads((root / "reproduction.json").read_text())
     assert doc["machine_class"]["id"] == machine.describe("auto", 1)["id"]
     assert "Reproduction against the committed reference" in (root / "report" / "report.md").read_text()
     env = json.loads((root / "arith__grpo__fp32__s0" / "env.json").read_text())
     assert env["machine_class"] == doc["machine_class"]
-    assert json.loads((root / "job.json").read_text())["cells_trained"] == 5  # 1 main cell, 4 control rows
+    assert json.loads((root / "job.json").read_text())["cells_trained"] == 8  # 1 main cell, 7 control rows
     after = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
     assert after == before and (REPO / "leaderboard" / "data.js").read_bytes() == site
 

@@ -26,7 +26,7 @@ def _title(name: str, runs: list[Run]) -> str:
 
 
 def panels(root: Path) -> dict[str, list[dict]]:
-    """Panel title -> series: the main flows of ``root`` (plain GRPO), then each control's known-bad row and fix."""
+    """Panel title -> series: the main flows of ``root`` (plain GRPO), then each control's rows."""
     root = Path(root)
     out: dict[str, list[dict]] = {}
     main = load_runs(root)
@@ -37,11 +37,12 @@ def panels(root: Path) -> dict[str, list[dict]]:
     ctl_root = root.parent / "controls"
     if judged.is_file() and ctl_root.is_dir():
         for rec in json.loads(judged.read_text())["records"]:
-            for role, label in (("bad", "known-bad, plain GRPO"), ("fix", f"fix: {rec['fix']}")):
-                path = ctl_root / rec["control"] / role
+            for row in rec["rows"]:
+                label = {"fail": "known-bad", "pass": "fix"}.get(row["expect"], "shown") + ", " + row["label"]
+                path = ctl_root / rec["control"] / row["role"]
                 runs = load_runs(path) if path.is_dir() else []
                 if runs:
-                    out[_title(f"{rec['control']}, {label}", runs)] = _series(runs, f"{rec['control']} {role}")
+                    out[_title(f"{rec['control']}, {label}", runs)] = _series(runs, f"{rec['control']} {row['role']}")
     return out
 
 

@@ -107,7 +107,7 @@ def build_document(runs: list[Run], root: Path, fig_dir: Path) -> list[tuple]:
             doc.append(("fig", "headline", f"Training accuracy per precision flow (plain GRPO) and per control row, "
                         f"one panel each: thin lines the seeds, bold their mean ({PEAK_WINDOW}-step trailing mean, "
                         f"the verdict rule's acc_t); dashed: the pass line {line:g} (docs/calibration.md)."))
-        doc += [("h", "Controls: known-bad recipes beside their fixes", "controls"),
+        doc += [("h", "Controls: known-bad recipes beside their corrections", "controls"),
                 ("table", c["head"], c["rows"], "Committed evidence per control: "
                  + "; ".join(f"{r['control']}: {r['evidence']}" for r in c["records"]) + " (docs/calibration.md).")]
     rewards = _series(runs, "reward/mean")

@@ -67,7 +67,7 @@ GRIDS: dict[str, dict[str, Any]] = {
         "overrides": ["algorithm=grpo", f"threshold={EMBEDDED_LINE}"],
     },
     "controls": {
-        "doc": "the main job's controls: each known-bad recipe beside its fix (suite/experiments/controls.py), "
+        "doc": "the main job's controls: each known-bad recipe beside its corrections (suite/experiments/controls.py), "
                "three seeds, judged at the calibrated line",
         "rows": _control_rows,
         "axes": {"seed": [0, 1, 2]},

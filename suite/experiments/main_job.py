@@ -1,5 +1,5 @@
 """The main job (``suite main``, ``bash scripts/main.sh``): the main flows and the controls (known-bad recipes
-beside their fixes), three seeds each, then the table, the controls' judgement, the reproduction checks, the
+beside their corrections), three seeds each, then the table, the controls' judgement, the reproduction checks, the
 report and the leaderboard, all under ``runs/`` (``runs/main``, ``runs/controls``); nothing tracked by git is
 written. Exits non-zero when a cell failed or a control did not behave as its committed evidence says."""
 
@@ -74,7 +74,7 @@ def run(args: list[str], console: Console) -> int:
     console.print(lead)
     console.print(text, highlight=False)
     head, rows = controls.table(records)
-    ctl = Table(*head, title="controls: each known-bad recipe beside its fix")
+    ctl = Table(*head, title="controls: each known-bad recipe beside its corrections")
     for row in rows:
         ctl.add_row(*row)
     console.print(ctl)

@@ -292,7 +292,7 @@ TIERS: dict[str, dict[str, Any]] = {
     "smoke": {"task": "arith", "steps": 4, "prompts_per_step": 4, "samples_per_prompt": 4, "optim.lr": 1e-4,
               "perfectible.pool": 64, "perfectible.max_prompts": 0,
               "policy": dict(hidden=64, layers=2, heads=4, kv_heads=2, mlp=192, target_acc=0.5)},
-    # The main job: 24 cells in ~20 min on 2 cores. fp32 GRPO first passed 0.95 at step 66 (206k
+    # The main job's tier (its budget and line: docs/calibration.md). fp32 GRPO first passed 0.95 at step 66 (206k
     # parameters, 3-digit sums, base 0.82); 128 prompts x 100 steps of 16 = 12.5 epochs.
     "small": {"task": "arith3", "steps": 100, "prompts_per_step": 16, "samples_per_prompt": 8, "optim.lr": 1e-4,
               "perfectible.pool": 1024, "perfectible.max_prompts": 128,
