@@ -20,10 +20,10 @@ from suite import dist
 from suite.console import make_console
 from suite.numerics.engine import sequence_seeds
 from suite.numerics.mismatch import mismatch_metrics
+from suite.numerics.scoring import Batch, batch_tensors
 from suite.rl import config, perfectible
 from suite.rl.data import prepare_data
 from suite.rl.policy import load_policy
-from suite.numerics.scoring import Batch, batch_tensors
 from suite.rl.train import build_engines
 from suite.tasks.registry import prompt_ids
 

@@ -17,13 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from rich.console import Console
-
-from suite.console import make_console
-
-def _console() -> Console:
-    """Rich console; nothing cut when writing to a file or a pipe (CI logs, sweep cell logs)."""
-    return make_console()
+# The rich console of every command: nothing cut when writing to a file or a pipe (CI logs, sweep cell logs).
+from suite.console import make_console as _console
 
 
 def _configs(args: list[str]):

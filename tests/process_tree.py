@@ -11,7 +11,6 @@ import signal
 import time
 from pathlib import Path
 
-
 HANG_GUARD_S = 1800
 """How long a test waits for a run to reach its first step (building the smoke policy included): a guard
 against a hang on a slow, shared machine, not a bound anything is held to."""

@@ -6,7 +6,6 @@ and the configs that existed before resolve exactly as they did (tests/fixtures/
 from __future__ import annotations
 
 import dataclasses
-
 import itertools
 import json
 import warnings

@@ -13,8 +13,8 @@ from suite.numerics.precision import (
     lowp_linear,
     resolve,
 )
-from suite.rl.policy import EOS
 from suite.numerics.scoring import Batch, batch_tensors
+from suite.rl.policy import EOS
 
 
 def _prompts(tok, task, n=12):

@@ -218,8 +218,8 @@ def _step0(model, tok, task, precision):
     import copy
 
     from suite.numerics.mismatch import mismatch_metrics
-    from suite.rl import config
     from suite.numerics.scoring import Batch, batch_tensors
+    from suite.rl import config
     from suite.rl.train import build_engines
 
     trainer, engine, _ = build_engines(config.load(["tier=smoke", f"precision={precision}"]),

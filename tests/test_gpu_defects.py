@@ -10,12 +10,11 @@ import os
 
 import pytest
 import torch
+from test_fp8_gemm_paths import cuda_contract, gpu_like  # noqa: F401  (a fixture)
 
 from suite.experiments import doctor, sweep
 from suite.numerics import determinism, fp8
 from suite.numerics.fp8 import BLOCK, _fp8_gemm_emulated, quantize_groupwise
-
-from test_fp8_gemm_paths import cuda_contract, gpu_like  # noqa: F401  (a fixture)
 
 CUBLAS = "CUBLAS_WORKSPACE_CONFIG"
 

@@ -11,10 +11,10 @@ import shutil
 
 import numpy as np
 import pytest
+from test_leaderboard import copy_run, edit_json, entries, rehash
 
 from suite.analysis import board, leaderboard, reported, stats
 from suite.results import REFERENCE_ROOT, atomic_write_text, read_jsonl
-from test_leaderboard import copy_run, edit_json, entries, rehash
 
 AMX = REFERENCE_ROOT / "cpu-amx-native"
 AVX2 = REFERENCE_ROOT / "cpu-avx2-emulated"

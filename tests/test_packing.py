@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from suite.numerics.precision import resolve
+from suite.numerics.scoring import Batch, batch_tensors
 from suite.numerics.trainer import Trainer, TrainerOptions
 from suite.rl.schema import OptimConfig
-from suite.numerics.scoring import Batch, batch_tensors
 
 R = 12
 LENGTHS = (12, 5, 3, 7)  # response lengths: rows 1-3 end early (right padding)

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from suite.numerics.engine import TorchEngine
-from suite.numerics.sampling import sequence_seeds
 from suite.numerics.mismatch import mismatch_metrics
 from suite.numerics.perturbation import Perturbation, perturb
+from suite.numerics.sampling import sequence_seeds
 from suite.numerics.scoring import batch_tensors
 
 

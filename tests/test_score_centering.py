@@ -11,12 +11,12 @@ import torch
 
 from suite.numerics.centering import SamplerDist, expected_logp, sampler_probs
 from suite.numerics.precision import resolve
+from suite.numerics.scoring import Batch, batch_tensors
 from suite.numerics.trainer import Trainer, TrainerOptions
 from suite.results import config_hash, read_jsonl
 from suite.rl import config
 from suite.rl.algos import ALGORITHMS, centering_term, policy_loss
 from suite.rl.schema import OptimConfig
-from suite.numerics.scoring import Batch, batch_tensors
 from suite.rl.train import run
 
 F64 = {"dtype": torch.float64}  # exact math on tiny tensors

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from test_leaderboard import DEFAULT, RUN, copy_run, edit_json
 
 from suite.analysis import leaderboard, submit
-from test_leaderboard import DEFAULT, RUN, copy_run, edit_json
 
 
 def test_a_valid_run_is_submitted_and_enters_the_board(tmp_path, capsys):

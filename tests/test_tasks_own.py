@@ -45,8 +45,8 @@ def test_a_folder_on_the_include_path_or_in_the_env_var_adds_its_tasks_to_the_li
 def test_a_run_records_its_task_folder_and_its_rerun_command_finds_the_task_without_the_environment(own, monkeypatch):
     """A folder given by $SUITE_TASKS_PATH is recorded in the config (not in its hash), so that the rerun command the
     report prints composes the same config in a shell that lacks the variable."""
-    from suite.rl import provenance
     from suite.results import config_hash
+    from suite.rl import provenance
 
     monkeypatch.setenv(registry.TASKS_PATH_ENV, str(own))
     cfg = config.to_dict(config.load(["task=my_math", "tier=smoke"]))

@@ -8,8 +8,8 @@ import torch
 
 from suite.numerics import truncation
 from suite.numerics.engine import TorchEngine
-from suite.rl import config
 from suite.numerics.scoring import Batch, batch_tensors
+from suite.rl import config
 from suite.rl.train import build_engines
 
 

@@ -184,8 +184,9 @@ def report_section(paths: list[Path], fig_dir: Path) -> list[tuple]:
 def waterfall(summary: dict, stem: Path, title: str, metrics=("k3", "out_0.9_1.1")) -> list[str]:
     """Waterfall per metric: base, then each source's one-on effect and the interaction stacked up to the full stack;
     the whiskers are the effects' 95% intervals."""
-    from suite.analysis.figures import save  # sets matplotlib up first (Agg backend, the report style)
     import matplotlib.pyplot as plt
+
+    from suite.analysis.figures import save  # sets matplotlib up first (Agg backend, the report style)
 
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.6 * len(metrics), 3.8), squeeze=False)
     for ax, metric in zip(axes[0], metrics):

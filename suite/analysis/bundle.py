@@ -112,7 +112,7 @@ def reward_metrics(rewards: torch.Tensor, group_size: int) -> dict:
 def open_run(out, *, task: str, algorithm: str, precision: str, seed: int, steps: int, framework,
              recipe: dict | None = None, threshold: float = 0.95, tier: str | None = None, model: str | None = None,
              policy: dict | None = None, lm_head_fp32: bool = False, observed: dict | None = None,
-             env_extra: dict | None = None, command: str | None = None, t0: float | None = None) -> "Bundle":
+             env_extra: dict | None = None, command: str | None = None, t0: float | None = None) -> Bundle:
     """Start the bundle ``<out>/<task>__<algorithm>__<precision>__s<seed>/`` of an outside loop.
 
     framework: ``(name, version)`` of the loop that trains (not "suite"). precision: a flow of

@@ -16,8 +16,9 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from suite.analysis import stats
 from suite.results import LOCATION_KEYS

@@ -49,9 +49,9 @@ import torch
 
 from suite import dist
 from suite.numerics.engine import TorchEngine
-from suite.numerics.sampling import sequence_seeds
 from suite.numerics.mismatch import distribution_divergence, mismatch_metrics, ratio_band_fractions
 from suite.numerics.precision import gemm_backend, resolve
+from suite.numerics.sampling import sequence_seeds
 
 SOURCES = ("kernels", "fp8_weights", "kv_fp8", "top_p", "staleness", "micro_batch", "packing")
 REQUIRES = {"packing": ("kernels",)}  # a source -> the sources it exists only with (its one-on effect is given them)

@@ -5,7 +5,7 @@ final accuracies, gaps to a reference cell, seeds, step-0 mismatch over seeds, c
 from __future__ import annotations
 
 import statistics
-from functools import lru_cache
+from functools import cache
 
 from suite.results import REFERENCE_ROOT
 
@@ -21,7 +21,7 @@ def span(lo: float, hi: float, spec: str) -> str:
 # A cell is named by its grid's folder under results/reference/ and a filter on the run's config:
 # "cpu-avx2-emulated/collapse-search" and "regime=stress,precision=bf16_fp8rollout" (dotted fields, e.g.
 # algo.ppo_ref=sampler; a run without the field counts as regime=base, like suite/analysis/collapse.py).
-@lru_cache(maxsize=None)
+@cache
 def _grid(path: str) -> tuple:
     from suite.analysis.runs import load_runs
 
@@ -132,7 +132,7 @@ def f_anatomy(path: str, flows: str, key: str, spec: str = "%") -> str:
 def f_growth(path: str, filt: str, spec: str = ".1f") -> str:
     """The range over the matching cells (regime x algorithm x flow; "+" in a value: any of them) of each cell's
     mean k3 growth, last LEAD steps over first LEAD (the collapse report's growth table): "0.4-0.8"."""
-    from suite.analysis.collapse import cells, cell_stats
+    from suite.analysis.collapse import cell_stats, cells
 
     want = {k: v.split("+") for k, v in (kv.split("=", 1) for kv in filt.split(",") if kv)}
     keys = {"regime": 0, "algorithm": 1, "precision": 2}

@@ -23,11 +23,12 @@ import json
 import re
 import statistics
 import sys
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from suite.experiments import calibration, controls
 from suite.experiments.accept_tables import f_accept
+from suite.experiments.bench_memory import plan_markdown
 from suite.experiments.cell_figures import (
     f_anatomy,
     f_fell,
@@ -43,7 +44,6 @@ from suite.experiments.cell_figures import (
     span,
 )
 from suite.experiments.grid_tables import f_centering, f_matrix, f_source
-from suite.experiments.bench_memory import plan_markdown
 from suite.packed import read_log
 from suite.results import REFERENCE_ROOT, atomic_write_text
 from suite.rl.plan import markdown as plan_table
@@ -81,7 +81,7 @@ def classes() -> list[str]:
     return sorted(p.parent.name for p in REFERENCE_ROOT.glob("*/sanity") if p.is_dir())
 
 
-@lru_cache(maxsize=None)
+@cache
 def _runs(cls: str, grid: str = "sanity") -> tuple[tuple[Path, dict], ...]:
     """(run directory, summary.json) of every run of a committed grid, in name order."""
     root = REFERENCE_ROOT / cls / grid
@@ -90,7 +90,7 @@ def _runs(cls: str, grid: str = "sanity") -> tuple[tuple[Path, dict], ...]:
     return tuple((p.parent, json.loads(p.read_text())) for p in sorted(root.glob("*/summary.json")))
 
 
-@lru_cache(maxsize=None)
+@cache
 def _rows(run_dir: Path, name: str) -> tuple[dict, ...]:
     return tuple(read_log(run_dir, name))  # plain or .xz (suite/packed.py)
 
@@ -271,7 +271,7 @@ def f_made_at(cls: str) -> str:
 
 
 # ---------------------------------------------------------------------------- the code: tiers and grids
-@lru_cache(maxsize=None)
+@cache
 def policy_parameters(tier: str) -> int:
     """Parameters of the embedded policy a tier builds: the model suite/rl/policy.py builds for the tier's
     task and architecture (built here, untrained, and counted)."""

@@ -70,8 +70,8 @@ def measure(cfg, flow: str, model, prompts, batch: int, seed: int) -> dict[str, 
     """One step-0 measurement of ``flow``: its sampler draws ``prompts`` with the per-sequence seeds of (seed,
     batch), its trainer scores them at the same parameters; the GATED metrics."""
     from suite.numerics.sampling import sequence_seeds
-    from suite.rl import config as cfgmod
     from suite.numerics.scoring import Batch, batch_tensors
+    from suite.rl import config as cfgmod
     from suite.rl.train import build_engines
 
     c = cfgmod.validate(dataclasses.replace(cfg, precision=flow))

@@ -111,7 +111,7 @@ class DtypeProbe:
     def __init__(self, model: nn.Module, engine: str):
         self.model, self.seen = model, {"engine": engine}
 
-    def __enter__(self) -> "DtypeProbe":
+    def __enter__(self) -> DtypeProbe:
         head = self.model.get_output_embeddings()
         first = next(m for m in self.model.modules() if isinstance(m, nn.Linear) and m is not head)
         self._handles = [first.register_forward_hook(self._hook("compute_dtype")),

@@ -31,10 +31,10 @@ from suite.numerics import fp4, moe, truncation
 from suite.numerics.fp8 import fake_quant_kv, fp8_linear, fp8_linear_inference, quantize_blockwise
 from suite.numerics.perturbation import NoiseStream, Perturbation, perturb
 from suite.numerics.precision import lowp_attention, lowp_linear
-from suite.numerics.sampling import draw, uniforms
 
 # The sampler's output and the special ids live in rollout.py; imported here, where callers look.
 from suite.numerics.rollout import BOS, EOS, PAD, Rollout, eos_ids  # noqa: F401
+from suite.numerics.sampling import draw, uniforms
 
 
 def _rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:

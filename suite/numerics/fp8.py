@@ -66,7 +66,6 @@ are grouped along tokens in their own (token-major) layout, never transposed in 
 from __future__ import annotations
 
 import math
-
 import warnings
 
 import torch

@@ -45,7 +45,7 @@ def cpu_isa(flags: frozenset[str] | None = None) -> str:
     return platform.machine().lower() or "unknown"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpuinfo_field(name: str) -> str | None:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -45,7 +45,7 @@ DTYPES = {name: getattr(torch, dtype) for name, dtype in TORCH_DTYPES.items()}
 _NATIVE_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _cpu_flags() -> frozenset[str]:
     try:
         text = Path("/proc/cpuinfo").read_text()

@@ -21,7 +21,6 @@ import torch
 from suite.numerics import fp4
 from suite.numerics.fp8 import quantize_blockwise
 
-
 LAYER = re.compile(r".*\.layers\.\d+\.")  # a decoder layer's prefix: "model.layers.3."
 
 

@@ -48,7 +48,7 @@ class Rollout:
         return int(self.mask.sum().item())
 
     @staticmethod
-    def concat(parts: list["Rollout"]) -> "Rollout":
+    def concat(parts: list[Rollout]) -> Rollout:
         """One batch from several (the ranks' rollouts, in rank order), right-padded to the longest response."""
         if len(parts) == 1:
             return parts[0]

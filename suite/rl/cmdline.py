@@ -49,7 +49,7 @@ OPEN_CHOICES = {"model": "or a local HF model directory"}
 
 
 # ---- the fields ---------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def fields() -> dict[str, typing.Any]:
     """Every leaf field of RunConfig as ``section.name`` -> its type."""
     out: dict[str, typing.Any] = {}

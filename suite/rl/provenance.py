@@ -16,7 +16,6 @@ no longer accepts, makes the command fail to compose: that run is not reproducib
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import shlex
 from dataclasses import dataclass, field

@@ -18,7 +18,6 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 KL_ESTIMATORS = ("k1", "k2", "k3")
 PPO_REFS = ("trainer", "sampler")
@@ -31,15 +30,15 @@ _HYDRA_WORDS = {"true", "false", "null", "nan", "inf"}
 class AlgoConfig:
     """The algorithm's knobs; None keeps the value of the algorithm's row (docs/recipes.md)."""
 
-    C: Optional[float] = None
+    C: float | None = None
     """IS threshold: truncation cap (TIS) or mask threshold (MIS). None: the row's (3 for the sanity algorithms)."""
-    clip_low: Optional[float] = None
+    clip_low: float | None = None
     """eps_low of the PPO/GSPO clip (ratios below 1 - clip_low are clipped). None: the row's."""
-    clip_high: Optional[float] = None
+    clip_high: float | None = None
     """eps_high (ratios above 1 + clip_high are clipped; DAPO's clip-higher when > clip_low). None: the row's."""
-    agg: Optional[str] = None
+    agg: str | None = None
     """Loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm. None: the row's."""
-    advantage: Optional[str] = None
+    advantage: str | None = None
     """Advantage estimator: mean (r - group mean, Dr.GRPO) or std (divided by the group std, GRPO). None: the row's."""
     kl_coef: float = 0.0
     """Weight of the KL penalty to the reference policy (the run's starting weights, frozen), added to the loss
@@ -61,7 +60,7 @@ class AlgoConfig:
     subtracted, which removes the drift that pulls the trainer toward the sampler (suite/rl/algos.py
     centering_term, docs/algorithms.md). The sampler then records its next-token distribution. Off:
     the loss is unchanged, and the field is left out of config.json and the config hash."""
-    score_centering_topk: Optional[int] = None
+    score_centering_topk: int | None = None
     """Centre with the sampler's top-k head only, its tail modelled as the trainer's tail rescaled
     to the sampler's tail mass (NeMo-RL's estimator): needed with engine=vllm, which returns a top-k
     head of log-probs; with the built-in engine it saves the (B, R, vocab) record of a large

@@ -6,14 +6,14 @@ the regimes of the collapse search. Data only; suite/rl/config.py composes, reso
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from suite.rl.recipe import AlgoConfig
 
 
 @dataclass
 class OptimConfig:
-    lr: Optional[float] = None
+    lr: float | None = None
     """AdamW base learning rate (the schedule scales it). None: the tier's value."""
     schedule: str = "constant"
     """Learning-rate schedule after the warm-up: constant, linear (to 0 at the last update) or cosine (to 0)."""
@@ -43,7 +43,7 @@ class SamplingConfig:
     """What the trainer does when the rollouts are truncated (top_p < 1 or top_k > 0): renormalise (its log-prob
     renormalised over the sampler's kept set, the fix of TRL 7269 / vLLM RFC 42259) or none (it scores the whole
     vocabulary: the common bug, a ratio whose mean is the kept mass). No effect without truncation."""
-    max_new_tokens: Optional[int] = None
+    max_new_tokens: int | None = None
     """Response budget; a response that hits it is truncated and scores 0. None: task trace length + 8."""
 
 
@@ -55,12 +55,12 @@ class PerfectibleConfig:
     """Keep prompts whose pass rate is >= lo."""
     hi: float = 0.8
     """... and <= hi."""
-    pool: Optional[int] = None
+    pool: int | None = None
     """Train-split prompts screened. None: the tier's value."""
     sampler: str = "fp32"
     """Precision of the sampler that estimates pass rates (fp32, bf16 or fp16), with the run's engine
     (engine=vllm for real models on GPUs). fp32 keeps every precision flow of a grid on one set."""
-    max_prompts: Optional[int] = None
+    max_prompts: int | None = None
     """Cap on kept prompts used for training (the first ones in pool order). None: the tier's value
     (small: 128, so that 100 steps of 16 prompts are 12.5 epochs, the many-epoch regime of the
     published test); 0 keeps every kept prompt."""
@@ -68,21 +68,21 @@ class PerfectibleConfig:
 
 @dataclass
 class PolicyConfig:
-    hidden: Optional[int] = None
+    hidden: int | None = None
     """Hidden size of the embedded Llama. None: the tier's value."""
-    layers: Optional[int] = None
+    layers: int | None = None
     """Decoder layers. None: the tier's value."""
-    heads: Optional[int] = None
+    heads: int | None = None
     """Attention heads. None: the tier's value."""
-    kv_heads: Optional[int] = None
+    kv_heads: int | None = None
     """Key/value heads (grouped-query attention). None: the tier's value."""
-    mlp: Optional[int] = None
+    mlp: int | None = None
     """SwiGLU intermediate size. None: the tier's value."""
-    target_acc: Optional[float] = None
+    target_acc: float | None = None
     """The supervised warm start stops once sampled accuracy on held-out probes reaches this. None:
     the tier's value. A stronger base (0.75) leaves perfectible prompts that RL can finish within
     the main job's budget, as the published test's base model already half-solves its prompts."""
-    path: Optional[str] = None
+    path: str | None = None
     """Use this saved HF model directory instead of the embedded policy."""
     experts: int = 0
     """Embedded policy only: > 0 makes every layer a top-``top_k`` mixture of this many SwiGLU experts of width
@@ -96,13 +96,13 @@ class VllmConfig:
     """Engine arguments of the vLLM sampler (``engine=vllm``; suite/numerics/vllm_engine.py, docs/vllm.md).
     Its dtype and quantisation are not here: they come from the precision flow, as for every engine."""
 
-    max_model_len: Optional[int] = None
+    max_model_len: int | None = None
     """Longest prompt + response the engine serves (sizes its KV cache blocks). None: the policy's
     max_position_embeddings."""
     gpu_memory_fraction: float = 0.5
     """vLLM's gpu_memory_utilization: the share of GPU memory the engine may take (weights + KV cache);
     the trainer shares the device, hence below vLLM's 0.9 default. Unused on CPU (kv_cache_gib rules)."""
-    kv_cache_gib: Optional[float] = None
+    kv_cache_gib: float | None = None
     """KV cache size in GiB (vLLM's kv_cache_memory_bytes). None: set by gpu_memory_fraction on GPU, and
     1 GiB on CPU, where the fraction would reserve that share of the host's RAM."""
     enforce_eager: bool = True
@@ -136,15 +136,15 @@ class EvalConfig:
 
     every: int = 0
     """Evaluate every N RL steps and after the last one; 0 = never."""
-    splits: Optional[list[str]] = None
+    splits: list[str] | None = None
     """Held-out splits. None: the task file's eval.splits (AIME 2024 and 2025 for sanity_r1d), else test."""
-    prompts: Optional[int] = None
+    prompts: int | None = None
     """Prompts per split (the first ones). None: all of the split (capped at 128 for generated tasks)."""
-    samples: Optional[int] = None
+    samples: int | None = None
     """Samples per prompt; the score is mean@n, the mean reward over them. None: the task file's eval.n, else 1."""
-    temperature: Optional[float] = None
+    temperature: float | None = None
     """None: the task file's eval.temperature (0.6 for sanity_r1d, as published), else sampling.temperature."""
-    top_p: Optional[float] = None
+    top_p: float | None = None
     """None: the task file's eval.top_p (0.95 for sanity_r1d), else sampling.top_p."""
 
 
@@ -154,24 +154,24 @@ class PlanConfig:
 
     check: bool = True
     """Refuse a run whose predicted peak exceeds the device's memory. The plan is an estimate: false skips it."""
-    prompt_tokens: Optional[int] = None
+    prompt_tokens: int | None = None
     """Longest prompt (tokens) the plan pads every row to. None: the task file's sampling.max_prompt_tokens,
     a generated task's own prompt length, else vllm.max_model_len - max_new_tokens, else 1024."""
 
 
 @dataclass
 class RunConfig:
-    task: Optional[str] = None
+    task: str | None = None
     """Task name: a file NAME.yaml on the task path (include_path, then $SUITE_TASKS_PATH, then the suite's tasks/;
     suite/tasks/registry.py, docs/own_task.md). None: the tier's task."""
-    include_path: Optional[str] = None
+    include_path: str | None = None
     """Folder(s) of your own task files (NAME.yaml), searched before the suite's tasks/, as lm-eval's
     --include_path; several separated by ':' (os.pathsep). Also read from $SUITE_TASKS_PATH. Not part of the config
     hash: the task's name and version say what runs."""
-    model: Optional[str] = None
+    model: str | None = None
     """Base model (None: the task tier's, else embedded): embedded (the tiny Llama the suite builds), a preset (r1d-1.5b, qwen2.5-math-1.5b, qwen3-1.7b;
     suite/rl/models.py), or a local HF model directory."""
-    data: Optional[str] = None
+    data: str | None = None
     """Local copy of a dataset task's rows (sanity_r1d, math, gsm8k): a directory mirroring the hub repo, a
     parquet/jsonl file (the train split), or "train=A,test=B". None: the hub (suite/tasks/hub_tasks.py)."""
     precision: str = "fp32"
@@ -223,13 +223,13 @@ class RunConfig:
     ``results/reference/<machine class>/`` and are never written by a run)."""
     name: str = "default"
     """Experiment name: runs go to <out>/<name>/<task>__<algorithm>__<precision>__s<seed>/."""
-    steps: Optional[int] = None
+    steps: int | None = None
     """RL steps (one rollout batch each). None: the tier's value."""
-    prompts_per_step: Optional[int] = None
+    prompts_per_step: int | None = None
     """Prompts per rollout batch. None: the tier's value."""
-    samples_per_prompt: Optional[int] = None
+    samples_per_prompt: int | None = None
     """Responses per prompt (the GRPO group size). None: the tier's value."""
-    micro_batch: Optional[int] = None
+    micro_batch: int | None = None
     """Sequences per forward/backward (gradient accumulation within each update; the loss and the update are
     the same). None: each minibatch at once, right for the embedded policy; a real model needs a few (8k-token
     responses x a 152k vocabulary are 5 GB of fp32 logits per sequence)."""

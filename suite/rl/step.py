@@ -21,8 +21,13 @@ import torch
 from suite import dist
 from suite.numerics import flops, moe, refit
 from suite.numerics.centering import SamplerDist
-from suite.numerics.mismatch import (length_bias, mechanism_metrics, mismatch_anatomy, mismatch_metrics,
-                                     ratio_band_fractions)
+from suite.numerics.mismatch import (
+    length_bias,
+    mechanism_metrics,
+    mismatch_anatomy,
+    mismatch_metrics,
+    ratio_band_fractions,
+)
 from suite.numerics.rollout import Rollout
 from suite.numerics.sampling import sequence_seeds
 from suite.numerics.scoring import Batch

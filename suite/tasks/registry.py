@@ -164,7 +164,7 @@ def task_file_of(name: str, include: str | None = None) -> Path:
     return files[name]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _read(path: Path, mtime: float) -> dict:
     return task_file.read(path)
 
@@ -203,7 +203,7 @@ def prompt_ids(tok, item: Item) -> list[int]:
     return tok(item.prompt)["input_ids"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def get_task(name: str, data: str | None = None, include: str | None = None):
     """Load task ``name`` from its file on the task path (cached per (name, data, include): a task object is
     read-only). ``data`` is a local copy of a dataset task's rows (a directory mirroring the hub layout, one
