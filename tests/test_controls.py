@@ -55,7 +55,9 @@ def test_a_known_bad_recipe_that_passes_is_named(tmp_path):
     planted = _all(["unstable"] * 3, ["pass"] * 3)
     planted[("stale-k4", "bad")] = ["pass", "pass", "unstable"]  # e.g. staleness=0 on the command line
     _plant(tmp_path, planted)
-    records = controls.judge(tmp_path)
+    records = controls.judge(tmp_path, ("staleness=0", "seed=0"))
+    assert records[0]["what"].endswith("(as run: staleness=0 from the command line)")
+    assert records[1]["what"] == controls.CONTROLS[1].what  # no row of nvfp4a4-rollout sets staleness
     wrong = controls.misbehaved(records)
     assert wrong == ["stale-k4 (the known-bad recipe should fail in a majority of seeds; 2 of 3 passed)"]
     assert "CONTROLS DID NOT BEHAVE: stale-k4" in controls.first_line(records, ["pass"], "cpu-x")

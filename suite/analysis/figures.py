@@ -45,8 +45,10 @@ RC = {"svg.hashsalt": "suite-report", "svg.fonttype": "none", "axes.titlesize": 
 
 
 def flow_colors(flows: list[str]) -> dict[str, tuple]:
-    """A fixed colour per precision flow, by position in `flows` (seaborn's colour-blind palette)."""
-    palette = sns.color_palette("colorblind", max(10, len(flows)))
+    """A fixed colour per precision flow, by position in `flows` (seaborn's colour-blind palette; past its ten
+    colours, which it would repeat, the dark palette's, so an eleventh series never takes the first's colour)."""
+    palette = sns.color_palette("colorblind", 10) + sns.color_palette("dark", 10)
+    palette += sns.color_palette("husl", max(0, len(flows) - len(palette)))
     return {f: palette[i] for i, f in enumerate(flows)}
 
 

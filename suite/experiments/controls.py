@@ -97,9 +97,19 @@ def _verdicts(root: Path, control: Control, row: Row) -> list[str]:
     return out
 
 
-def judge(root: Path) -> list[dict]:
+def _as_run(c: Control, overrides: tuple[str, ...]) -> str:
+    """The setting of ``c`` in words, with the command-line values that replaced a value of one of its rows
+    (the user's word is final: ``suite main staleness=0`` runs stale-k4 without staleness, and says so)."""
+    mine = {o for r in c.rows for o in r.overrides}
+    keys = {o.split("=", 1)[0] for o in mine}
+    changed = [a for a in overrides if a.split("=", 1)[0] in keys and a not in mine]
+    return c.what + (f" (as run: {', '.join(changed)} from the command line)" if changed else "")
+
+
+def judge(root: Path, overrides: tuple[str, ...] = ()) -> list[dict]:
     """One record per control of the ``controls`` grid in ``root``: per row its verdicts, whether it behaved as
-    expected, and (for a correction) the one-sided Fisher exact p that it passes more often than the known-bad."""
+    expected, and (for a correction) the one-sided Fisher exact p that it passes more often than the known-bad.
+    ``overrides``: the main job's ``key=value`` arguments, named in the setting where they replaced a row's."""
     out = []
     for c in CONTROLS:
         found = []
@@ -112,8 +122,8 @@ def judge(root: Path) -> list[dict]:
             f["fisher_p"] = (fisher_exact(f["passes"], f["runs"], bad["passes"], bad["runs"])
                              if f["runs"] and bad["runs"] else None)
         judged = [f["ok"] for f in found if f["expect"]]
-        out.append({"control": c.name, "what": c.what, "evidence": evidence_text(c), "rows": found,
-                    "behaved": None if None in judged else all(judged)})
+        out.append({"control": c.name, "what": _as_run(c, tuple(overrides)), "evidence": evidence_text(c),
+                    "rows": found, "behaved": None if None in judged else all(judged)})
     return out
 
 

@@ -60,7 +60,7 @@ def run(args: list[str], console: Console) -> int:
 
     docs = {g: reproduce.check(r, g) for g, r in roots.items()}
     cls = docs["main"]["machine_class"]
-    records = controls.judge(ctl_root)
+    records = controls.judge(ctl_root, tuple(args))
     refs = [s.get("verdict") for s in load_summaries(root) if s.get("precision") == "fp32"]
     line = controls.first_line(records, refs, machine.label(cls))
     controls.write(ctl_root, root, records, line)
