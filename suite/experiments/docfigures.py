@@ -337,6 +337,14 @@ def f_memplan(cls: str, part: str = "table") -> str:
 
 
 # ---------------------------------------------------------------------------- names, filling, checking
+def f_early_warnings() -> str:
+    """The early-warning signals' table over every committed reference run (``suite warnings
+    results/reference/*/*``; suite/analysis/early_warnings.py)."""
+    from suite.analysis import early_warnings as ew
+
+    return ew.markdown(ew.tally([p for p in sorted(REFERENCE_ROOT.glob("*/*")) if p.is_dir()]))
+
+
 FIGURES = {
     "verdicts": f_verdicts, "misses": f_misses, "miss-flows": f_miss_flows, "miss-margin": f_miss_margin,
     "flows-failing-everywhere": f_flows_failing_everywhere, "step0": f_step0, "ratio": f_ratio,
@@ -349,7 +357,8 @@ FIGURES = {
     "matrix": f_matrix, "centering": f_centering, "calibration": calibration.f_table, "calibrated": calibration.f_choice,
     "calibration-lr": calibration.f_lr, "control-evidence": controls.f_evidence,
     "main-line": controls.f_first_line, "main-flows": controls.f_flows, "main-pairs": controls.f_pairs,
-    "step0-cell": f_step0_cell, "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell}
+    "step0-cell": f_step0_cell, "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell,
+    "early-warnings": f_early_warnings}
 
 
 def figure(name: str) -> str:

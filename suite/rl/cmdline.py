@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import types
 import typing
 
 from suite.rl.schema import RunConfig
@@ -67,10 +68,11 @@ def fields() -> dict[str, typing.Any]:
 
 
 def _is_sequence(tp) -> bool:
-    """list[...] / tuple[...], also inside Optional."""
+    """list[...] / tuple[...], also inside a union with None (``X | None`` or ``Optional[X]``)."""
     if typing.get_origin(tp) in (list, tuple):
         return True
-    return typing.get_origin(tp) is typing.Union and any(_is_sequence(a) for a in typing.get_args(tp))
+    unions = (typing.Union, types.UnionType)
+    return typing.get_origin(tp) in unions and any(_is_sequence(a) for a in typing.get_args(tp))
 
 
 # ---- other tools' names -------------------------------------------------------------------------
