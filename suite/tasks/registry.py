@@ -203,11 +203,15 @@ def prompt_ids(tok, item: Item) -> list[int]:
     return tok(item.prompt)["input_ids"]
 
 
-@functools.cache
 def get_task(name: str, data: str | None = None, include: str | None = None):
     """Load task ``name`` from its file on the task path (cached per (name, data, include): a task object is
     read-only). ``data`` is a local copy of a dataset task's rows (a directory mirroring the hub layout, one
     file for the train split, or ``"train=A,test=B"``); None reads the files the task file names."""
+    return _load(name, data, include)  # one cache key however the arguments are passed
+
+
+@functools.cache
+def _load(name: str, data: str | None, include: str | None):
     spec = task_spec(name, include)
     cls = KINDS[spec["kind"]]
     if data is None:
