@@ -4,7 +4,7 @@
 # table, the reproduction checks against results/reference/<machine class>/, report and leaderboard.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh core  # torch and the package: the job needs none of the extras
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 # The main job keeps its policies and datasets in the checkout (git-ignored), so a fresh clone rebuilds
 # everything it reports; every other command uses the user cache (~/.cache/lowprec-rl-suite).

