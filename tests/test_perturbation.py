@@ -89,3 +89,24 @@ def test_bad_injections_are_refused_before_compute(args, match):
 
     with pytest.raises(ValueError, match=match):
         config.load(["tier=smoke", *args])
+
+
+def test_held_out_evaluation_scores_the_policy_not_the_perturbed_sampler(tiny_model, monkeypatch):
+    """A dose-response run trains on perturbed rollouts; its held-out accuracy must be the policy's own, or a run
+    that fails on its perturbed rollouts cannot be told from a policy that learned less. The evaluation of an
+    engine with a strong tail bias draws the clean engine's tokens, and the bias is back afterwards."""
+    from suite.rl import step
+
+    model, tok, task = tiny_model
+    texts = []
+    monkeypatch.setattr(step, "grade", lambda t, items, got, truncated, workers: texts.append(got) or [0.0] * len(got))
+    settings = {"samples": 2, "splits": ["test"], "prompts": 8, "temperature": 1.0, "top_p": 1.0}
+    bent = Perturbation("lowp_bias", 5.0, 0.06)
+    for p in (Perturbation(), bent):
+        engine = TorchEngine(model.config, torch.float32, perturbation=p)
+        engine.sync(model.state_dict())
+        step.evaluate(engine, tok, task, settings, 12, seed=7)
+    assert texts[0] == texts[1]
+    assert engine.perturbation == bent
+    clean, _ = _sample(model, tok, task, Perturbation())  # the same seeds in training: the bias changes the tokens
+    assert not torch.equal(clean.tokens, _sample(model, tok, task, bent)[0].tokens)

@@ -38,7 +38,7 @@ def panels(root: Path) -> dict[str, list[dict]]:
     if judged.is_file() and ctl_root.is_dir():
         for rec in json.loads(judged.read_text())["records"]:
             for row in rec["rows"]:
-                label = {"fail": "known-bad", "pass": "fix"}.get(row["expect"], "shown") + ", " + row["label"]
+                label = f"{row['kind']}, {row['label']}"  # as the controls table names it (controls.kind)
                 path = ctl_root / rec["control"] / row["role"]
                 runs = load_runs(path) if path.is_dir() else []
                 if runs:

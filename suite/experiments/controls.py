@@ -45,10 +45,6 @@ class Control:
     rows: tuple[Row, ...]  # the known-bad recipe first, then its corrections
     evidence_class: str = "cpu-avx512bf16-mixed"
 
-    @property
-    def bad(self) -> Row:
-        return self.rows[0]
-
 
 _STALE = ("precision=fp32", "staleness=4")
 _FP4 = ("precision=bf16_nvfp4a4rollout",)
@@ -115,8 +111,8 @@ def judge(root: Path, overrides: tuple[str, ...] = ()) -> list[dict]:
         found = []
         for r in c.rows:
             v = _verdicts(root, c, r)
-            found.append({"role": r.role, "label": r.label, "expect": r.expect, "verdicts": v, "runs": len(v),
-                          "passes": sum(x == "pass" for x in v), "ok": _behaved(r.expect, v)})
+            found.append({"role": r.role, "label": r.label, "expect": r.expect, "kind": kind(r.expect), "verdicts": v,
+                          "runs": len(v), "passes": sum(x == "pass" for x in v), "ok": _behaved(r.expect, v)})
         bad = found[0]
         for f in found[1:]:
             f["fisher_p"] = (fisher_exact(f["passes"], f["runs"], bad["passes"], bad["runs"])
@@ -160,9 +156,10 @@ def evidence(c: Control, row: Row, line: float, budget: int) -> list[dict]:
     return out
 
 
-def _role(r: dict) -> str:
-    """A row in words: "known-bad: plain GRPO", "fix: token TIS", "shown: sequence MIS"."""
-    return {"fail": "known-bad", "pass": "fix"}.get(r["expect"], "shown") + ": " + r["label"]
+def kind(expect: str | None) -> str:
+    """What a row is, by what is expected of it: "known-bad" (fails), "fix" (passes) or "shown" (not judged);
+    each record of ``judge`` carries it, so that the report and the figures name rows as the table does."""
+    return {"fail": "known-bad", "pass": "fix"}.get(expect, "shown")
 
 
 def f_evidence() -> str:
@@ -178,7 +175,7 @@ def f_evidence() -> str:
             peaks, finals = [s["accuracy/peak"] for s in sums], [s["accuracy/final"] for s in sums]
             passes = sum(s["verdict"] == "pass" for s in sums)
             at = sum(s["verdict"] == "at_line" for s in sums)
-            lines.append(f"| {c.name} | {_role({'expect': row.expect, 'label': row.label})} | "
+            lines.append(f"| {c.name} | {kind(row.expect)}: {row.label} | "
                          f"{c.evidence_class}/{row.evidence[0]} | "
                          f"{passes}/{len(sums)}{f' ({at} at the line)' if at else ''} | "
                          f"{min(peaks):.3f}-{max(peaks):.3f} | {min(finals):.3f}-{max(finals):.3f} |")
@@ -220,7 +217,7 @@ def table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
             p = r.get("fisher_p")
             ok = {True: "yes", None: "not judged"}.get(r["ok"]) or "NO: " + "; ".join(
                 misbehaved([{**rec, "rows": [r]}]))
-            out.append([rec["control"] if i == 0 else "", rec["what"] if i == 0 else "", _role(r),
+            out.append([rec["control"] if i == 0 else "", rec["what"] if i == 0 else "", f"{r['kind']}: {r['label']}",
                         f"{r['passes']}/{r['runs']} pass", "-" if p is None else f"{p:.2f}",
                         {"fail": "fails", "pass": "passes"}.get(r["expect"], "(evidence splits)"), ok])
     return head, out

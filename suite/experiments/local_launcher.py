@@ -136,8 +136,7 @@ def relative_cost(cell) -> float:
     from suite.numerics.precision import resolve
 
     flow = resolve(cell.cfg.precision)
-    # the unified bf16/fp16 controls cost what bf16 does
-    factor = 2.0 if flow.exact or flow.trainer_quant else 1.5 if flow.sampler_quant else 1.0
+    factor = 2.0 if flow.exact or flow.trainer_quant else 1.5 if flow.sampler_quant else 1.0  # unified bf16/fp16: 1
     return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * factor
 
 

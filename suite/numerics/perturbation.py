@@ -23,6 +23,7 @@ so a sequence's perturbation does not depend on the batch it is sampled in or on
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -42,6 +43,23 @@ class Perturbation:
     @property
     def active(self) -> bool:
         return self.kind != "none"
+
+
+@contextlib.contextmanager
+def suspended(engine):
+    """Inside the block ``engine`` samples from the policy itself. The perturbation stands for a rollout engine's
+    mismatch in training, not for the policy: a held-out evaluation must score what the run learned, or a run
+    failing on its perturbed rollouts cannot be told from a policy that learned less. An engine without an
+    active perturbation (vLLM refuses one) is left as it is."""
+    saved = getattr(engine, "perturbation", None)
+    if saved is None or not saved.active:
+        yield
+        return
+    engine.perturbation = Perturbation()
+    try:
+        yield
+    finally:
+        engine.perturbation = saved
 
 
 def perturb(logp: torch.Tensor, p: Perturbation, z: torch.Tensor | None = None) -> torch.Tensor:

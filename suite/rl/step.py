@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from suite import dist
-from suite.numerics import flops, moe, refit
+from suite.numerics import flops, moe, perturbation, refit
 from suite.numerics.centering import SamplerDist
 from suite.numerics.mismatch import (
     length_bias,
@@ -297,30 +297,34 @@ def evaluate(engine, tok, task, settings: dict, max_new_tokens: int, seed: int,
              world: dist.World | None = None, tp: int = 1, workers: int = 1) -> dict[str, float]:
     """Held-out accuracy with the run's own sampler: eval/<split>/mean@<n> = mean reward over n samples
     per prompt (AIME mean@32 at temperature 0.6, top-p 0.95 for sanity_r1d, as published), graded by ``workers``.
+    An injected perturbation (``inject.*``) is suspended: the score is the policy's, not the perturbed rollouts'.
 
     ``world``: vLLM engines of a data-parallel world step together (vLLM's DP lockstep), so every rank
     evaluates: each sampler (a rank, or a group of ``tp`` ranks) takes a slice of every batch with the
     per-request seeds a single engine would draw for it, and the rewards are gathered."""
     out, n = {}, settings["samples"]
-    gen = torch.Generator().manual_seed(seed)
-    for split in settings["splits"]:
-        items = task.split(split, settings["prompts"] and min(settings["prompts"], len(task.split(split))))
-        prompts = [prompt_ids(tok, it) for it in items for _ in range(n)]
-        rewards, size = [], engine.max_batch or max(len(prompts), 1)  # built-in engine: 256 (dense cache); vLLM: all
-        for i in range(0, len(prompts), size):
-            chunk, rows = prompts[i:i + size], list(range(i, min(i + size, len(prompts))))
-            seeds = gen
-            if world is not None and world.distributed:  # = VllmEngine.generate's draw (the same in any batching)
-                seeds = torch.randint(0, 2**31 - 1, (len(chunk),), generator=gen)
-                part = torch.arange(len(chunk)).tensor_split(world.size // tp)[world.rank // tp]
-                rows, chunk, seeds = [i + int(k) for k in part], [chunk[int(k)] for k in part], seeds[part]
-            # Graded as text: no per-token log-probs (vLLM applies the published top-p itself).
-            roll = engine.generate(chunk, max_new_tokens, settings["temperature"],
-                                   settings["top_p"], seeds, logprobs=False)
-            texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
-            graded = grade(task, [items[r // n] for r in rows], texts, roll.truncated, workers)  # as the rollouts are
-            if world is not None and world.distributed:
-                graded = [x for part in dist.gather_objects(graded, world)[::tp] for x in part]
-            rewards += graded
-        out[f"eval/{split}/mean@{n}"] = sum(rewards) / len(rewards)
+    with perturbation.suspended(engine):
+        gen = torch.Generator().manual_seed(seed)
+        for split in settings["splits"]:
+            items = task.split(split, settings["prompts"] and min(settings["prompts"], len(task.split(split))))
+            prompts = [prompt_ids(tok, it) for it in items for _ in range(n)]
+            # built-in engine: 256 at a time (dense cache); vLLM: all
+            rewards, size = [], engine.max_batch or max(len(prompts), 1)
+            for i in range(0, len(prompts), size):
+                chunk, rows = prompts[i:i + size], list(range(i, min(i + size, len(prompts))))
+                seeds = gen
+                if world is not None and world.distributed:  # = VllmEngine.generate's draw, in any batching
+                    seeds = torch.randint(0, 2**31 - 1, (len(chunk),), generator=gen)
+                    part = torch.arange(len(chunk)).tensor_split(world.size // tp)[world.rank // tp]
+                    rows, chunk, seeds = [i + int(k) for k in part], [chunk[int(k)] for k in part], seeds[part]
+                # Graded as text: no per-token log-probs (vLLM applies the published top-p itself).
+                roll = engine.generate(chunk, max_new_tokens, settings["temperature"],
+                                       settings["top_p"], seeds, logprobs=False)
+                texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
+                # graded as the rollouts are
+                graded = grade(task, [items[r // n] for r in rows], texts, roll.truncated, workers)
+                if world is not None and world.distributed:
+                    graded = [x for part in dist.gather_objects(graded, world)[::tp] for x in part]
+                rewards += graded
+            out[f"eval/{split}/mean@{n}"] = sum(rewards) / len(rewards)
     return out
