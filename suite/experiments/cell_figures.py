@@ -153,3 +153,40 @@ def f_fell(path: str, part: str = "runs") -> str:
         return str(len(runs))
     ratios = [b / a for _, _, _, a, b in runs if a and b is not None]
     return span(min(ratios), max(ratios), ".1f")
+
+
+# ---- held-out accuracy of the policy itself (the dose-response grid with eval.every; step.evaluate) -----------
+def _heldout(run) -> float:
+    """The run's last held-out accuracy (eval/<split>/mean@<n>, sampled without the injected perturbation)."""
+    rows = [m for m in run.metrics if any(k.startswith("eval/") for k in m)]
+    if not rows:
+        raise ValueError(f"{run.dir}: no held-out evaluation in metrics.jsonl (eval.every)")
+    return next(v for k, v in rows[-1].items() if k.startswith("eval/"))
+
+
+def _spread(v: list[float], spec: str = ".3f") -> str:
+    return f"{statistics.fmean(v):{spec}} [{min(v):{spec}}, {max(v):{spec}}]"
+
+
+def f_heldout(path: str) -> str:
+    """Markdown: each arm of a dose-response grid (inject.kind x inject.scale; "none" the clean control) with its
+    step-0 mismatch, training verdicts and final training accuracy (on the perturbed rollouts), and the policy's
+    own held-out accuracy at the last step, mean [min, max] over seeds, and its difference to the clean arm's with
+    the exact one-sided permutation p that the clean policy scores higher (3 seeds against 3: p >= 0.05)."""
+    from suite.analysis.stats import permutation_test
+
+    arms = sorted({(str(_field(r, "inject.kind")), float(_field(r, "inject.scale"))) for r in _grid(path)})
+    clean = [_heldout(r) for r in cell(path, "inject.kind=none")]
+    lines = ["| injected mismatch | step-0 k3 | pass | final training accuracy | held-out accuracy of the policy "
+             "| held-out minus clean (p) |", "|---|---|---|---|---|---|"]
+    for kind, scale in sorted(arms, key=lambda a: (a[0] != "none", a[0], a[1])):
+        runs = cell(path, f"inject.kind={kind},inject.scale={scale}")
+        held = [_heldout(r) for r in runs]
+        p = permutation_test(clean, held)["p"] if kind != "none" else None
+        lines.append(f"| {'none (clean)' if kind == 'none' else f'{kind} {scale:g}'} | "
+                     f"{f_step0_cell(path, f'inject.kind={kind},inject.scale={scale}')} | "
+                     f"{sum(r.verdict == 'pass' for r in runs)}/{len(runs)} | "
+                     f"{_spread([r.summary['accuracy/final'] for r in runs])} | {_spread(held)} | "
+                     + ("-" if p is None else f"{statistics.fmean(held) - statistics.fmean(clean):+.3f} (p {p:.2f})")
+                     + " |")
+    return "\n".join(lines)

@@ -38,6 +38,7 @@ from suite.experiments.cell_figures import (
     f_gap_clipped,
     f_growth,
     f_half_ess,
+    f_heldout,
     f_runs,
     f_seeds,
     f_step0_cell,
@@ -358,7 +359,7 @@ FIGURES = {
     "calibration-lr": calibration.f_lr, "control-evidence": controls.f_evidence,
     "main-line": controls.f_first_line, "main-flows": controls.f_flows, "main-pairs": controls.f_pairs,
     "step0-cell": f_step0_cell, "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell,
-    "early-warnings": f_early_warnings}
+    "early-warnings": f_early_warnings, "heldout": f_heldout}
 
 
 def figure(name: str) -> str:
