@@ -44,7 +44,7 @@ from suite.experiments.cell_figures import (
     f_step0_cell,
     span,
 )
-from suite.experiments.grid_tables import f_centering, f_matrix, f_source
+from suite.experiments.grid_tables import f_centering, f_centering_dose, f_matrix, f_source
 from suite.packed import read_log
 from suite.results import REFERENCE_ROOT, atomic_write_text
 from suite.rl.plan import markdown as plan_table
@@ -359,7 +359,8 @@ FIGURES = {
     "calibration-lr": calibration.f_lr, "control-evidence": controls.f_evidence,
     "main-line": controls.f_first_line, "main-flows": controls.f_flows, "main-pairs": controls.f_pairs,
     "step0-cell": f_step0_cell, "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell,
-    "early-warnings": f_early_warnings, "heldout": f_heldout}
+    "early-warnings": f_early_warnings, "heldout": f_heldout,
+    "centering-dose": f_centering_dose}
 
 
 def figure(name: str) -> str:

@@ -91,6 +91,59 @@ def f_centering(path: str, extra: str, baseline: str = "grpo") -> str:
             + "; ".join(f"{a} {names(v)}" for a, v in against.items()) + ".")
 
 
+def _dose_cells(path: str) -> dict[str, list]:
+    """A dose-response grid's runs by injected mismatch, "fp32 + noise 0.3" (the clean arm left out)."""
+    from suite.analysis.runs import load_runs
+
+    cells: dict[str, list] = {}
+    for r in load_runs(REFERENCE_ROOT / path):
+        inject = (r.config or {}).get("inject") or {}
+        if inject.get("kind", "none") != "none":
+            cells.setdefault(f"fp32 + {inject['kind']} {inject['scale']:g}", []).append(r)
+    return cells
+
+
+def _by_mismatch(flows: str, flows_centred: str, dose: str, dose_centred: str) -> list[tuple[float, str, list, list]]:
+    """(step-0 k3 of the plain runs, setting, plain GRPO runs, centred runs) for every setting run both ways: the
+    precision flows of ``flows`` (plain) and ``flows_centred`` (their trainer is bf16) and the injected mismatches
+    of the dose grids (an fp32 trainer), in order of the mismatch."""
+    import statistics
+
+    plain = {p: runs for (p, a), runs in _cells(flows).items() if a == "grpo"} | _dose_cells(dose)
+    centred = {p: runs for (p, _), runs in _cells(flows_centred).items()} | _dose_cells(dose_centred)
+    rows = [(statistics.fmean(r.summary["mismatch/step0/kl_k3"] for r in plain[s]), s, plain[s], centred[s])
+            for s in plain.keys() & centred.keys()]
+    if not rows:
+        raise ValueError(f"no setting has runs both in {flows}/{dose} and in {flows_centred}/{dose_centred}")
+    return sorted(rows)
+
+
+def f_centering_dose(flows: str, flows_centred: str, dose: str, dose_centred: str, part: str = "table") -> str:
+    """Where score centering starts to pay (arXiv 2609.20807; issue: nobody measured it): every setting run with plain
+    GRPO and with centering, ordered by its step-0 k3, each with both outcomes over seeds and the exact one-sided
+    permutation p that centering ends higher (part "table"), or the sentence that sums the table up (part "outcome")."""
+    import statistics
+
+    from suite.analysis import stats
+
+    rows = [(k3, s, b, c, stats.permutation_test(_finals(c), _finals(b))["p"])
+            for k3, s, b, c in _by_mismatch(flows, flows_centred, dose, dose_centred)]
+    if part == "table":
+        lines = ["| setting | step-0 k3 (plain runs) | plain GRPO | score centering | centering minus plain (p) |",
+                 "|---|---|---|---|---|"]
+        for k3, s, b, c, p in rows:
+            gap = statistics.fmean(_finals(c)) - statistics.fmean(_finals(b))
+            lines.append(f"| {s} | {k3:.1e} | {_show(b)} | {_show(c)} | {gap:+.3f} (p {p:.2f}) |")
+        return "\n".join(lines)
+    above = [s for _, s, b, c, _ in rows if statistics.fmean(_finals(c)) > statistics.fmean(_finals(b))]
+    sep = [(k3, s) for k3, s, _, _, p in rows if p <= stats.ALPHA]
+    first = (f"the smallest step-0 k3 at which the exact test separates it is {sep[0][0]:.1e} ({sep[0][1]}); it is "
+             f"separated in {len(sep)} of the {sum(k3 >= sep[0][0] for k3, *_ in rows)} settings from there up"
+             if sep else "the exact test separates it nowhere")
+    return (f"Score centering's mean final accuracy is above plain GRPO's in {len(above)} of {len(rows)} settings; "
+            f"{first}.")
+
+
 def f_source(path: str, part: str) -> str:
     """A committed source grid (suite/analysis/sources.py): its outcome sentence (part=outcome) or table (part=table)."""
     from suite.analysis import sources

@@ -156,6 +156,16 @@ GRIDS: dict[str, dict[str, Any]] = {
         "axes": {"inject.kind": ["noise", "lowp_bias"], "inject.scale": [0.1, 0.3, 1.0, 3.0], "seed": [0, 1, 2]},
         "overrides": ["algorithm=grpo", "precision=fp32", "name=dose-response/${inject.kind}-${inject.scale}"],
     },
+    # Where does score centering start to pay (arXiv 2609.20807)? The dose-response dial under centering, beside the
+    # dose-response grid run with the same held-out evaluation (docs/hypotheses.md; results/README.md, 4-bit section).
+    "dose-centering": {
+        "doc": "the dose-response grid under score centering (algo.score_centering=true: the sampler's recorded, "
+               "perturbed distribution), with the policy's held-out accuracy every 25 steps (4 samples a prompt), "
+               "three seeds; compare with grid=dose-response eval.every=25 eval.samples=4",
+        "axes": {"inject.kind": ["noise", "lowp_bias"], "inject.scale": [0.1, 0.3, 1.0, 3.0], "seed": [0, 1, 2]},
+        "overrides": ["algorithm=grpo", "precision=fp32", "algo.score_centering=true", "eval.every=25",
+                      "eval.samples=4", "name=dose-centering/${inject.kind}-${inject.scale}"],
+    },
     # Does a non-precision source decide the outcome (docs/attribution.md)? Each grid switches one source against
     # its matched control, on fp32 (so the studied source is the only mismatch), x no correction / token TIS /
     # sequence MIS, three seeds, on the main job's task (base) and on the many-answer task where entropy is high (tail).
