@@ -73,9 +73,9 @@ def test_centering_against_the_mismatch_orders_flows_and_injected_arms_by_step0_
     assert table[3].endswith("| +0.030 (p 0.05) |")
     assert table[2].endswith("(p 0.40) |")  # bf16: overlapping seeds, 8 of 20 splits at least as far apart
     assert grid_tables.f_centering_dose(*args, part="outcome") == (
-        "Score centering's mean final accuracy is above plain GRPO's in 4 of 4 settings; the smallest step-0 k3 at "
-        "which the exact test separates it is 1.0e-03 (fp32 + noise 0.3); it is separated in 3 of the 3 settings "
-        "from there up.")
+        "Score centering's mean final accuracy is above plain GRPO's in 4 of 4 settings; the exact test separates it "
+        "(p <= 0.05) in 3, in order of step-0 k3: fp32 + noise 0.3 (1.0e-03, +0.030), bf16_nvfp4a4rollout (2.0e-02, "
+        "+0.240), fp32 + noise 3 (5.0e-01, +0.080): 1 of 2 precision flows and 2 of 2 injected mismatches.")
 
 
 def test_heldout_table_sets_each_arm_beside_the_clean_policy_with_an_exact_p(tmp_path, monkeypatch):
@@ -103,3 +103,6 @@ def test_heldout_table_sets_each_arm_beside_the_clean_policy_with_an_exact_p(tmp
     # every clean seed above every biased one: p = 1/20, the floor of 3 against 3
     assert table[3] == ("| lowp_bias 0.3 | 2.6e-04 [2.6e-04, 2.6e-04] (3 runs) | 0/3 | 0.930 [0.930, 0.930] | "
                         "0.810 [0.800, 0.820] | -0.100 (p 0.05) |")
+    assert cell_figures.f_heldout("held", "outcome") == (
+        "No seed passes in training in 1 arm(s) (lowp_bias 0.3); the policy's held-out accuracy is below the clean "
+        "policy's by the exact test in lowp_bias 0.3, and not separated from it in none")

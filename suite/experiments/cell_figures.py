@@ -168,25 +168,35 @@ def _spread(v: list[float], spec: str = ".3f") -> str:
     return f"{statistics.fmean(v):{spec}} [{min(v):{spec}}, {max(v):{spec}}]"
 
 
-def f_heldout(path: str) -> str:
+def f_heldout(path: str, part: str = "table") -> str:
     """Markdown: each arm of a dose-response grid (inject.kind x inject.scale; "none" the clean control) with its
     step-0 mismatch, training verdicts and final training accuracy (on the perturbed rollouts), and the policy's
     own held-out accuracy at the last step, mean [min, max] over seeds, and its difference to the clean arm's with
-    the exact one-sided permutation p that the clean policy scores higher (3 seeds against 3: p >= 0.05)."""
-    from suite.analysis.stats import permutation_test
+    the exact one-sided permutation p that the clean policy scores higher (3 seeds against 3: p >= 0.05). Part
+    "outcome": the sentence that says which arms failing in training held-out accuracy separates from the clean."""
+    from suite.analysis.stats import ALPHA, permutation_test
 
     arms = sorted({(str(_field(r, "inject.kind")), float(_field(r, "inject.scale"))) for r in _grid(path)})
     clean = [_heldout(r) for r in cell(path, "inject.kind=none")]
+    failing, below = [], []
     lines = ["| injected mismatch | step-0 k3 | pass | final training accuracy | held-out accuracy of the policy "
              "| held-out minus clean (p) |", "|---|---|---|---|---|---|"]
     for kind, scale in sorted(arms, key=lambda a: (a[0] != "none", a[0], a[1])):
         runs = cell(path, f"inject.kind={kind},inject.scale={scale}")
         held = [_heldout(r) for r in runs]
         p = permutation_test(clean, held)["p"] if kind != "none" else None
+        if p is not None and not any(r.verdict == "pass" for r in runs):
+            failing.append(f"{kind} {scale:g}")
+            below += [f"{kind} {scale:g}"] if p <= ALPHA else []
         lines.append(f"| {'none (clean)' if kind == 'none' else f'{kind} {scale:g}'} | "
                      f"{f_step0_cell(path, f'inject.kind={kind},inject.scale={scale}')} | "
                      f"{sum(r.verdict == 'pass' for r in runs)}/{len(runs)} | "
                      f"{_spread([r.summary['accuracy/final'] for r in runs])} | {_spread(held)} | "
                      + ("-" if p is None else f"{statistics.fmean(held) - statistics.fmean(clean):+.3f} (p {p:.2f})")
                      + " |")
-    return "\n".join(lines)
+    if part == "table":
+        return "\n".join(lines)
+    kept = [a for a in failing if a not in below]
+    return (f"No seed passes in training in {len(failing)} arm(s) ({', '.join(failing) or 'none'}); the policy's "
+            f"held-out accuracy is below the clean policy's by the exact test in {', '.join(below) or 'none'}, and "
+            f"not separated from it in {', '.join(kept) or 'none'}")

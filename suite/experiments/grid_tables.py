@@ -135,13 +135,17 @@ def f_centering_dose(flows: str, flows_centred: str, dose: str, dose_centred: st
             gap = statistics.fmean(_finals(c)) - statistics.fmean(_finals(b))
             lines.append(f"| {s} | {k3:.1e} | {_show(b)} | {_show(c)} | {gap:+.3f} (p {p:.2f}) |")
         return "\n".join(lines)
-    above = [s for _, s, b, c, _ in rows if statistics.fmean(_finals(c)) > statistics.fmean(_finals(b))]
-    sep = [(k3, s) for k3, s, _, _, p in rows if p <= stats.ALPHA]
-    first = (f"the smallest step-0 k3 at which the exact test separates it is {sep[0][0]:.1e} ({sep[0][1]}); it is "
-             f"separated in {len(sep)} of the {sum(k3 >= sep[0][0] for k3, *_ in rows)} settings from there up"
-             if sep else "the exact test separates it nowhere")
+    def gap(b, c):
+        return statistics.fmean(_finals(c)) - statistics.fmean(_finals(b))
+
+    above = [s for _, s, b, c, _ in rows if gap(b, c) > 0]
+    sep = [f"{s} ({k3:.1e}, {gap(b, c):+.3f})" for k3, s, b, c, p in rows if p <= stats.ALPHA]
+    injected = [p <= stats.ALPHA for _, s, *_, p in rows if s.startswith("fp32 + ")]
+    flows = [p <= stats.ALPHA for _, s, *_, p in rows if not s.startswith("fp32 + ")]
     return (f"Score centering's mean final accuracy is above plain GRPO's in {len(above)} of {len(rows)} settings; "
-            f"{first}.")
+            f"the exact test separates it (p <= {stats.ALPHA}) in {len(sep)}, in order of step-0 k3: "
+            f"{', '.join(sep) or 'none'}: {sum(flows)} of {len(flows)} precision flows and {sum(injected)} of "
+            f"{len(injected)} injected mismatches.")
 
 
 def f_source(path: str, part: str) -> str:
