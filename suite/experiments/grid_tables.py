@@ -126,20 +126,18 @@ def f_centering_dose(flows: str, flows_centred: str, dose: str, dose_centred: st
 
     from suite.analysis import stats
 
-    rows = [(k3, s, b, c, stats.permutation_test(_finals(c), _finals(b))["p"])
+    # (step-0 k3, setting, plain runs, centred runs, centred minus plain mean final accuracy, exact p)
+    rows = [(k3, s, b, c, statistics.fmean(_finals(c)) - statistics.fmean(_finals(b)),
+             stats.permutation_test(_finals(c), _finals(b))["p"])
             for k3, s, b, c in _by_mismatch(flows, flows_centred, dose, dose_centred)]
     if part == "table":
         lines = ["| setting | step-0 k3 (plain runs) | plain GRPO | score centering | centering minus plain (p) |",
                  "|---|---|---|---|---|"]
-        for k3, s, b, c, p in rows:
-            gap = statistics.fmean(_finals(c)) - statistics.fmean(_finals(b))
-            lines.append(f"| {s} | {k3:.1e} | {_show(b)} | {_show(c)} | {gap:+.3f} (p {p:.2f}) |")
+        lines += [f"| {s} | {k3:.1e} | {_show(b)} | {_show(c)} | {gap:+.3f} (p {p:.2f}) |"
+                  for k3, s, b, c, gap, p in rows]
         return "\n".join(lines)
-    def gap(b, c):
-        return statistics.fmean(_finals(c)) - statistics.fmean(_finals(b))
-
-    above = [s for _, s, b, c, _ in rows if gap(b, c) > 0]
-    sep = [f"{s} ({k3:.1e}, {gap(b, c):+.3f})" for k3, s, b, c, p in rows if p <= stats.ALPHA]
+    above = [s for _, s, _, _, gap, _ in rows if gap > 0]
+    sep = [f"{s} ({k3:.1e}, {gap:+.3f})" for k3, s, _, _, gap, p in rows if p <= stats.ALPHA]
     injected = [p <= stats.ALPHA for _, s, *_, p in rows if s.startswith("fp32 + ")]
     flows = [p <= stats.ALPHA for _, s, *_, p in rows if not s.startswith("fp32 + ")]
     return (f"Score centering's mean final accuracy is above plain GRPO's in {len(above)} of {len(rows)} settings; "
