@@ -2,16 +2,19 @@
 
     python scripts/compact_figures.py [--dry-run]
 
-`suite report` (suite/analysis/figures.py ``save``) writes each PNG through ``compact_png`` (256-colour
-palette, about a third of the bytes) and an SVG only with ``--svg``. Reports committed before that carry
-matplotlib's RGBA PNGs and an SVG beside each. Regenerating them would also refresh text that newer code words
-differently, so this converts the files in place instead, with the very function ``save`` uses:
+`suite report` (suite/analysis/figures.py ``save``) writes each PNG through ``compact_png``
+(256-colour palette, about a third of the bytes) and an SVG only with ``--svg``. Reports committed
+before that carry matplotlib's RGBA PNGs and an SVG beside each. Regenerating them would also
+refresh text that newer code words differently, so this converts the files in place instead, with
+the very function ``save`` uses:
 
-- every tracked PNG under results/ is replaced by ``compact_png`` of its bytes (the bytes a regeneration writes
+- every tracked PNG under results/ is replaced by ``compact_png`` of its bytes (the bytes a
+regeneration writes
   when matplotlib draws the same pixels; a PNG already paletted is left as it is);
 - every tracked SVG under a report's ``figures/`` is removed;
-- every report page (``index.html``, ``report.md``) loses the links to SVGs that no longer exist, rendered as
-  suite/analysis/render.py renders a figure without one.
+- every report page (``index.html``, ``report.md``) loses the links to SVGs that no longer exist,
+rendered as
+  suite/analysis/pages.py renders a figure without one.
 
 A second run changes nothing.
 """
@@ -29,9 +32,10 @@ sys.path.insert(0, str(ROOT))  # this checkout's suite/, also when another one i
 from suite.analysis.figures import compact_png  # noqa: E402
 from suite.results import atomic_write_bytes, atomic_write_text  # noqa: E402
 
-# A figure's SVG links as render.to_html and render.to_markdown wrote them; group "stem" names the figure.
-HTML_IMAGE_LINK = re.compile(r'<a href="figures/(?P<stem>[^"]+)\.svg">(?P<img><img src="figures/(?P=stem)\.png" '
-                             r'alt="[^"]*">)</a>')
+# A figure's SVG links as pages.to_html and pages.to_markdown wrote them; group "stem" names the
+# figure.
+HTML_IMAGE_LINK = re.compile(r'<a href="figures/(?P<stem>[^"]+)\.svg">(?P<img><img '
+                             r'src="figures/(?P=stem)\.png" alt="[^"]*">)</a>')
 HTML_CAPTION_LINK = re.compile(r' \(<a href="figures/(?P<stem>[^"]+)\.svg">SVG</a>\)')
 MD_CAPTION_LINK = re.compile(r" \(\[SVG\]\(figures/(?P<stem>[^)]+)\.svg\)\)")
 
@@ -43,7 +47,8 @@ def tracked(repo: Path, *patterns: str) -> list[Path]:
 
 
 def unlink_svgs(text: str, has_svg) -> str:
-    """`text` (a report page) without the links to the SVGs of the stems for which `has_svg(stem)` is false."""
+    """`text` (a report page) without the links to the SVGs of the stems for which `has_svg(stem)`
+    is false."""
     def drop(keep: str):
         return lambda m: m[0] if has_svg(m["stem"]) else (m[keep] if keep else "")
 
@@ -73,14 +78,16 @@ def compact(repo: Path, dry_run: bool = False, say=print) -> dict:
     for page in tracked(repo, "results/*index.html", "results/*report.md"):
         text = page.read_text(encoding="utf-8")
         figs = page.parent / "figures"
-        fixed = unlink_svgs(text, lambda stem: (f := figs / f"{stem}.svg") not in removed and f.is_file())
+        fixed = unlink_svgs(text, lambda stem: (f := figs / f"{stem}.svg") not in removed
+                            and f.is_file())
         if fixed != text:
             done["pages"] += 1
             if not dry_run:
                 atomic_write_text(page, fixed)
     mib = 1 << 20
-    say(f"{done['png']} PNGs converted ({done['png_before'] / mib:.1f} -> {done['png_after'] / mib:.1f} MiB), "
-        f"{done['svg']} SVGs removed ({done['svg_bytes'] / mib:.1f} MiB), {done['pages']} pages unlinked"
+    say(f"{done['png']} PNGs converted ({done['png_before'] / mib:.1f} -> "
+        f"{done['png_after'] / mib:.1f} MiB), {done['svg']} SVGs removed "
+        f"({done['svg_bytes'] / mib:.1f} MiB), {done['pages']} pages unlinked"
         + (" (dry run: nothing written)" if dry_run else ""))
     return done
 

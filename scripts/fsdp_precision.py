@@ -1,12 +1,13 @@
-"""How a precision flow maps onto FSDP2, measured: step-0 mismatch of three trainers on one rollout batch.
+"""How a precision flow maps onto FSDP2, measured: step-0 mismatch of three trainers on one rollout
+batch.
 
     .venv/bin/torchrun --standalone --nproc_per_node=1 scripts/fsdp_precision.py [key=value ...]
 
-(1) today's single-process trainer (fp32 masters, autocast), (2) the suite's FSDP2 trainer (fully_shard over
-fp32 shards, autocast inside: docs/distributed.md), (3) the other common mapping, FSDP2's
-``MixedPrecisionPolicy(param_dtype=<flow dtype>, reduce_dtype=fp32)`` without autocast, whose forward also
-runs the residual stream, norms and softmax inputs in the low dtype. Same policy, prompts, sampled tokens
-and sampler; only the trainer differs. Printed, never asserted.
+(1) today's single-process trainer (fp32 masters, autocast), (2) the suite's FSDP2 trainer
+(fully_shard over fp32 shards, autocast inside: docs/distributed.md), (3) the other common mapping,
+FSDP2's ``MixedPrecisionPolicy(param_dtype=<flow dtype>, reduce_dtype=fp32)`` without autocast,
+whose forward also runs the residual stream, norms and softmax inputs in the low dtype. Same policy,
+prompts, sampled tokens and sampler; only the trainer differs. Printed, never asserted.
 """
 
 import copy
@@ -57,18 +58,22 @@ def main(argv: list[str]) -> None:
         def alt_logprobs():
             pos = (attn.cumsum(1) - 1).clamp(min=0)
             logits = alt(input_ids=ids, attention_mask=attn, position_ids=pos).logits
-            lp = torch.log_softmax(logits[:, -R - 1:-1].float(), -1).gather(-1, roll.tokens[..., None])[..., 0]
+            lp = torch.log_softmax(logits[:, -R - 1:-1].float(),
+                                   -1).gather(-1, roll.tokens[..., None])[..., 0]
             return lp, str(logits.dtype)
 
         with torch.no_grad():
             rows = {"single process, autocast": (plain.score(Batch(ids, attn, roll.tokens, 1.0))[0],
                                                  plain.observe()["logits"]),
-                    "FSDP2 fp32 shards + autocast (the suite's)": (sharded.score(Batch(ids, attn, roll.tokens, 1.0))[0],
+                    "FSDP2 fp32 shards + autocast (the suite's)": (sharded.score(Batch(ids, attn,
+                                                                                       roll.tokens,
+                                                                                       1.0))[0],
                                                                    sharded.observe()["logits"]),
                     f"FSDP2 MixedPrecisionPolicy(param_dtype={precision})": alt_logprobs()}
         for name, (logp, dtype) in rows.items():
             m = mismatch_metrics(logp, roll.logprobs, roll.mask)
-            table.add_row(precision, name, f"{m['mismatch/kl_k3']:.3e}", f"{m['mismatch/prob_diff/mean']:.3e}",
+            table.add_row(precision, name, f"{m['mismatch/kl_k3']:.3e}",
+                          f"{m['mismatch/prob_diff/mean']:.3e}",
                           f"{m['mismatch/logprob_diff/max']:.3e}", dtype)
     if world.main:
         console.print(table)

@@ -1,10 +1,11 @@
 """Print the import graph of the ``suite`` package and exit 1 if it has a circle.
 
-Every ``import``/``from ... import`` inside ``suite/`` counts, at module level and inside functions (a lazy
-import is still a dependency a reader has to follow, and still a circle if the other side imports back).
-Edges are between modules (``suite.rl.train`` -> ``suite.rl.config``); importing a package counts as importing its
-``__init__``. ``python scripts/import_graph.py`` prints one line per module, ``module -> dep, dep``, then either
-``no import circle`` or each strongly connected component of more than one module (or a self-import).
+Every ``import``/``from ... import`` inside ``suite/`` counts, at module level and inside functions
+(a lazy import is still a dependency a reader has to follow, and still a circle if the other side
+imports back). Edges are between modules (``suite.rl.train`` -> ``suite.rl.config``); importing a
+package counts as importing its ``__init__``. ``python scripts/import_graph.py`` prints one line per
+module, ``module -> dep, dep``, then either ``no import circle`` or each strongly connected
+component of more than one module (or a self-import).
 """
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = "suite"
-# The pipeline's stages, in import order: a module may import its own stage, the stages before it and
-# the shared modules; the shared modules import only each other; the command line imports anything.
+# The pipeline's stages, in import order: a module may import its own stage, the stages before it
+# and the shared modules; the shared modules import only each other; the command line imports
+# anything.
 STAGES = ("numerics", "tasks", "rl", "analysis", "experiments")
 SHARED = ("names", "locations", "console", "packed", "results", "dist", "lifetime")
 ENTRY = ("cli", "__main__")
@@ -33,7 +35,8 @@ def modules(root: Path = ROOT) -> dict[str, Path]:
 
 
 def _resolve(name: str, known: dict[str, Path]) -> str | None:
-    """The longest known module that ``name`` starts with (``suite.rl.train.run`` -> ``suite.rl.train``)."""
+    """The longest known module that ``name`` starts with (``suite.rl.train.run`` ->
+    ``suite.rl.train``)."""
     while name:
         if name in known:
             return name
@@ -101,7 +104,8 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def rank(mod: str) -> int | None:
-    """A module's place in the stage order: -1 shared, 0.. the stages, len(STAGES) the entry point; None unplaced."""
+    """A module's place in the stage order: -1 shared, 0.. the stages, len(STAGES) the entry point;
+    None unplaced."""
     part = mod.split(".")[1] if mod.count(".") else ""
     if part in SHARED or mod == PKG:
         return -1
@@ -111,7 +115,8 @@ def rank(mod: str) -> int | None:
 
 
 def against_the_stages(edges: dict[str, set[str]]) -> list[str]:
-    """Imports that go from a stage to a later one (or out of a shared module), and modules in no stage."""
+    """Imports that go from a stage to a later one (or out of a shared module), and modules in no
+    stage."""
     out = [f"{m}: in no stage (STAGES, SHARED, ENTRY)" for m in sorted(edges) if rank(m) is None]
     for mod in sorted(edges):
         for dep in sorted(edges[mod]):

@@ -1,10 +1,11 @@
-"""Rewrite the summary.json of every committed run (results/, tests/fixtures/) from its own logs after the verdict
-rule changed.
+"""Rewrite the summary.json of every committed run (results/, tests/fixtures/) from its own logs
+after the verdict rule changed.
 
-A summary is a pure function of the per-step logs and the config (suite/results.py ``write_summary``); the
-leaderboard refuses a summary its logs do not give. When the rule changes, this recomputes every committed
-summary and refuses to write one where anything but the verdict, its rule text and the keys the new rule adds
-would change (that would be a change of numbers, not of rule).
+A summary is a pure function of the per-step logs and the config (suite/results.py
+``write_summary``); the leaderboard refuses a summary its logs do not give. When the rule changes,
+this recomputes every committed summary and refuses to write one where anything but the verdict, its
+rule text and the keys the new rule adds would change (that would be a change of numbers, not of
+rule).
 
     .venv/bin/python scripts/resummarize_results.py [--dry-run]
 """
@@ -27,7 +28,8 @@ RULE_KEYS = {"verdict", "verdict_rule", "accuracy/line_band"}
 
 
 def _same(a, b) -> bool:
-    """Equal, up to the summation order of a mean (the leaderboard's tolerance), NaN equal to NaN."""
+    """Equal, up to the summation order of a mean (the leaderboard's tolerance), NaN equal to
+    NaN."""
     if isinstance(a, float) and isinstance(b, float):
         return (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     return a == b
@@ -41,9 +43,10 @@ def resummarize(run_dir: Path) -> tuple[dict, dict, dict]:
     rows = read_log(run_dir, "metrics.jsonl", missing_ok=True)
     timing = {r["step"]: r for r in read_log(run_dir, "timing.jsonl", missing_ok=True)}
     merged = [{**r, **timing.get(r["step"], {})} for r in rows]
-    new = summarize(merged, total_steps=cfg["steps"], threshold=cfg.get("threshold", 0.95), error=old.get("error"),
-                    samples_per_step=samples_per_step(cfg))
-    return old, {**old, **{k: new[k] for k in RULE_KEYS}}, new  # every number as written; only the rule's keys
+    new = summarize(merged, total_steps=cfg["steps"], threshold=cfg.get("threshold", 0.95),
+                    error=old.get("error"), samples_per_step=samples_per_step(cfg))
+    # every number as written; only the rule's keys
+    return old, {**old, **{k: new[k] for k in RULE_KEYS}}, new
 
 
 def main(argv: list[str]) -> int:
@@ -52,7 +55,8 @@ def main(argv: list[str]) -> int:
     args = p.parse_args(argv)
     changed: collections.Counter = collections.Counter()
     refused = []
-    roots = (REPO / "results", REPO / "tests" / "fixtures")  # the committed references and the tests' real runs
+    # the committed references and the tests' real runs
+    roots = (REPO / "results", REPO / "tests" / "fixtures")
     dirs = [d for r in roots for d in find_run_dirs(r, depth=6) if (d / "summary.json").is_file()]
     for d in dirs:
         old, new, full = resummarize(d)

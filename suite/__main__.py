@@ -1,5 +1,5 @@
-"""``python -m suite <command> ...``: the ``suite`` command (suite/cli.py), where the console script is not on PATH
-or under ``torchrun -m suite``."""
+"""``python -m suite <command> ...``: the ``suite`` command (suite/cli.py), where the console script
+is not on PATH or under ``torchrun -m suite``."""
 
 import sys
 

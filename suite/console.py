@@ -16,8 +16,9 @@ PIPE_WIDTH = 240
 
 
 class _ReaderMayLeave:
-    """A stream that goes quiet, instead of raising, once its reader has gone: `suite run ... | head` must not turn
-    a run into a failure at its next progress line (the run, not its printout, is what the command is for)."""
+    """A stream that goes quiet, instead of raising, once its reader has gone: `suite run ... |
+    head` must not turn a run into a failure at its next progress line (the run, not its printout,
+    is what the command is for)."""
 
     def __init__(self, stream):
         self.stream, self.gone = stream, False
@@ -38,7 +39,8 @@ class _ReaderMayLeave:
                 self._leave()
 
     def _leave(self) -> None:
-        # Python flushes sys.stdout again at exit; point it at /dev/null so that flush cannot fail either.
+        # Python flushes sys.stdout again at exit; point it at /dev/null so that flush cannot fail
+        # either.
         self.gone = True
         if self.stream is sys.stdout:
             sys.stdout = open(os.devnull, "w")
@@ -52,4 +54,5 @@ class _ReaderMayLeave:
 
 def make_console(file=None) -> Console:
     tty = (file or sys.stdout).isatty()
-    return Console(file=_ReaderMayLeave(file or sys.stdout), width=None if tty else PIPE_WIDTH, soft_wrap=not tty)
+    return Console(file=_ReaderMayLeave(file or sys.stdout), width=None if tty else PIPE_WIDTH,
+                   soft_wrap=not tty)

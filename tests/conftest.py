@@ -12,9 +12,10 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 torch.set_num_threads(1)
 
-# What tests/test_conformance.py ran against: {peer: "version (where it was imported from)"}, or {"": why
-# nothing ran}. Printed at the end of the run (below), so a CI log shows the peer versions the conformance
-# tests passed against; the summary is printed even under -q, which hides pytest's report header.
+# What tests/test_conformance.py ran against: {peer: "version (where it was imported from)"}, or
+# {"": why nothing ran}. Printed at the end of the run (below), so a CI log shows the peer versions
+# the conformance tests passed against; the summary is printed even under -q, which hides pytest's
+# report header.
 PEERS_RAN = pytest.StashKey[dict]()
 
 
@@ -28,7 +29,8 @@ def pytest_terminal_summary(terminalreporter, config):
     if "" in ran:
         terminalreporter.write_line(f"conformance peers: none ran: {ran['']}")
     elif ran:
-        terminalreporter.write_line("conformance peers: " + ", ".join(f"{p} {v}" for p, v in ran.items()))
+        terminalreporter.write_line("conformance peers: "
+                                    + ", ".join(f"{p} {v}" for p, v in ran.items()))
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -52,20 +54,23 @@ def tiny_model():
 
     task = get_task("arith")
     tok = build_tokenizer(task.alphabet)
-    model = build_model(PolicySpec(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128), vocab_size=len(tok))
+    model = build_model(PolicySpec(hidden=64, layers=2, heads=4, kv_heads=2, mlp=128),
+                        vocab_size=len(tok))
     return model, tok, task
 
 
 @pytest.fixture(scope="session")
 def browser():
-    """Debian's Chromium, headless, driven by Playwright (no browser download; see scripts/setup.sh)."""
+    """Debian's Chromium, headless, driven by Playwright (no browser download; see
+    scripts/setup.sh)."""
     import shutil
 
     from playwright.sync_api import sync_playwright
 
     exe = shutil.which("chromium") or shutil.which("chromium-browser")
     if exe is None:
-        why = "chromium is not installed (apt-get install chromium; CI=true bash scripts/test.sh installs it)"
+        why = ("chromium is not installed (apt-get install chromium; "
+               "CI=true bash scripts/test.sh installs it)")
         if os.environ.get("CI"):
             pytest.fail(why)
         pytest.skip(why)

@@ -24,28 +24,33 @@ def main(out: Path, inject_rank: int) -> None:
     rows = torch.arange(4).tensor_split(world.size)[world.rank]
 
     def loss_fn():
-        logp, _, _ = trainer.score(Batch(ids[rows], torch.ones_like(ids[rows]), ids[rows, -3:], 1.0))
+        logp, _, _ = trainer.score(Batch(ids[rows], torch.ones_like(ids[rows]), ids[rows, -3:],
+                                         1.0))
         return -logp.mean() / world.size, {}
 
     real_unscale = trainer.scaler.unscale_
 
     def unscale_with_inf(params, w):
-        if world.rank == inject_rank:  # after the reduce-scatter: only this rank's shard holds the inf
+        # after the reduce-scatter: only this rank's shard holds the inf
+        if world.rank == inject_rank:
             next(p for p in params if p.grad is not None).grad.to_local().view(-1)[0] = float("inf")
         return real_unscale(params, w)
 
     before = {n: p.to_local().clone() for n, p in trainer.model.named_parameters()}
     trainer.scaler.unscale_ = unscale_with_inf
     skipped = trainer.step([(loss_fn, 1.0)])
-    unchanged = all(torch.equal(p.to_local(), before[n]) for n, p in trainer.model.named_parameters())
+    unchanged = all(torch.equal(p.to_local(), before[n])
+                    for n, p in trainer.model.named_parameters())
     scale_after_skip = trainer.scaler.scale
     trainer.scaler.unscale_ = real_unscale
     applied = trainer.step([(loss_fn, 1.0)])
-    moved = any(not torch.equal(p.to_local(), before[n]) for n, p in trainer.model.named_parameters())
+    moved = any(not torch.equal(p.to_local(), before[n])
+                for n, p in trainer.model.named_parameters())
     (out / f"rank{world.rank}.json").write_text(json.dumps({
         "skipped": skipped["train/skipped"], "grad_norm_skipped": str(skipped["train/grad_norm"]),
-        "unchanged": unchanged, "scale_after_skip": scale_after_skip, "applied": applied["train/skipped"],
-        "grad_norm": applied["train/grad_norm"], "moved": moved, "world": world.size}))
+        "unchanged": unchanged, "scale_after_skip": scale_after_skip,
+        "applied": applied["train/skipped"], "grad_norm": applied["train/grad_norm"],
+        "moved": moved, "world": world.size}))
     dist.close(world)
 
 

@@ -1,14 +1,15 @@
-"""Runs the released verl and TRL on the conformance cases, in a process of its own (tests/test_conformance.py).
+"""Runs the released verl and TRL on the conformance cases, in a process of its own
+(tests/test_conformance.py).
 
     python tests/peer_runner.py CASES.pt OUT.pt      # with the peers' directory first on PYTHONPATH
 
-A separate process because importing verl imports ray and tensordict, which the suite's own tests should
-never see. Nothing here re-implements a peer formula: verl's functions are called as released, and TRL's
-importance-sampling code is the two `if self.use_vllm and self.vllm_importance_sampling_correction:` blocks
-of `GRPOTrainer._generate_and_score_completions`, taken from the installed source with `ast` and executed
-with the locals that method would hold (a stand-in `self` carries only the settings those blocks read).
-CASES.pt: a list of dicts {name, old, rollout, mask, C}; OUT.pt: one dict of results per case, plus
-"versions" {peer: (version, file)}.
+A separate process because importing verl imports ray and tensordict, which the suite's own tests
+should never see. Nothing here re-implements a peer formula: verl's functions are called as
+released, and TRL's importance-sampling code is the two `if self.use_vllm and
+self.vllm_importance_sampling_correction:` blocks of `GRPOTrainer._generate_and_score_completions`,
+taken from the installed source with `ast` and executed with the locals that method would hold (a
+stand-in `self` carries only the settings those blocks read). CASES.pt: a list of dicts {name, old,
+rollout, mask, C}; OUT.pt: one dict of results per case, plus "versions" {peer: (version, file)}.
 """
 
 from __future__ import annotations
@@ -45,21 +46,24 @@ def run_verl(case: dict) -> dict:
         out["offpolicy"] = {f"rollout_corr/{k}": float(v) for k, v in metrics.items()}
     except (AssertionError, ValueError) as e:
         out["offpolicy"] = _error(e)
-    batch = DataProto.from_dict(tensors={"rollout_log_probs": rollout, "old_log_probs": old, "response_mask": mask,
+    batch = DataProto.from_dict(tensors={"rollout_log_probs": rollout, "old_log_probs": old,
+                                         "response_mask": mask,
                                          "responses": torch.zeros(mask.shape, dtype=torch.long)})
     out["debug"] = {k: float(v) for k, v in calculate_debug_metrics(batch).items()}
     for level in ("token", "sequence"):
         try:
             weights, _, metrics = compute_rollout_correction_and_rejection_mask(
                 old, rollout, mask, rollout_is=level, rollout_is_threshold=case["C"])
-            out[f"is_{level}"] = {"weights": weights.batch["rollout_is_weights"], "metrics": metrics}
+            out[f"is_{level}"] = {"weights": weights.batch["rollout_is_weights"],
+                                  "metrics": metrics}
         except (AssertionError, ValueError) as e:
             out[f"is_{level}"] = _error(e)
     return out
 
 
 def trl_blocks():
-    """The weights block and the metrics block of GRPOTrainer._generate_and_score_completions, compiled."""
+    """The weights block and the metrics block of GRPOTrainer._generate_and_score_completions,
+    compiled."""
     from trl.trainer import grpo_trainer
 
     method = grpo_trainer.GRPOTrainer._generate_and_score_completions
@@ -72,10 +76,12 @@ def trl_blocks():
             target = ast.unparse(head.targets[0]) if isinstance(head, ast.Assign) else ""
             if target in ("mask", "delta"):
                 ast.increment_lineno(node, first - 1)  # tracebacks point into TRL's file
-                found[target] = compile(ast.Module(body=[node], type_ignores=[]), inspect.getsourcefile(method), "exec")
+                found[target] = compile(ast.Module(body=[node], type_ignores=[]),
+                                        inspect.getsourcefile(method), "exec")
     if set(found) != {"mask", "delta"}:
-        raise RuntimeError(f"TRL's importance-sampling blocks were not found in {method.__qualname__} (found "
-                           f"{sorted(found)}): the TRL version differs from the one pinned")
+        raise RuntimeError("TRL's importance-sampling blocks were not found in "
+                           f"{method.__qualname__} (found {sorted(found)}): the TRL version "
+                           "differs from the one pinned")
     return grpo_trainer, found["mask"], found["delta"]
 
 
@@ -84,10 +90,12 @@ def run_trl(case: dict, blocks) -> dict:
     out = {}
     for mode in TRL_MODES:
         self = SimpleNamespace(use_vllm=True, vllm_importance_sampling_correction=True,
-                               vllm_importance_sampling_mode=mode, vllm_importance_sampling_clip_max=case["C"],
+                               vllm_importance_sampling_mode=mode,
+                               vllm_importance_sampling_clip_max=case["C"],
                                vllm_importance_sampling_clip_min=None,
+                               # one process
                                _metrics=defaultdict(lambda: defaultdict(list)),
-                               accelerator=SimpleNamespace(gather=lambda t: t.reshape(1)))  # one process
+                               accelerator=SimpleNamespace(gather=lambda t: t.reshape(1)))
         scope = {**vars(module), "self": self, "completion_mask": case["mask"], "tool_mask": None,
                  "old_per_token_logps": case["old"], "sampling_per_token_logps": case["rollout"],
                  "device": torch.device("cpu"), "mode": "train"}
@@ -104,7 +112,8 @@ def main(src: str, dst: str) -> None:
 
     cases = torch.load(src)
     blocks = trl_blocks()
-    out = {"versions": {"verl": (verl.__version__, verl.__file__), "TRL": (trl.__version__, trl.__file__)}}
+    out = {"versions": {"verl": (verl.__version__, verl.__file__),
+                        "TRL": (trl.__version__, trl.__file__)}}
     for case in cases:
         out[case["name"]] = {"verl": run_verl(case), "TRL": run_trl(case, blocks)}
     torch.save(out, dst)

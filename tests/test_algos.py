@@ -1,8 +1,8 @@
 """Exact math of suite/rl/algos.py on tiny tensors, against hand computations.
 
-The reference below is written from arXiv 2510.26788 (Sec. 3) and the cited papers per algorithm *name*, with plain
-python floats and loops; it does not call suite.rl.algos, so a wrong table entry, a wrong
-surrogate or a wrong weight shows up as a mismatch. All tensors are float64.
+The reference below is written from arXiv 2510.26788 (Sec. 3) and the cited papers per algorithm
+*name*, with plain python floats and loops; it does not call suite.rl.algos, so a wrong table entry,
+a wrong surrogate or a wrong weight shows up as a mismatch. All tensors are float64.
 """
 
 import dataclasses
@@ -21,10 +21,10 @@ from suite.rl.algos import (
     policy_loss,
 )
 
-# ---------------------------------------------------------------------------- the spec, independently
-# Defaults of the published sanity test for the Precision-RL rows (clip 0.2/0.28, C = 3,
-# Dr.GRPO advantage, token sum / max length), the GSPO paper's clip for gspo, and the
-# classic settings for grpo_vanilla / dr_grpo / dapo.
+# ---------------------------------------------------------------------------- the spec,
+# independently Defaults of the published sanity test for the Precision-RL rows (clip 0.2/0.28, C =
+# 3, Dr.GRPO advantage, token sum / max length), the GSPO paper's clip for gspo, and the classic
+# settings for grpo_vanilla / dr_grpo / dapo.
 PREC = dict(adv="mean", agg="seq-mean-token-sum-norm", clip=(0.2, 0.28), C=3.0)
 SPEC = {
     "grpo": dict(PREC, sampler=False),
@@ -178,7 +178,8 @@ def test_loss_and_grad_match_hand_reference(name, scenario):
     loss, grad, metrics = run(name, scenario)
     want_loss, want_grad = reference(name, sc["lp"], sc["old"], sc["mu"], ADV, MASK, NORM_LEN)
     assert loss.item() == pytest.approx(want_loss, rel=1e-12, abs=1e-14)
-    assert torch.allclose(grad, torch.tensor(want_grad, dtype=torch.float64), rtol=1e-12, atol=1e-14)
+    assert torch.allclose(grad, torch.tensor(want_grad, dtype=torch.float64), rtol=1e-12,
+                          atol=1e-14)
     assert grad[1, 2].item() == 0.0  # the padded slot (lp=3, old=-inf, mu=nan) gets nothing
     assert metrics["loss/policy"] == pytest.approx(want_loss, rel=1e-12, abs=1e-14)
 
@@ -193,7 +194,8 @@ def test_reference_exercises_nontrivial_gradients():
 # ---------------------------------------------------------------------------- pinned numbers
 def test_ppo_clipping_gives_zero_gradient():
     _, grad, metrics = run("grpo", "extreme")
-    # (0,0): r = e^0.5 = 1.65 > 1.28 with A = +1 -> clipped; (1,1): r = e^-0.5 = 0.61 < 0.8 with A < 0 -> clipped
+    # (0,0): r = e^0.5 = 1.65 > 1.28 with A = +1 -> clipped; (1,1): r = e^-0.5 = 0.61 < 0.8 with A <
+    # 0 -> clipped
     assert grad[0, 0].item() == 0.0 and grad[1, 1].item() == 0.0
     # (0,1): r = e^-0.4 below 1 - 0.2 with A > 0: PPO keeps the unclipped branch
     assert grad[0, 1].item() == pytest.approx(-math.exp(-0.4) / (2 * NORM_LEN), rel=1e-12)
@@ -228,7 +230,8 @@ def test_grpo_seq_mis_masks_whole_sequence():
     assert grad[0].abs().sum().item() == 0.0
     # sequence 1 kept with weight rho = e^(0.05 + 0.2); token (1,0): r = e^0.05 unclipped, A = -0.5
     rho1 = math.exp(0.25)
-    assert grad[1, 0].item() == pytest.approx(0.5 * math.exp(0.05) * rho1 / (2 * NORM_LEN), rel=1e-12)
+    assert grad[1, 0].item() == pytest.approx(0.5 * math.exp(0.05) * rho1 / (2 * NORM_LEN),
+                                              rel=1e-12)
     # the loss is sequence 1 alone: tokens (1,0) unclipped and (1,1) clipped at 0.8
     want = (0.5 * math.exp(0.05) + 0.5 * 0.8) * rho1 / (2 * NORM_LEN)
     assert loss.item() == pytest.approx(want, rel=1e-12)
@@ -252,7 +255,8 @@ def test_pg_seq_mis_zero_gradient_above_C():
     assert metrics["is/masked_frac"] == pytest.approx(0.5)
     # ESS of the applied weights [0, w1]: (0 + w1)^2 / (2 * (0 + w1^2)) = 1/2
     assert metrics["is/ess"] == pytest.approx(0.5, rel=1e-12)
-    assert metrics["is/applied/min"] == 0.0 and metrics["is/applied/max"] == pytest.approx(w1, rel=1e-12)
+    assert metrics["is/applied/min"] == 0.0 and metrics["is/applied/max"] == pytest.approx(
+        w1, rel=1e-12)
     assert metrics["is/weight/max"] == pytest.approx(math.exp(1.7), rel=1e-12)
 
 
@@ -261,11 +265,13 @@ def test_pg_seq_tis_weight_equals_C():
     # w = e^1.7 truncated to C = 3: d/d log pi of -A * 3 * log pi, over B * norm_len
     assert torch.equal(grad[0], torch.full((3,), -3.0 / (2 * NORM_LEN), dtype=torch.float64))
     assert metrics["is/truncated_frac"] == pytest.approx(0.5)
-    assert metrics["is/weight/max"] == pytest.approx(math.exp(1.7), rel=1e-12)  # raw, before truncation
+    # raw, before truncation
+    assert metrics["is/weight/max"] == pytest.approx(math.exp(1.7), rel=1e-12)
     w1 = math.exp(-0.2)
     assert metrics["is/ess"] == pytest.approx((3.0 + w1) ** 2 / (2 * (9.0 + w1**2)), rel=1e-12)
     assert metrics["is/applied/mean"] == pytest.approx((3.0 + w1) / 2, rel=1e-12)
-    assert metrics["is/applied/max"] == 3.0 and metrics["is/applied/min"] == pytest.approx(w1, rel=1e-12)
+    assert metrics["is/applied/max"] == 3.0 and metrics["is/applied/min"] == pytest.approx(
+        w1, rel=1e-12)
 
 
 def test_pg_seq_is_weights_and_ess():
@@ -288,13 +294,15 @@ def test_pg_weight_uses_current_trainer_not_old():
 
 def test_gspo_sequence_ratio():
     loss, grad, metrics = run("gspo", "mild")
-    # s_b = exp(mean_t(lp - old)): sequence 0 mean (0.05 - 0.1 + 0.05) / 3 = 0, sequence 1 (-0.05 + 0.1) / 2
+    # s_b = exp(mean_t(lp - old)): sequence 0 mean (0.05 - 0.1 + 0.05) / 3 = 0, sequence 1 (-0.05 +
+    # 0.1) / 2
     s0, s1 = 1.0, math.exp(0.025)
     assert metrics["gspo/seq_ratio/mean"] == pytest.approx((s0 + s1) / 2, rel=1e-12)
     # s0 inside [1-3e-4, 1+4e-4]; s1 = 1.025 above it but A < 0 keeps the unclipped branch.
     # seq-mean-token-mean: every token of a sequence gets -A * s / (n_b * B)
     assert torch.allclose(grad[0], torch.full((3,), -s0 / (3 * 2), dtype=torch.float64), rtol=1e-12)
-    assert torch.allclose(grad[1, :2], torch.full((2,), 0.5 * s1 / (2 * 2), dtype=torch.float64), rtol=1e-12)
+    assert torch.allclose(grad[1, :2], torch.full((2,), 0.5 * s1 / (2 * 2), dtype=torch.float64),
+                          rtol=1e-12)
     assert loss.item() == pytest.approx((-s0 + 0.5 * s1) / 2, rel=1e-12)
     assert metrics["ppo/clip_frac"] == 0.0
 
@@ -353,7 +361,8 @@ def test_aggregate_modes(mode, want):
 
 
 def test_agg_modes_tuple():
-    assert AGG_MODES == ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+    assert AGG_MODES == ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                         "seq-mean-token-sum-norm")
 
 
 def test_aggregate_empty_row_counts_as_zero_sequence():
@@ -446,21 +455,28 @@ def test_good_override_returns_new_entry_and_leaves_table_alone():
 
 
 def test_a_name_verl_and_trl_use_for_other_settings_says_so_and_the_knobs_that_make_it_theirs():
-    """`algorithm=grpo` is the sanity test's Dr.GRPO with clip-higher; a verl or TRL user reading "grpo" means their
-    defaults: std-normalised advantage, a symmetric clip 0.2 (verl's clip_ratio, TRL's epsilon) and token-mean
-    aggregation. Every listing (suite ls, --help, the report) prints ``in_words``: it must say so, name the knobs,
-    and those knobs must give exactly their settings, after which the warning goes away."""
+    """`algorithm=grpo` is the sanity test's Dr.GRPO with clip-higher; a verl or TRL user reading
+    "grpo" means their
+    defaults: std-normalised advantage, a symmetric clip 0.2 (verl's clip_ratio, TRL's epsilon) and
+    token-mean aggregation. Every listing (suite ls, --help, the report) prints ``in_words``: it
+    must say so, name the knobs, and those knobs must give exactly their settings, after which the
+    warning goes away."""
     from suite.rl.algo_table import elsewhere, in_words
 
     for name in ("grpo", "grpo_token_tis", "grpo_seq_tis", "grpo_seq_mis"):
         words = in_words(ALGORITHMS[name])
         assert "NOT verl's and TRL's GRPO" in words, words
         knobs = dict(kv.split("=", 1) for kv in words.split("(theirs: ")[1].rstrip(")").split()[1:])
-        theirs = get_algorithm(name, **{k.removeprefix("algo."): float(v) if k.startswith("algo.clip") else v
+        theirs = get_algorithm(name,
+                               **{k.removeprefix("algo."): float(v) if k.startswith("algo.clip")
+                                  else v
                                          for k, v in knobs.items()})
-        assert (theirs.advantage, theirs.clip_low, theirs.clip_high, theirs.agg) == ("std", 0.2, 0.2, "token-mean")
+        assert (theirs.advantage, theirs.clip_low, theirs.clip_high,
+                theirs.agg) == ("std", 0.2, 0.2, "token-mean")
         assert theirs.correction == ALGORITHMS[name].correction and elsewhere(theirs) == ""
-    # Names no other framework uses for other settings carry no warning; dapo says what it leaves out.
+    # Names no other framework uses for other settings carry no warning; dapo says what it leaves
+    # out.
     for name in ("grpo_vanilla", "dr_grpo", "gspo", "pg_seq_is"):
         assert "NOT" not in in_words(ALGORITHMS[name]), name
-    assert "without DAPO's dynamic sampling and overlong reward shaping" in in_words(ALGORITHMS["dapo"])
+    assert ("without DAPO's dynamic sampling and overlong reward shaping"
+            in in_words(ALGORITHMS["dapo"]))

@@ -1,5 +1,6 @@
-"""The command line's surface, pinned: every subcommand, its --flags and the config fields its help lists. A new
-command, flag or field fails this test until tests/fixtures/cli_surface.json is regenerated on purpose:
+"""The command line's surface, pinned: every subcommand, its --flags and the config fields its help
+lists. A new command, flag or field fails this test until tests/fixtures/cli_surface.json is
+regenerated on purpose:
 
     SUITE_WRITE_FIXTURES=1 python -m pytest tests/test_cli_surface.py
 
@@ -24,7 +25,8 @@ def surface(capsys) -> dict:
     for name in sorted(cli.COMMANDS):
         assert cli._dispatch([name, "--help"]) == 0, name
         text = capsys.readouterr().out
-        out[name] = {"flags": sorted(set(FLAG.findall(text)) - {"--help"}), "fields": sorted(set(FIELD.findall(text)))}
+        out[name] = {"flags": sorted(set(FLAG.findall(text)) - {"--help"}),
+                     "fields": sorted(set(FIELD.findall(text)))}
     return out
 
 
@@ -33,6 +35,8 @@ def test_the_command_line_is_what_the_fixture_pins(capsys):
     if os.environ.get("SUITE_WRITE_FIXTURES"):
         FIXTURE.write_text(json.dumps(got, indent=1, sort_keys=True) + "\n")
     want = json.loads(FIXTURE.read_text())
-    assert sorted(got) == sorted(want), "commands added or removed: regenerate the fixture if on purpose"
+    assert sorted(got) == sorted(want), ("commands added or removed: "
+                                         "regenerate the fixture if on purpose")
     for name in want:
-        assert got[name] == want[name], f"suite {name}: its flags or fields changed; regenerate the fixture if on purpose"
+        assert got[name] == want[name], (f"suite {name}: its flags or fields changed; "
+                                         "regenerate the fixture if on purpose")

@@ -22,7 +22,8 @@ from suite.rl import config
     (["kv_cache=fp4"], "kv_cache", "auto, fp8"),
     (["staleness=-1"], "staleness", "must be >= 0"),
     (["eval.top_p=0"], "eval.top_p", "(0, 1]"),
-    # Non-finite numbers and zero counts: refused here, not as a crash mid-run (ZeroDivisionError, NaN loss).
+    # Non-finite numbers and zero counts: refused here, not as a crash mid-run (ZeroDivisionError,
+    # NaN loss).
     (["optim.lr=inf"], "optim.lr", "must be a finite number"),
     (["optim.grad_clip=nan"], "optim.grad_clip", "must be a finite number"),
     (["threshold=-inf"], "threshold", "must be a finite number"),
@@ -52,13 +53,16 @@ def test_bad_config_names_the_field(overrides, field, words):
     assert words.lower() in msg.lower(), msg
 
 
-@pytest.mark.parametrize("override", ["optim.lr=inf", "updates_per_step=0", "precision=[bf16", "sampling.top_p=1.5"])
+@pytest.mark.parametrize("override",
+                         ["optim.lr=inf", "updates_per_step=0", "precision=[bf16",
+                          "sampling.top_p=1.5"])
 def test_cli_refuses_bad_input_with_one_line_and_exit_2(override, tmp_path, capsys):
     from suite import cli
 
     assert cli.main(["run", override, f"out={tmp_path}"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("suite run: error: " + override.split("=")[0] + ":"), err
+    assert err.count("\n") == 1 and err.startswith("suite run: error: " + override.split("=")[0]
+                                                   + ":"), err
     assert list(tmp_path.iterdir()) == []  # no run directory was written
 
 
@@ -84,7 +88,8 @@ def test_regime_fills_defaults_and_yields_to_explicit_values():
     from suite.rl.schema import REGIMES
 
     cfg = config.load(["regime=stress"])
-    assert (cfg.perfectible.max_prompts, cfg.optim.eps, cfg.optim.lr, cfg.updates_per_step) == (32, 1e-15, 2e-4, 8)
+    assert (cfg.perfectible.max_prompts, cfg.optim.eps, cfg.optim.lr,
+            cfg.updates_per_step) == (32, 1e-15, 2e-4, 8)
     assert config.load(["regime=stress", "optim.lr=5e-5"]).optim.lr == 5e-5  # the command line wins
     assert config.load(["regime=base"]) == config.load([])  # base changes nothing but its name
     assert set(REGIMES["long"]["set"]) == {"task"} and config.load(["regime=long"]).task == "arith"

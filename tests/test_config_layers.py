@@ -107,7 +107,8 @@ def test_cfg_job_prints_the_users_value_from_the_command_line(argv, line, capsys
     assert line in out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", config.RecipeWarning)
-        want = dataclasses.asdict(config.load(argv))  # every field, those to_dict omits at default too
+        # every field, those to_dict omits at default too
+        want = dataclasses.asdict(config.load(argv))
     assert yaml.safe_load(out) == want  # the comments aside, the config itself
 
 

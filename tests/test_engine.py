@@ -46,16 +46,19 @@ def test_fp32_engine_matches_hf_forward(tiny_model):
 
 def test_low_precision_engine_differs_by_the_dtype(tiny_model):
     """bf16/fp16 samplers disagree with fp32 by an amount set by their mantissa: bf16 keeps 8
-    significand bits and fp16 11, so their rounding errors stand 2^3 = 8x apart; the test asks bf16's
-    mean |dlogp| to exceed fp16's by half of that, whatever the machine's GEMM kernels."""
+    significand bits and fp16 11, so their rounding errors stand 2^3 = 8x apart; the test asks
+    bf16's mean |dlogp| to exceed fp16's by half of that, whatever the machine's GEMM kernels."""
     model, tok, task = tiny_model
     diff = {}
     for precision in ("bf16", "fp16"):
         flow = resolve(precision)
-        engine = TorchEngine(model.config, flow.sampler_dtype, gemm_backend("auto", flow.sampler_dtype))
+        engine = TorchEngine(model.config, flow.sampler_dtype,
+                             gemm_backend("auto", flow.sampler_dtype))
         engine.sync(model.state_dict())
-        roll = engine.generate(_prompts(tok, task, 32), 30, 1.0, 1.0, torch.Generator().manual_seed(0))
-        diff[precision] = ((_hf_logprobs(model, roll) - roll.logprobs).abs().sum() / roll.mask.sum()).item()
+        roll = engine.generate(_prompts(tok, task, 32), 30, 1.0, 1.0,
+                               torch.Generator().manual_seed(0))
+        diff[precision] = ((_hf_logprobs(model, roll) - roll.logprobs).abs().sum()
+                           / roll.mask.sum()).item()
     assert 1e-4 < diff["bf16"] < 5e-2 and 1e-5 < diff["fp16"] < 5e-3
     assert diff["bf16"] > 4 * diff["fp16"], diff
 
@@ -85,7 +88,8 @@ def test_top_p_keeps_the_nucleus(tiny_model):
 @pytest.mark.parametrize("name", list(FLOWS))
 @pytest.mark.parametrize("lm_head_fp32", [False, True])
 def test_run_engines_follow_the_table(tiny_model, name, lm_head_fp32):
-    """The engines a run builds hold exactly the table's dtypes (the sampler never picks its own)."""
+    """The engines a run builds hold exactly the table's dtypes (the sampler never picks its
+    own)."""
     from suite.rl import config
     from suite.rl.train import build_engines
 
@@ -99,7 +103,9 @@ def test_run_engines_follow_the_table(tiny_model, name, lm_head_fp32):
     assert {v.dtype for v in engine.w.values()} == {flow.sampler_dtype}
     linears = {k for k in trainer.model.state_dict() if k.endswith("_proj.weight")}
     if flow.sampler_quant:  # every decoder linear, and nothing else, holds quantised weights
-        assert {k for k in engine.wq} == {k for k in engine.cast_weights(trainer.model.state_dict(), True)
+        assert {k for k in engine.wq} == {k
+                                          for k in engine.cast_weights(
+                                              trainer.model.state_dict(), True)
                                           if k.endswith("_proj.weight")}
         assert not any(k.endswith("_proj.weight") for k in engine.w)
     if flow.sampler == "fp8":  # E4M3 with fp32 block scales
@@ -130,7 +136,8 @@ def test_run_engines_follow_the_table(tiny_model, name, lm_head_fp32):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_emulated_gemm_is_the_low_precision_gemm(dtype):
-    """upcast -> fp32 GEMM -> round equals the native low-precision GEMM up to accumulation order."""
+    """upcast -> fp32 GEMM -> round equals the native low-precision GEMM up to accumulation
+    order."""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(64, 96, generator=g), torch.randn(48, 96, generator=g)
     native = torch.nn.functional.linear(x.to(dtype), w.to(dtype)).float()
@@ -144,7 +151,8 @@ def test_emulated_gemm_is_the_low_precision_gemm(dtype):
 
 def test_emulated_autocast_matches_native_autocast(tiny_model):
     model, tok, task = tiny_model
-    ids = torch.tensor([tok(it.prompt + task.trace(it))["input_ids"] for it in task.split("train", 16)])
+    ids = torch.tensor([tok(it.prompt + task.trace(it))["input_ids"]
+                        for it in task.split("train", 16)])
     m = copy.deepcopy(model)
     m.config._attn_implementation = "sdpa"
     with torch.no_grad():
@@ -181,8 +189,10 @@ def test_exact_flow_has_zero_mismatch_and_trains(tiny_model, lm_head_fp32):
     logp, _, _ = trainer.score(Batch(ids, attn, roll.tokens, 1.0))
     (-(logp * roll.mask).sum()).backward()
     grads = {n: p.grad for n, p in trainer.model.named_parameters()}
-    assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "layers.0" in n or "lm_head" in n)
-    # The same weights through the ordinary trainer forward are *not* bitwise equal: that is the mismatch.
+    assert all(g is not None and g.abs().sum() > 0 for n, g in grads.items() if "layers.0" in n
+               or "lm_head" in n)
+    # The same weights through the ordinary trainer forward are *not* bitwise equal: that is the
+    # mismatch.
     bf16 = config.load(["tier=smoke", "precision=bf16"])
     t2, e2, _ = build_engines(bf16, copy.deepcopy(model))
     with torch.no_grad():
@@ -195,7 +205,8 @@ def _step0_mismatch(model, tok, task, precision):
     from suite.rl import config
     from suite.rl.train import build_engines
 
-    trainer, engine, _ = build_engines(config.load(["tier=smoke", f"precision={precision}"]), copy.deepcopy(model))
+    trainer, engine, _ = build_engines(config.load(["tier=smoke", f"precision={precision}"]),
+                                       copy.deepcopy(model))
     engine.sync(trainer.model.state_dict())
     roll = engine.generate(_prompts(tok, task, 16), 30, 1.0, 1.0, torch.Generator().manual_seed(0))
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
@@ -209,7 +220,8 @@ def test_unified_fp8_shares_the_quantiser_and_trains(tiny_model):
     model, tok, task = tiny_model
     trainer, logp, roll, unified = _step0_mismatch(model, tok, task, "fp8")
     *_, baseline = _step0_mismatch(model, tok, task, "bf16_fp8rollout")
-    assert baseline["mismatch/kl_k3"] > 0 and unified["mismatch/kl_k3"] < baseline["mismatch/kl_k3"] / 10
+    assert (baseline["mismatch/kl_k3"] > 0
+            and unified["mismatch/kl_k3"] < baseline["mismatch/kl_k3"] / 10)
     (-(logp * roll.mask).sum()).backward()
     q = trainer.model.model.layers[0].self_attn.q_proj.weight
     assert q.grad is not None and q.grad.dtype == torch.float32 and q.grad.abs().sum() > 0
@@ -218,13 +230,15 @@ def test_unified_fp8_shares_the_quantiser_and_trains(tiny_model):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_unified_controls_train_with_the_samplers_code(tiny_model, dtype):
     """The trainer-numerics controls: the trainer's full-sequence forward is the sampler's own pure
-    low-precision code (its GEMM outputs and logits in that dtype, no fp32 residual stream), so only GEMM
-    shapes differ from the sampler's: the mismatch is below the autocast trainer's of the same dtype (bf16: 75x
-    on the small tier's policy with AMX kernels, `suite mismatch tier=small`; 1.5-3.5x on this tiny one), and gradients reach the fp32 masters."""
+    low-precision code (its GEMM outputs and logits in that dtype, no fp32 residual stream), so only
+    GEMM shapes differ from the sampler's: the mismatch is below the autocast trainer's of the same
+    dtype (bf16: 75x on the small tier's policy with AMX kernels, `suite mismatch tier=small`;
+    1.5-3.5x on this tiny one), and gradients reach the fp32 masters."""
     model, tok, task = tiny_model
     trainer, logp, roll, control = _step0_mismatch(model, tok, task, f"{dtype}_unified")
     *_, autocast = _step0_mismatch(model, tok, task, dtype)
-    assert trainer.unified_engine is not None and trainer.unified_engine.quant is None and trainer.exact_engine is None
+    assert (trainer.unified_engine is not None and trainer.unified_engine.quant is None
+            and trainer.exact_engine is None)
     want = str(resolve(dtype).trainer_dtype)
     assert {k: v for k, v in trainer.observe().items() if k in ("gemm_output", "logits")} == {
         "gemm_output": want, "logits": want}

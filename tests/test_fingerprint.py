@@ -1,8 +1,9 @@
-"""The numerics fingerprint: a few smoke steps of every precision flow, bit for bit against the committed
-fingerprint of this machine class (results/reference/<class>/fingerprint.json).
+"""The numerics fingerprint: a few smoke steps of every precision flow, bit for bit against the
+committed fingerprint of this machine class (results/reference/<class>/fingerprint.json).
 
 A change that moves any flow's numbers fails here until the fingerprint is regenerated on purpose:
-``suite fingerprint --write`` (and ``--write gemm=emulated``) on a machine of the class, then commit.
+``suite fingerprint --write`` (and ``--write gemm=emulated``) on a machine of the class, then
+commit.
 """
 
 from __future__ import annotations
@@ -18,30 +19,36 @@ from suite.numerics import machine
 
 def _gemms() -> list[str]:
     """auto, plus emulated where that is another class here (AVX512-BF16/AMX machines)."""
-    return ["auto"] + (["emulated"] if machine.describe("emulated")["id"] != machine.describe("auto")["id"] else [])
+    return ["auto"] + (["emulated"]
+                       if machine.describe("emulated")["id"] != machine.describe("auto")["id"]
+                       else [])
 
 
 @pytest.mark.parametrize("gemm", _gemms())
 def test_numerics_fingerprint_of_this_machine_class(gemm):
     got = fingerprint.compute(gemm)
     broken = [i for i in got["invariants"] if i["ok"] is False]
-    assert not broken, broken  # what holds on every machine: exact = 0, fp32 < fp16 < bf16 < bf16_fp8rollout
+    # what holds on every machine: exact = 0, fp32 < fp16 < bf16 < bf16_fp8rollout
+    assert not broken, broken
     assert [i["ok"] for i in got["invariants"]] == [True, True, True]
     want = fingerprint.load(got["machine_class"]["id"])
     if want is None:
-        warnings.warn(f"no committed numerics fingerprint for machine class {got['machine_class']['id']}: "
-                      "invariants only (make one with `suite fingerprint --write` on this class)")
+        warnings.warn("no committed numerics fingerprint for machine class "
+                      f"{got['machine_class']['id']}: invariants only (make one with `suite "
+                      "fingerprint --write` on this class)")
         return
     problems = fingerprint.compare(got, want)
     assert not problems, ("numbers moved; if intended, regenerate with `suite fingerprint --write"
-                          + ("" if gemm == "auto" else f" gemm={gemm}") + "`:\n" + "\n".join(problems))
+                          + ("" if gemm == "auto" else f" gemm={gemm}") + "`:\n"
+                          + "\n".join(problems))
 
 
 def _fake(value: float) -> dict:
-    steps = [{"step": 1, "reward/mean": 0.5, "mismatch/kl_k3": value, "mismatch/prob_diff/mean": 1e-3,
-              "train/grad_norm": 0.2, "loss/policy": 0.01}]
+    steps = [{"step": 1, "reward/mean": 0.5, "mismatch/kl_k3": value,
+              "mismatch/prob_diff/mean": 1e-3, "train/grad_norm": 0.2, "loss/policy": 0.01}]
     return {"machine_class": {"id": "cpu-x-native", "torch": "2.13.0", "threads": 1},
-            "flows": {"bf16": {"sha256": f"{hash(value):x}", "steps": steps}, "fp32": {"sha256": "aa", "steps": steps}}}
+            "flows": {"bf16": {"sha256": f"{hash(value):x}", "steps": steps},
+                      "fp32": {"sha256": "aa", "steps": steps}}}
 
 
 def test_compare_names_the_flow_and_step_a_one_ulp_change_moves():
@@ -58,4 +65,5 @@ def test_compare_names_the_flow_and_step_a_one_ulp_change_moves():
     assert repr(nudged) in problem
     other = copy.deepcopy(want)
     other["machine_class"]["torch"] = "2.14.0"
-    assert fingerprint.compare(other, want) == ["the fingerprint was made on another class (differs in torch)"]
+    assert fingerprint.compare(other, want) == ["the fingerprint was made on another class "
+                                                "(differs in torch)"]

@@ -271,8 +271,8 @@ def bf16_run(tmp_path_factory):
 
 
 @pytest.mark.parametrize("flow", FP4_FLOWS)
-def test_a_smoke_run_of_each_fp4_flow_finishes_and_rollouts_mismatch_more_than_bf16(tmp_path, flow,
-                                                                                     bf16_run):
+def test_a_smoke_run_of_each_fp4_flow_finishes_and_rollouts_mismatch_more_than_bf16(
+    tmp_path, flow, bf16_run):
     """The rollout flows' step-0 k3 is above bf16's; the quantisation-aware flow's is only finite
     (its trainer quantises alike; the tiny-policy test above compares it)."""
     from suite.results import read_jsonl

@@ -38,7 +38,8 @@ def test_representable_values_round_trip_exactly():
     scale = 2.0**-5  # a power of two: x / scale is exact in fp32
     g = torch.Generator().manual_seed(0)
     vals = ALL_E4M3[torch.randint(len(ALL_E4M3), (256, 256), generator=g)] * scale
-    vals[::128, ::128] = 448 * scale  # every 128x128 block (and every row group) has amax 448 * scale
+    # every 128x128 block (and every row group) has amax 448 * scale
+    vals[::128, ::128] = 448 * scale
     vals[:, ::128] = -448 * scale
     q, s = quantize_blockwise(vals)
     assert torch.equal(s, torch.full((2, 2), scale))
@@ -107,7 +108,9 @@ def test_zero_block_gives_zeros_and_unit_scale():
     assert torch.equal(q[:128, 128:].float(), torch.zeros(128, 128))
     assert not dequantize_blockwise(q, s).isnan().any()
     q, s = quantize_groupwise(torch.zeros(3, 200))
-    assert torch.equal(s, torch.ones(3, 2)) and torch.equal(dequantize_groupwise(q, s), torch.zeros(3, 200))
+    assert torch.equal(s,
+                       torch.ones(3, 2)) and torch.equal(
+                           dequantize_groupwise(q, s), torch.zeros(3, 200))
 
 
 # ---- tile shapes and scales --------------------------------------------------------------
@@ -115,7 +118,8 @@ def test_block_scales_are_block_amax_over_448():
     torch.manual_seed(1)
     w = torch.randn(256, 384)
     q, s = quantize_blockwise(w)
-    assert q.dtype == FP8 and q.shape == (256, 384) and s.dtype == torch.float32 and s.shape == (2, 3)
+    assert q.dtype == FP8 and q.shape == (256,
+                                          384) and s.dtype == torch.float32 and s.shape == (2, 3)
     for i in range(2):
         for j in range(3):
             amax = w[128 * i : 128 * (i + 1), 128 * j : 128 * (j + 1)].abs().max()
@@ -177,7 +181,8 @@ def test_outlier_only_affects_its_own_block():
     x = torch.randn(4, 256)
     x_out = x.clone()
     x_out[1, 5] = 1e4
-    assert torch.equal((quantize_groupwise(x_out)[1] != quantize_groupwise(x)[1]).nonzero(), torch.tensor([[1, 0]]))
+    assert torch.equal((quantize_groupwise(x_out)[1] != quantize_groupwise(x)[1]).nonzero(),
+                       torch.tensor([[1, 0]]))
 
 
 # ---- the linear layer --------------------------------------------------------------------
@@ -197,7 +202,8 @@ def test_forward_equals_explicit_fake_quant():
     torch.testing.assert_close(y32, ref, rtol=1e-6, atol=1e-6)
     y = fp8_linear(x, w, b)
     assert y.dtype == torch.bfloat16
-    torch.testing.assert_close(y, ref.to(torch.bfloat16), rtol=2**-7, atol=0)  # at most 1 bf16 ulp apart
+    # at most 1 bf16 ulp apart
+    torch.testing.assert_close(y, ref.to(torch.bfloat16), rtol=2**-7, atol=0)
 
 
 def test_backward_equals_hand_computed_recipe():
@@ -236,7 +242,8 @@ def test_saves_only_fp8_activations():
         fp8_linear(x, w, b)
     big = [t for t in saved if t.numel() >= x.numel() // 2]
     assert big and all(t.dtype == FP8 for t in big)
-    assert sum(t.numel() for t in saved if t.dtype == torch.float32) < x.numel() // 16  # scales only
+    # scales only
+    assert sum(t.numel() for t in saved if t.dtype == torch.float32) < x.numel() // 16
 
 
 def test_close_to_but_not_equal_to_fp32_linear():
@@ -267,7 +274,8 @@ def test_scaled_mm_slicing_matches_emulation():
     torch.testing.assert_close(out, _fp8_gemm_emulated(qa, sa, qb, sb), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)),
+@pytest.mark.skipif(not (torch.cuda.is_available()
+                         and torch.cuda.get_device_capability() >= (8, 9)),
                     reason="needs a GPU with FP8 tensor cores")
 def test_cuda_fp8_linear_matches_cpu_emulation():
     x, w, b, _ = _inputs(m=64)
@@ -285,21 +293,24 @@ def test_cuda_fp8_linear_matches_cpu_emulation():
 
 # ---- what the FP8 samplers quantise ----------------------------------------------------------
 def test_fp8_samplers_quantise_the_bf16_weights_vllm_receives(tiny_model):
-    """The built-in FP8 sampler quantises the bf16 rounding of the trainer's weights, which is what vLLM's
-    online FP8 loader is given (suite/numerics/vllm_engine.py casts to the engine dtype), so both hold the same E4M3
-    codes; quantising the fp32 masters instead gives other codes for a visible share of the weights."""
+    """The built-in FP8 sampler quantises the bf16 rounding of the trainer's weights, which is what
+    vLLM's online FP8 loader is given (suite/numerics/vllm_engine.py casts to the engine dtype), so
+    both hold the same E4M3 codes; quantising the fp32 masters instead gives other codes for a
+    visible share of the weights."""
     from suite.numerics.engine import TorchEngine
 
     model, _, _ = tiny_model
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     eng = TorchEngine(model.config, torch.bfloat16, quant="fp8")
     eng.sync(state)
-    fused = TorchEngine(model.config, torch.bfloat16).cast_weights(state, detach=True, dtype=torch.float32)
+    fused = TorchEngine(model.config,
+                        torch.bfloat16).cast_weights(state, detach=True, dtype=torch.float32)
     assert eng.wq, "no FP8 layers"
     moved = total = 0
     for k, (q, s) in eng.wq.items():
         q_bf16, s_bf16 = quantize_blockwise(fused[k].to(torch.bfloat16))
-        assert torch.equal(q.view(torch.uint8), q_bf16.view(torch.uint8)) and torch.equal(s, s_bf16), k
+        assert torch.equal(q.view(torch.uint8),
+                           q_bf16.view(torch.uint8)) and torch.equal(s, s_bf16), k
         q_fp32, _ = quantize_blockwise(fused[k])
         moved += int((q_fp32.view(torch.uint8) != q.view(torch.uint8)).sum())
         total += q.numel()
@@ -307,8 +318,8 @@ def test_fp8_samplers_quantise_the_bf16_weights_vllm_receives(tiny_model):
 
 
 def test_unified_fp8_trainer_forward_sees_the_samplers_weights(tiny_model):
-    """The unified flow's trainer quantises the same bf16-valued weights as its sampler (forward), while the
-    gradient reaches the fp32 master unrounded (straight through the bf16 rounding)."""
+    """The unified flow's trainer quantises the same bf16-valued weights as its sampler (forward),
+    while the gradient reaches the fp32 master unrounded (straight through the bf16 rounding)."""
     from suite.numerics.engine import TorchEngine
 
     model, _, _ = tiny_model

@@ -1,6 +1,7 @@
-"""The staged GPU acceptance (suite/experiments/accept.py, scripts/gpu_accept.sh): its bookkeeping, its refusals,
-and its stages run end to end in a stand-in of the GPU image: a virtual environment without hydra-core and omegaconf,
-which get them from the carried wheels, as the borrowed GPU does."""
+"""The staged GPU acceptance (suite/experiments/accept.py, scripts/gpu_accept.sh): its bookkeeping,
+its refusals, and its stages run end to end in a stand-in of the GPU image: a virtual environment
+without hydra-core and omegaconf, which get them from the carried wheels, as the borrowed GPU
+does."""
 
 from __future__ import annotations
 
@@ -14,28 +15,31 @@ from pathlib import Path
 
 import pytest
 
-from suite.experiments import accept
+from suite.experiments import accept, accept_stage
 from suite.experiments import bench_memory as bm
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_REF = ROOT / "results" / "reference" / "cuda-nvidia-h100-80gb-hbm3"
-# What the GPU image lacks (docs/gpu.md): the stand-in leaves these out, so the stages must run on the wheels.
+# What the GPU image lacks (docs/gpu.md): the stand-in leaves these out, so the stages must run on
+# the wheels.
 ABSENT = {"hydra-core", "omegaconf", "antlr4-python3-runtime"}
 
 
 def test_a_measured_peak_is_this_process_not_its_parent():
-    """bench-memory's child process reports its own peak: getrusage's ru_maxrss survives execve on Linux, so a
-    child of a 1 GiB parent read 1 GiB for a few-MiB update (the acceptance measured after its GEMM checks)."""
+    """bench-memory's child process reports its own peak: getrusage's ru_maxrss survives execve on
+    Linux, so a child of a 1 GiB parent read 1 GiB for a few-MiB update (the acceptance measured
+    after its GEMM checks)."""
     ballast = bytearray(1 << 30)
     ballast[:: 4096] = b"\1" * len(range(0, 1 << 30, 4096))  # touched: resident in this process
-    sizes = dict(vocab=512, batch=2, prompt=8, response=32, steps=2, precision="bf16", hidden=0, device="cpu")
+    sizes = dict(vocab=512, batch=2, prompt=8, response=32, steps=2, precision="bf16", hidden=0,
+                 device="cpu")
     m = bm._measure("baseline", sizes, env=bm.LIVE_BYTES)
     del ballast
     assert m["peak_mb"] < 512, m  # the update itself needs a few MiB over its model
 
 
 def test_a_stage_keeps_what_it_measured_and_the_failure(tmp_path):
-    st = accept.Stage("numerics", tmp_path, budget=60)
+    st = accept_stage.Stage("numerics", tmp_path, budget=60)
     st.add("one", True, "measured", "expected")
     first = json.loads((tmp_path / "numerics" / "summary.json").read_text())
     assert [c["check"] for c in first["checks"]] == ["one"] and first["ok"]
@@ -46,12 +50,14 @@ def test_a_stage_keeps_what_it_measured_and_the_failure(tmp_path):
     st.run("two", broken)  # an exception is a failing row; the stage goes on
     st.add("three", True, "m", "e")
     s = json.loads((tmp_path / "numerics" / "summary.json").read_text())
-    assert [(c["check"], c["ok"]) for c in s["checks"]] == [("one", True), ("two", False), ("three", True)]
+    assert [(c["check"], c["ok"])
+            for c in s["checks"]] == [("one", True), ("two", False), ("three", True)]
     assert "RuntimeError: the device said no" in s["checks"][1]["measured"] and not s["ok"]
     assert s["machine_class"] and s["torch"] and "commit" in s
 
 
-@pytest.mark.parametrize("args", [[], ["gpu"], ["cells", "only=gemm"], ["numerics", "only=doctor,nope"],
+@pytest.mark.parametrize("args",
+                         [[], ["gpu"], ["cells", "only=gemm"], ["numerics", "only=doctor,nope"],
                                   ["numerics", "tier=smoke"], ["cells", "budget"]])
 def test_bad_arguments_are_refused_before_any_work(args, tmp_path):
     with pytest.raises(ValueError, match="suite accept"):
@@ -60,26 +66,31 @@ def test_bad_arguments_are_refused_before_any_work(args, tmp_path):
 
 
 def test_a_committed_cell_reads_back_from_its_compressed_logs():
-    row = accept._cell_row(GPU_REF / "sanity" / "arith3__grpo__fp32__s0")
-    summary = json.loads((GPU_REF / "sanity" / "arith3__grpo__fp32__s0" / "summary.json").read_text())
+    cell = GPU_REF / "sanity" / "arith3__grpo__fp32__s0"
+    row = accept._cell_row(cell)
+    summary = json.loads((cell / "summary.json").read_text())
     assert row["finished"] and row["steps"] == 100 and row["verdict"] == summary["verdict"]
     assert 0 < row["step_s"] < 5
 
 
 def _standin(venv: Path) -> Path:
-    """A virtual environment that sees this one's packages but those the GPU image lacks (a .pth to links)."""
+    """A virtual environment that sees this one's packages but those the GPU image lacks (a .pth to
+    links)."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     image = venv / "image"
     image.mkdir()
     here = Path(sysconfig.get_paths()["purelib"])
     for dist in metadata.distributions():
-        if dist.metadata["Name"].lower() in ABSENT or not str(dist.locate_file("")).startswith(str(here)):
+        if (dist.metadata["Name"].lower() in ABSENT
+                or not str(dist.locate_file("")).startswith(str(here))):
             continue
         for top in {Path(str(f)).parts[0] for f in dist.files or []}:
             src, dst = here / top, image / top
-            if src.exists() and not dst.exists() and top not in ("..", "__pycache__") and not top.endswith(".pth"):
+            if (src.exists() and not dst.exists() and top not in ("..", "__pycache__")
+                    and not top.endswith(".pth")):
                 dst.symlink_to(src)
-    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    site = subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; "
+                                                               "print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
     Path(site, "gpu-image.pth").write_text(f"{image}\n")
     return venv / "bin" / "python"
@@ -87,21 +98,25 @@ def _standin(venv: Path) -> Path:
 
 def test_the_stages_run_in_a_standin_of_the_gpu_image(tmp_path, suite_cache):
     """numerics (its GEMM check) and cells (smoke-tier cells, each a `suite run` of its own) through
-    scripts/gpu_accept.sh with python3 -m suite from PYTHONPATH, hydra-core and omegaconf from the wheels only."""
+    scripts/gpu_accept.sh with python3 -m suite from PYTHONPATH, hydra-core and omegaconf from the
+    wheels only."""
     py = _standin(tmp_path / "venv")
     lacks = subprocess.run([str(py), "-c", "import hydra"], capture_output=True)
     assert lacks.returncode != 0, "the stand-in must lack hydra-core, as the GPU image does"
-    assert subprocess.run([str(py), "-c", "import torch, transformers"], capture_output=True).returncode == 0
+    assert subprocess.run([str(py), "-c", "import torch, transformers"],
+                          capture_output=True).returncode == 0
     names = accept.download_wheels(tmp_path / "whl")
     assert len(names) == len(accept.WHEELS) + len(accept.BUILT_WHEELS), names
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHON": str(py), "WHEELS": str(tmp_path / "whl"),
-           "ACCEPT_OUT": str(tmp_path / "out"), "TMPDIR": str(tmp_path), "SUITE_CACHE": suite_cache,
-           "BUDGET_NUMERICS": "120", "ACCEPT_NUMERICS": "only=gemm", "BUDGET_CELLS": "60",
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHON": str(py),
+           "WHEELS": str(tmp_path / "whl"), "ACCEPT_OUT": str(tmp_path / "out"),
+           "TMPDIR": str(tmp_path), "SUITE_CACHE": suite_cache, "BUDGET_NUMERICS": "120",
+           "ACCEPT_NUMERICS": "only=gemm", "BUDGET_CELLS": "60",
            "ACCEPT_CELLS": "tier=smoke steps=2"}
-    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_accept.sh"), "numerics", "cells"], env=env, cwd=ROOT,
-                       capture_output=True, text=True, timeout=900)
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_accept.sh"), "numerics", "cells"],
+                       env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
-    assert (tmp_path / "accept-site" / "hydra").is_dir() and (tmp_path / "accept-site" / "omegaconf").is_dir()
+    assert ((tmp_path / "accept-site" / "hydra").is_dir()
+            and (tmp_path / "accept-site" / "omegaconf").is_dir())
     num = json.loads((tmp_path / "out" / "numerics" / "summary.json").read_text())
     assert [c["check"] for c in num["checks"]] == ["gemm at r1d shapes"] and num["ok"]
     gemm = json.loads((tmp_path / "out" / "numerics" / "gemm.json").read_text())
@@ -113,7 +128,8 @@ def test_the_stages_run_in_a_standin_of_the_gpu_image(tmp_path, suite_cache):
 
 
 def test_a_gpu_reference_of_default_kernels_is_not_expected_to_repeat_its_bytes(tmp_path):
-    """The H100 reference ran with deterministic=false: a rerun's moved bytes are no sign of a changed code."""
+    """The H100 reference ran with deterministic=false: a rerun's moved bytes are no sign of a
+    changed code."""
     import shutil
 
     from suite.analysis import reproduce
@@ -123,7 +139,8 @@ def test_a_gpu_reference_of_default_kernels_is_not_expected_to_repeat_its_bytes(
     shutil.copytree(GPU_REF / "sanity" / "arith3__grpo__fp16__s0", fresh / "arith3__grpo__fp16__s0")
     unpack(fresh)
     path = fresh / "arith3__grpo__fp16__s0" / "metrics.jsonl"
-    path.write_text(path.read_text().replace('"step": 3,', '"step": 3, "x": 1,', 1))  # a rerun that moved
+    # a rerun that moved
+    path.write_text(path.read_text().replace('"step": 3,', '"step": 3, "x": 1,', 1))
     doc = reproduce.check(fresh, "sanity")
     assert doc["reference"] and doc["nondeterministic_reference"] == ["arith3__grpo__fp16__s0"]
     assert "default CUDA kernels" in doc["statement"] and "Cells that moved" not in doc["statement"]

@@ -90,8 +90,8 @@ def _fake_batch_invariance(mod: types.ModuleType):
 
 
 @needs_vllm
-def test_closing_the_engine_undoes_what_batch_invariance_changed_in_this_process(tmp_path,
-                                                                                 monkeypatch):
+def test_closing_the_engine_undoes_what_batch_invariance_changed_in_this_process(
+    tmp_path, monkeypatch):
     """deterministic=true starts vLLM with VLLM_BATCH_INVARIANT=1, whose start-up replaces aten
     kernels process-wide (the trainer's log-softmax and means too), sets torch backend flags,
     NCCL's and cuBLAS's environment and caches vLLM's environment: after close() the trainer and
@@ -137,18 +137,17 @@ def test_closing_the_engine_undoes_what_batch_invariance_changed_in_this_process
 
 # ---- FP8 widths vLLM's CUDA block-FP8 linears cannot take ---------------------------------------
 @needs_vllm
-def test_fp8_with_vllm_on_cuda_refuses_widths_that_are_not_multiples_of_128(monkeypatch,
-                                                                            tmp_path):
+def test_fp8_with_vllm_on_cuda_refuses_widths_that_are_not_multiples_of_128(monkeypatch, tmp_path):
     """vLLM 0.32's CUDA block-FP8 path quantises each linear's input in groups of 128 and asserts
     that the width divides (per_token_group_quant_fp8) at the first forward: the small tier's
     policy (hidden 96) would die inside vLLM's start-up. The config refuses it before any compute,
     naming the fields; regime=wide (256, 640) passes; a model from a directory is refused before
     vLLM starts."""
-    from suite.numerics import vllm_engine
+    from suite.numerics import vllm_engine, vllm_support
     from suite.numerics.precision import resolve
 
-    monkeypatch.setattr(vllm_engine, "device", lambda: "cuda")
-    monkeypatch.setattr(vllm_engine, "fp8_capable", lambda: (True, ""))
+    monkeypatch.setattr(vllm_support, "device", lambda: "cuda")
+    monkeypatch.setattr(vllm_support, "fp8_capable", lambda: (True, ""))
     small = ["tier=small", "engine=vllm"]
     with pytest.raises(ValueError, match=r"policy.hidden: .*hidden 96.*of 128.*regime=wide"):
         config.load([*small, "precision=fp8"])

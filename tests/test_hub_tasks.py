@@ -36,8 +36,10 @@ TRAIN = [("What is 1+1?", "2"), ("Half of 1?", r"\frac{1}{2}"), ("Root of 4?", "
 def snapshot(tmp_path):
     """A local snapshot of the hub repo: the same relative layout."""
     write_parquet(tmp_path / "train/math_1460.parquet", verl_rows(TRAIN))
-    write_parquet(tmp_path / "test/aime_2024.parquet", verl_rows([("AIME 24 #1?", "204"), ("AIME 24 #2?", "25")], "test", "aime24"))
-    write_parquet(tmp_path / "test/aime_2025.parquet", verl_rows([("AIME 25 #1?", "70")], "test", "aime25"))
+    write_parquet(tmp_path / "test/aime_2024.parquet",
+                  verl_rows([("AIME 24 #1?", "204"), ("AIME 24 #2?", "25")], "test", "aime24"))
+    write_parquet(tmp_path / "test/aime_2025.parquet",
+                  verl_rows([("AIME 25 #1?", "70")], "test", "aime25"))
     return tmp_path
 
 
@@ -51,7 +53,8 @@ def test_sanity_from_one_parquet_file(tmp_path):
     assert items[0].prompt == "What is 1+1?" + SUFFIX
     assert len({it.id for it in items}) == 3
     half = items[1]
-    assert task.reward(half, "so it is one half</think>\n\nThe answer is $\\boxed{0.5}$.", truncated=False) == 1.0
+    assert task.reward(half, "so it is one half</think>\n\nThe answer is $\\boxed{0.5}$.",
+                       truncated=False) == 1.0
     assert task.reward(half, "so it is one half</think>\n\n$\\boxed{0.5}$", truncated=True) == 0.0
     assert task.reward(half, "$\\boxed{0.5}$", truncated=False) == 0.0  # no </think>
     assert task.reward(half, task.trace(half), truncated=False) == 1.0
@@ -70,12 +73,14 @@ def test_sanity_from_snapshot_directory(snapshot):
     assert len({it.id for it in task.split("test")}) == 3
     assert task.split("train", 2) == task.split("train")[:2]
     # The published evaluation and response budget, for the training loop.
-    assert task.eval == {"splits": ["aime24", "aime25"], "metric": "mean@n", "n": 32, "temperature": 0.6, "top_p": 0.95}
+    assert task.eval == {"splits": ["aime24", "aime25"], "metric": "mean@n", "n": 32,
+                         "temperature": 0.6, "top_p": 0.95}
     assert task.max_new_tokens == 8192 and task.version == 1 and task.source == str(snapshot)
 
 
 def test_sanity_split_mapping(snapshot):
-    data = f"train={snapshot / 'train/math_1460.parquet'},aime25={snapshot / 'test/aime_2025.parquet'}"
+    data = (f"train={snapshot / 'train/math_1460.parquet'},"
+            f"aime25={snapshot / 'test/aime_2025.parquet'}")
     task = get_task("sanity_r1d", data=data)
     assert len(task.split("train")) == 3 and len(task.split("aime25")) == 1
     with pytest.raises(ValueError, match="Did you mean 'aime24'"):
@@ -101,14 +106,16 @@ def test_incomplete_snapshot_directory(tmp_path):
 
 
 def test_hub_offline_without_local_copy():
-    # The real spec, pointed at a repo that no cache can hold, so the test never depends on the machine.
+    # The real spec, pointed at a repo that no cache can hold, so the test never depends on the
+    # machine.
     spec = yaml.safe_load((TASK_DIR / "sanity_r1d.yaml").read_text())
     for split in spec["splits"].values():
         split["repo"] = "suite-tests/no-such-dataset"
     with pytest.raises(DataError) as e:
         HubTask(spec)
     msg = str(e.value)
-    assert "offline" in msg and "data=/path/to/local/copy" in msg and "hf download suite-tests/no-such-dataset" in msg
+    assert ("offline" in msg and "data=/path/to/local/copy" in msg
+            and "hf download suite-tests/no-such-dataset" in msg)
     assert "\n" not in msg
 
 
@@ -155,14 +162,16 @@ def test_gsm8k_from_snapshot_directory(tmp_path):
 
 def test_math_from_snapshot_directory(tmp_path):
     # MATH-lighteval train (problem, level, type, solution) and MATH-500 test (with `answer`).
-    write_parquet(tmp_path / "data/train-00000-of-00001.parquet", [
-        {"problem": "Compute $\\dfrac{2}{4}$.", "level": "Level 1", "type": "Prealgebra",
-         "solution": "We reduce: $\\dfrac{2}{4} = \\boxed{\\dfrac{1}{2}}$."},
-        {"problem": "Broken row.", "level": "Level 1", "type": "Algebra", "solution": "No box at all."},
-    ])
+    write_parquet(tmp_path / "data/train-00000-of-00001.parquet",
+                  [{"problem": "Compute $\\dfrac{2}{4}$.", "level": "Level 1", "type": "Prealgebra",
+                    "solution": "We reduce: $\\dfrac{2}{4} = \\boxed{\\dfrac{1}{2}}$."},
+                   {"problem": "Broken row.", "level": "Level 1", "type": "Algebra",
+                    "solution": "No box at all."},])
     write_jsonl(tmp_path / "test.jsonl", [
-        {"problem": "What is $\\sqrt{2}/2$ rationalised?", "solution": "... $\\boxed{\\frac{\\sqrt2}{2}}$",
-         "answer": "\\frac{\\sqrt{2}}{2}", "subject": "Algebra", "level": 2, "unique_id": "test/algebra/1.json"},
+        {"problem": "What is $\\sqrt{2}/2$ rationalised?", "solution": "... "
+                                                                       "$\\boxed{\\frac{\\sqrt2}{2}}$",
+         "answer": "\\frac{\\sqrt{2}}{2}", "subject": "Algebra", "level": 2,
+         "unique_id": "test/algebra/1.json"},
     ])
     task = get_task("math", data=str(tmp_path))
     (item,) = task.split("train")  # the row without a box is dropped

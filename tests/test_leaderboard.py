@@ -14,12 +14,14 @@ from suite import packed
 from suite.analysis import leaderboard, stats
 from suite.results import atomic_write_json, config_hash
 
-DEFAULT = Path(__file__).resolve().parent / "fixtures" / "results-2seeds"  # real runs (an earlier small tier)
+# real runs (an earlier small tier)
+DEFAULT = Path(__file__).resolve().parent / "fixtures" / "results-2seeds"
 RUN = "arith__grpo__fp16__s0"
 
 
 def copy_run(dst_root: Path, run: str = RUN, name: str | None = None) -> Path:
-    """A copy of a fixture run with its logs plain, as a run writes them (the fixture stores them as .xz)."""
+    """A copy of a fixture run with its logs plain, as a run writes them (the fixture stores them as
+    .xz)."""
     dst = dst_root / (name or run)
     shutil.copytree(DEFAULT / run, dst, ignore=shutil.ignore_patterns("ckpt", "log.txt*"))
     for xz in dst.glob("*" + packed.SUFFIX):
@@ -57,10 +59,12 @@ def test_committed_run_is_accepted_with_a_reproducing_command(tmp_path):
     cfg = json.loads((DEFAULT / RUN / "config.json").read_text())
     assert rec["provenance"]["config_hash"] == cfg["config_hash"]
     # The fixture predates today's small tier: the command spells out every field that now differs.
-    assert rec["provenance"]["command"] == ("suite run task=arith algorithm=grpo precision=fp16 seed=0 tier=small "
-                                            "perfectible.max_prompts=256 policy.hidden=128 policy.layers=3 "
-                                            "policy.mlp=384 policy.target_acc=0.5 steps=200")
-    assert rec["summary"]["accuracy/final"] == pytest.approx(json.loads((DEFAULT / RUN / "summary.json").read_text())["accuracy/final"])
+    assert rec["provenance"]["command"] == ("suite run task=arith algorithm=grpo precision=fp16 "
+                                            "seed=0 tier=small perfectible.max_prompts=256 "
+                                            "policy.hidden=128 policy.layers=3 policy.mlp=384 "
+                                            "policy.target_acc=0.5 steps=200")
+    summary = json.loads((DEFAULT / RUN / "summary.json").read_text())
+    assert rec["summary"]["accuracy/final"] == pytest.approx(summary["accuracy/final"])
     assert len(rec["curves"]["reward"]) == 200
 
 
@@ -156,7 +160,8 @@ def test_non_default_fields_enter_the_command(tmp_path):
 
 def entries(data: dict) -> list[dict]:
     """Every entry of a built site, over classes, boards and sections."""
-    return [e for c in data["classes"] for b in c["boards"] for s in ("ranked", "unranked", "controls", "stale")
+    return [e for c in data["classes"] for b in c["boards"]
+            for s in ("ranked", "unranked", "controls", "stale")
             for e in b[s]]
 
 
@@ -172,19 +177,22 @@ def test_build_groups_seeds_and_lists_two_seed_recipes_unranked(tmp_path):
     assert sorted(by_prec) == ["bf16", "fp16", "fp32"]
     assert [by_prec[p]["seeds"] for p in ("bf16", "fp16", "fp32")] == [2, 2, 2]
     # results/default/outcomes.md: bf16 seed 0 is unstable, the other five pass.
-    # fp32's two seeds peak at 0.958, within one standard error (0.0086 over 640 samples) of the line: at the line.
+    # fp32's two seeds peak at 0.958, within one standard error (0.0086 over 640 samples) of the
+    # line: at the line.
     assert [by_prec[p]["passes"] for p in ("bf16", "fp16", "fp32")] == [1, 2, 0]
-    # Two seeds rank nothing: every recipe is listed, unranked, saying why, with the command that fills it.
+    # Two seeds rank nothing: every recipe is listed, unranked, saying why, with the command that
+    # fills it.
     assert b["ranked"] == [] and len(b["unranked"]) == 3
     for e in b["unranked"]:
         assert e["rank"] is None and e["why"].startswith("2 seeds: a rank needs 3")
-        assert e["fill_command"].startswith("for s in 2; do suite run ") and "seed=$s" in e["fill_command"]
+        assert (e["fill_command"].startswith("for s in 2; do suite run ")
+                and "seed=$s" in e["fill_command"])
         assert e["improvement"]["p"] is None
-    finals = [json.loads((DEFAULT / f"arith__grpo__fp16__s{s}" / "summary.json").read_text())["accuracy/final"]
-              for s in (0, 1)]
+    summaries = [DEFAULT / f"arith__grpo__fp16__s{s}" / "summary.json" for s in (0, 1)]
+    finals = [json.loads(p.read_text())["accuracy/final"] for p in summaries]
     fin = by_prec["fp16"]["metrics"]["accuracy/final"]
-    # IQM of two seeds is their mean; the 95% bootstrap interval of two values is [min, max]: each resample
-    # of both at the minimum has probability 1/4 > 2.5%.
+    # IQM of two seeds is their mean; the 95% bootstrap interval of two values is [min, max]: each
+    # resample of both at the minimum has probability 1/4 > 2.5%.
     assert fin["iqm"] == pytest.approx(sum(finals) / 2) and fin["n"] == 2
     assert fin["lo"] == pytest.approx(min(finals)) and fin["hi"] == pytest.approx(max(finals))
     # What the board measures: read from the runs, and how it differs from the published test.
@@ -280,13 +288,15 @@ def test_missing_results_dir_is_an_error(tmp_path):
 
 
 def test_a_bundle_judged_by_an_earlier_verdict_rule_is_accepted_and_judged_by_todays(tmp_path):
-    """Its numbers are checked as any bundle's; its verdict comes from today's rule (a summary written before the
-    at_line verdict existed says pass for fp32 seed 0, whose peak 0.958 is one standard error from the line)."""
+    """Its numbers are checked as any bundle's; its verdict comes from today's rule (a summary
+    written before the at_line verdict existed says pass for fp32 seed 0, whose peak 0.958 is one
+    standard error from the line)."""
     run = copy_run(tmp_path, "arith__grpo__fp32__s0")
     def older(s):
         s.update(verdict="pass", verdict_rule="an earlier rule")
         s.pop("accuracy/line_band")
     edit_json(run / "summary.json", older)
     assert leaderboard.validate_run(run)["summary"]["verdict"] == "at_line"
-    edit_json(run / "summary.json", lambda s: s.update({"accuracy/peak": 0.99}))  # a number is still checked
+    # a number is still checked
+    edit_json(run / "summary.json", lambda s: s.update({"accuracy/peak": 0.99}))
     assert "accuracy/peak" in reason(run)

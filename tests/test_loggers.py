@@ -1,5 +1,5 @@
-"""Trackers as mirrors of metrics.jsonl (W&B offline, TensorBoard event files, MLflow's local store), a
-failing tracker that never stops a run, and the FLOP-rate formula of timing.jsonl."""
+"""Trackers as mirrors of metrics.jsonl (W&B offline, TensorBoard event files, MLflow's local
+store), a failing tracker that never stops a run, and the FLOP-rate formula of timing.jsonl."""
 
 from __future__ import annotations
 
@@ -21,8 +21,9 @@ RUN = "arith__grpo__fp32__s0"
 
 
 def _wandb_history(run_dir: Path) -> list[dict]:
-    """History records of an offline W&B run: its .wandb file is LevelDB's log format (32 KiB blocks of
-    records with a 7-byte header: crc32, length, type) after a 7-byte W&B header, each record a protobuf."""
+    """History records of an offline W&B run: its .wandb file is LevelDB's log format (32 KiB blocks
+    of records with a 7-byte header: crc32, length, type) after a 7-byte W&B header, each record a
+    protobuf."""
     from wandb.proto import wandb_internal_pb2
 
     (path,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
@@ -41,12 +42,14 @@ def _wandb_history(run_dir: Path) -> list[dict]:
             rec.ParseFromString(buf)
             buf = b""
             if rec.WhichOneof("record_type") == "history":
-                out.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json) for i in rec.history.item})
+                out.append({"/".join(i.nested_key) or i.key: json.loads(i.value_json)
+                            for i in rec.history.item})
     return out
 
 
 def test_mirrors_hold_the_values_of_metrics_jsonl(tmp_path, monkeypatch):
-    cwd = tmp_path / "cwd"  # nothing may land in the working directory (MLflow's default artifact root is ./mlruns)
+    # nothing may land in the working directory (MLflow's default artifact root is ./mlruns)
+    cwd = tmp_path / "cwd"
     cwd.mkdir()
     monkeypatch.chdir(cwd)
     d = run(config.load(["tier=smoke", f"out={tmp_path}", "logger=[tensorboard,wandb,mlflow]"]))
@@ -74,10 +77,13 @@ def test_mirrors_hold_the_values_of_metrics_jsonl(tmp_path, monkeypatch):
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'default' / 'mlflow.db'}")
     (mrun,) = client.search_runs([client.get_experiment_by_name("default").experiment_id])
     assert mrun.info.run_name == RUN and mrun.data.params["algorithm"] == '"grpo"'
-    got = {(m.step, k): m.value for k in mrun.data.metrics for m in client.get_metric_history(mrun.info.run_id, k)}
-    assert got == {k: v for k, v in want.items() if math.isfinite(v)}  # MLflow refuses NaN: those stay in the JSONL
+    got = {(m.step, k): m.value for k in mrun.data.metrics
+           for m in client.get_metric_history(mrun.info.run_id, k)}
+    # MLflow refuses NaN: those stay in the JSONL
+    assert got == {k: v for k, v in want.items() if math.isfinite(v)}
     (env,) = (tmp_path / "default" / "mlflow-artifacts").rglob("env.json")
-    assert json.loads(env.read_text())["python"] == json.loads((d / "env.json").read_text())["python"]
+    assert (json.loads(env.read_text())["python"]
+            == json.loads((d / "env.json").read_text())["python"])
 
 
 def test_a_logger_that_raises_is_switched_off_and_the_run_completes(tmp_path, monkeypatch, capsys):
@@ -100,7 +106,8 @@ def test_a_logger_that_raises_is_switched_off_and_the_run_completes(tmp_path, mo
 def test_logger_is_not_part_of_the_experiment():
     from suite.results import config_hash
 
-    plain, mirrored = (config.to_dict(config.load(["tier=smoke", *x])) for x in ([], ["logger=[tensorboard]"]))
+    plain, mirrored = (config.to_dict(config.load(["tier=smoke", *x]))
+                       for x in ([], ["logger=[tensorboard]"]))
     assert config_hash(plain) == config_hash(mirrored)
 
 
@@ -120,13 +127,16 @@ def test_flop_formula_against_a_hand_computation():
     n = 1000
     c = 2 * n + 2 * 2 * 10 * 8  # Kaplan et al. Table 1 with n_ctx = 10
     assert flops.forward_flops_per_token(n, 2, 8, 10) == c
-    rates = flops.step_rates(Cfg, n, generated=50, sequences=4, seq_len=10, sample_s=2.0, train_s=4.0)
+    rates = flops.step_rates(Cfg, n, generated=50, sequences=4, seq_len=10, sample_s=2.0,
+                             train_s=4.0)
     assert rates["flops/sample_tflop_s"] == pytest.approx(c * 50 / 2.0 / 1e12)
-    assert rates["flops/train_tflop_s"] == pytest.approx(c * 4 * 10 * 4 / 4.0 / 1e12)  # 1 scoring + 3 (fwd+bwd)
+    # 1 scoring + 3 (fwd+bwd)
+    assert rates["flops/train_tflop_s"] == pytest.approx(c * 4 * 10 * 4 / 4.0 / 1e12)
 
 
 def test_matmul_params_count_each_linear_once():
     import torch
 
-    m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3), torch.nn.Linear(3, 10, bias=False))
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 3),
+                            torch.nn.Linear(3, 10, bias=False))
     assert flops.matmul_params(m) == 4 * 3 + 3 * 10

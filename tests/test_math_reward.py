@@ -28,7 +28,8 @@ def worker():
 
 
 def r1(answer_part: str, truth: str, truncated: bool = False) -> float:
-    return r1_reward("Let me think... 1+1=2, so</think>\n\n" + answer_part, truth, truncated, timeout=TIMEOUT)
+    return r1_reward("Let me think... 1+1=2, so</think>\n\n" + answer_part, truth, truncated,
+                     timeout=TIMEOUT)
 
 
 def timed(fn, *args, **kwargs):
@@ -120,19 +121,22 @@ def test_r1_reward_format_rules():
     assert r1_reward(good, "4", truncated=True) == 0.0  # truncated
     assert r1_reward(r"reasoning so $\boxed{4}$", "4", truncated=False) == 0.0  # no </think>
     assert r1_reward(r"a</think>b</think> $\boxed{4}$", "4", truncated=False) == 0.0  # two </think>
-    assert r1_reward(r"$\boxed{4}$ reasoning</think> none after", "4", truncated=False) == 0.0  # box before </think>
+    # box before </think>
+    assert r1_reward(r"$\boxed{4}$ reasoning</think> none after", "4", truncated=False) == 0.0
 
 
 # ---------------------------------------------------------------------------- adversarial inputs
 
 def test_huge_expression_is_refused_quickly():
     before = mr.counters()
-    # Refused before math-verify sees it (the counters say so), not timed out: no wall-clock bound needed.
+    # Refused before math-verify sees it (the counters say so), not timed out: no wall-clock bound
+    # needed.
     score = r1(r"\boxed{" + "1+" * 50_000 + "1}", "100001")  # 100 kB
     after = mr.counters()
     assert score == 0.0
     assert after["refused"] == before["refused"] + 1 and after["timeouts"] == before["timeouts"]
-    assert r1("x" * 100_000 + r"\boxed{2}", "2") == 1.0  # a long response is fine (a timeout would score 0)
+    # a long response is fine (a timeout would score 0)
+    assert r1("x" * 100_000 + r"\boxed{2}", "2") == 1.0
     assert mr.counters()["timeouts"] == before["timeouts"]
 
 
@@ -153,7 +157,8 @@ def test_moderate_tower_returns_within_timeout():
 def test_pathological_power_times_out_and_the_worker_recovers(worker):
     before = mr.counters()
     pid = worker._proc.pid
-    (score, dt) = timed(r1, r"$\boxed{9^{9^{9^{9}}}}$", "1")  # sympy computes 9^(9^9) in C: only a kill stops it
+    # sympy computes 9^(9^9) in C: only a kill stops it
+    (score, dt) = timed(r1, r"$\boxed{9^{9^{9^{9}}}}$", "1")
     assert score == 0.0 and TIMEOUT <= dt < TIMEOUT + MARGIN
     assert mr.counters()["timeouts"] == before["timeouts"] + 1
     # A fresh worker answers the next check.
@@ -166,7 +171,8 @@ def test_dead_worker_scores_zero_and_restarts(worker):
     before = mr.counters()
     worker._proc.kill()
     worker._proc.wait()
-    assert r1(r"$\boxed{0.5}$", r"\frac{1}{2}") == 0.0  # the worker was gone mid-call: 0, never a crash
+    # the worker was gone mid-call: 0, never a crash
+    assert r1(r"$\boxed{0.5}$", r"\frac{1}{2}") == 0.0
     assert mr.counters()["crashes"] == before["crashes"] + 1
     assert r1(r"$\boxed{0.5}$", r"\frac{1}{2}") == 1.0
 
@@ -199,5 +205,6 @@ def test_gsm8k_reward():
     assert gsm8k_reward("#### 72.00", "72", truncated=False) == 1.0
     assert gsm8k_reward("#### 72", "72", truncated=True) == 0.0
     assert gsm8k_reward("#### 71", "72", truncated=False) == 0.0
-    assert gsm8k_reward("thinking 72</think> \\boxed{72}", "72", truncated=False, require_think=True) == 1.0
+    assert gsm8k_reward("thinking 72</think> \\boxed{72}", "72", truncated=False,
+                        require_think=True) == 1.0
     assert gsm8k_reward("thinking 72 \\boxed{72}", "72", truncated=False, require_think=True) == 0.0

@@ -1,4 +1,5 @@
-"""docs/metrics.md is the metric table (suite/numerics/peers.py) as generated, and the table covers every metric."""
+"""docs/metrics.md is the metric table (suite/numerics/peers.py) as generated, and the table covers
+every metric."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from suite.rl.algos import CORRECTIONS, is_weights
 
 
 def test_the_committed_doc_is_the_generated_one():
-    assert metrics_doc.DOC.read_text() == metrics_doc.render(), "run: python -m suite.analysis.metrics_doc --write"
+    assert metrics_doc.DOC.read_text() == metrics_doc.render(), (
+        "run: python -m suite.analysis.metrics_doc --write")
     assert metrics_doc.main(["--check"]) == 0
 
 
@@ -29,14 +31,16 @@ def test_a_peer_name_is_claimed_by_at_most_one_suite_key_per_level():
     for m in peers.METRICS:
         for c in m.counterparts:
             key = (c.peer, c.name, c.level)
-            assert key not in seen, f"{c.peer} {c.name} [{c.level}] under both {seen[key]} and {m.key}"
+            assert key not in seen, (f"{c.peer} {c.name} [{c.level}] under both {seen[key]} "
+                                     f"and {m.key}")
             seen[key] = m.key
 
 
 def test_no_module_writes_under_the_names_of_a_peer_the_table_says_it_writes_nothing_for():
-    """docs/metrics.md says the suite writes nothing under TRL's, slime's, prime-rl's or Oat's names (their
-    columns only point at the corresponding number): a module that logged one of their keys would need the
-    peer's own number there, checked as verl's importer is, and a `Peer.written` line saying where."""
+    """docs/metrics.md says the suite writes nothing under TRL's, slime's, prime-rl's or Oat's names
+    (their columns only point at the corresponding number): a module that logged one of their keys
+    would need the peer's own number there, checked as verl's importer is, and a `Peer.written` line
+    saying where."""
     from pathlib import Path
 
     silent = {p for p, peer in peers.PEERS.items() if not peer.written}
@@ -47,4 +51,5 @@ def test_no_module_writes_under_the_names_of_a_peer_the_table_says_it_writes_not
         if path.name == "peers.py" and path.parent.name == "numerics":
             continue
         text = path.read_text()
-        assert not [n for n in names if n in text], f"{path} names {[n for n in names if n in text]}"
+        assert not [n for n in names
+                    if n in text], f"{path} names {[n for n in names if n in text]}"

@@ -58,7 +58,8 @@ def test_known_perturbation():
     pi = [[v + d for v in row] for row in MU]
     out = mismatch_metrics(t(pi), t(MU), t(MASK))
     lens = [3, 2]
-    prob_diffs = [math.exp(MU[b][i] + d) - math.exp(MU[b][i]) for b in range(2) for i in range(lens[b])]
+    prob_diffs = [math.exp(MU[b][i] + d) - math.exp(MU[b][i]) for b in range(2)
+                  for i in range(lens[b])]
     want = {
         "mismatch/kl_k1": -d,
         "mismatch/kl_k2": 0.5 * d * d,
@@ -107,7 +108,8 @@ def test_mixed_signs_pool_tokens_and_sequences():
     # log_ppl_diff averages per-sequence means: -(0.2/3) and -(-0.2/2)
     assert out["mismatch/log_ppl_diff"] == pytest.approx((-0.2 / 3 + 0.1) / 2)
     assert out["mismatch/ppl_ratio"] == pytest.approx((math.exp(-0.2 / 3) + math.exp(0.1)) / 2)
-    assert out["mismatch/chi2_seq"] == pytest.approx((math.exp(2 * seq[0]) + math.exp(2 * seq[1])) / 2 - 1)
+    assert out["mismatch/chi2_seq"] == pytest.approx(
+        (math.exp(2 * seq[0]) + math.exp(2 * seq[1])) / 2 - 1)
     assert out["mismatch/chi2_token"] == pytest.approx(sum(math.exp(2 * x) for x in toks) / 5 - 1)
 
 
@@ -147,13 +149,16 @@ def test_chi2_seq_clamps_huge_log_ratio():
 
 
 def test_kl_k3_and_ppl_ratio_are_not_clamped_as_in_verl():
-    """verl's rollout_corr/k3_kl and ppl_ratio exponentiate the log-ratio as it is; so do ours (chi2 clamps)."""
+    """verl's rollout_corr/k3_kl and ppl_ratio exponentiate the log-ratio as it is; so do ours (chi2
+    clamps)."""
     pi = torch.tensor([[-0.5, -1.0]], dtype=torch.float64)
-    mu = torch.tensor([[-50.5, -1.0]], dtype=torch.float64)  # token log-ratio +50, then 0: means beyond 20
+    # token log-ratio +50, then 0: means beyond 20
+    mu = torch.tensor([[-50.5, -1.0]], dtype=torch.float64)
     out = mismatch_metrics(pi, mu, torch.ones(1, 2))
     assert out["mismatch/kl_k3"] == pytest.approx((math.expm1(50.0) - 50.0) / 2, rel=1e-12)
     assert out["mismatch/ppl_ratio"] == pytest.approx(math.exp(-25.0), rel=1e-12)
-    out = mismatch_metrics(mu, pi, torch.ones(1, 2))  # trainer 50 nats below the sampler on one token
+    # trainer 50 nats below the sampler on one token
+    out = mismatch_metrics(mu, pi, torch.ones(1, 2))
     assert out["mismatch/ppl_ratio"] == pytest.approx(math.exp(25.0), rel=1e-12)
     assert out["mismatch/chi2_token"] == pytest.approx((math.exp(-40.0) + 1.0) / 2 - 1.0, rel=1e-12)
 
@@ -203,7 +208,8 @@ def test_anatomy_by_hand():
     assert out["anatomy/pos_q1/mean"] == pytest.approx(0.0)
     assert out["anatomy/pos_q3/mean"] == pytest.approx(0.1 / 2)  # row0 t2 (0) and row1 t1 (0.1)
     assert out["anatomy/pos_q4/mean"] == pytest.approx(0.2)
-    # trainer-prob bins over 6 tokens: <0.5: 0.3, 0.4; 0.5-0.9: 0.6, 0.7; 0.9-0.99: 0.95; >=0.99: 0.999
+    # trainer-prob bins over 6 tokens: <0.5: 0.3, 0.4; 0.5-0.9: 0.6, 0.7; 0.9-0.99: 0.95; >=0.99:
+    # 0.999
     assert out["anatomy/pi_lt0.5/frac"] == pytest.approx(2 / 6)
     assert out["anatomy/pi_0.5-0.9/mean"] == pytest.approx(0.05)
     assert out["anatomy/pi_ge0.99/share"] == pytest.approx(0.2 / 0.3)
@@ -211,15 +217,17 @@ def test_anatomy_by_hand():
     assert out["anatomy/mu_gt_pi_frac"] == pytest.approx(1 / 6)
     a = torch.tensor([0, 0, 0, 0.2, 0, 0.1], dtype=torch.float64)
     e = torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], dtype=torch.float64)
-    assert out["anatomy/corr_entropy"] == pytest.approx(float(torch.corrcoef(torch.stack([a, e]))[0, 1]))
+    assert out["anatomy/corr_entropy"] == pytest.approx(
+        float(torch.corrcoef(torch.stack([a, e]))[0, 1]))
 
 
 @pytest.mark.parametrize("quant", [None, "fp8"])
 def test_an_engine_scoring_its_own_samples_with_emulated_gemms_is_exactly_zero(tiny_model, quant):
-    """What the unified FP8 flow's zero measures where GEMMs are emulated: the trainer runs the sampler's own
-    code (suite/numerics/engine.py score_full), and with fp32-accumulated emulated GEMMs the full-sequence pass
-    reproduces the decode loop bit for bit, for plain bf16 as for FP8. It is "trainer = sampler code", not a
-    property of FP8; with native low-precision kernels (shape-dependent accumulation) it is not zero."""
+    """What the unified FP8 flow's zero measures where GEMMs are emulated: the trainer runs the
+    sampler's own code (suite/numerics/engine.py score_full), and with fp32-accumulated emulated
+    GEMMs the full-sequence pass reproduces the decode loop bit for bit, for plain bf16 as for FP8.
+    It is "trainer = sampler code", not a property of FP8; with native low-precision kernels
+    (shape-dependent accumulation) it is not zero."""
     from suite.numerics.engine import TorchEngine
     from suite.numerics.precision import _cpu_flags
     from suite.numerics.scoring import batch_tensors
@@ -254,12 +262,16 @@ def test_mechanism_metrics_against_a_hand_computation():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     ent = torch.tensor([[1.0, 2.0, 3.0], [5.0, 9.0, 9.0]])
     out = mechanism_metrics(pi, mu, mask, ent)
-    assert out["mech/is_tok/mean"] == pytest.approx(4.5 / 4) and out["mech/is_tok/min"] == pytest.approx(0.5)
+    assert (out["mech/is_tok/mean"] == pytest.approx(4.5 / 4)
+            and out["mech/is_tok/min"] == pytest.approx(0.5))
     assert out["mech/is_tok/ess"] == pytest.approx(4.5 ** 2 / (4 * 6.25))
-    assert out["mech/is_seq/max"] == pytest.approx(2.0) and out["mech/is_seq/ess"] == pytest.approx(2.5 ** 2 / (2 * 4.25))
+    assert (out["mech/is_seq/max"] == pytest.approx(2.0)
+            and out["mech/is_seq/ess"] == pytest.approx(2.5 ** 2 / (2 * 4.25)))
     assert out["mech/seq_log_ratio/len_1-16/mean_abs"] == pytest.approx(math.log(2.0))
     assert out["mech/seq_log_ratio/len_1-16/n"] == 2.0
-    assert out["mech/entropy/pos_1-16"] == pytest.approx((1 + 2 + 3 + 5) / 4)  # masked positions left out
+    # masked positions left out
+    assert out["mech/entropy/pos_1-16"] == pytest.approx((1 + 2 + 3 + 5) / 4)
     same = mechanism_metrics(mu, mu.clone(), mask, ent)
-    assert same["mech/is_tok/ess"] == 1.0 and same["mech/is_seq/ess"] == 1.0 and same["mech/is_tok/max"] == 1.0
+    assert (same["mech/is_tok/ess"] == 1.0 and same["mech/is_seq/ess"] == 1.0
+            and same["mech/is_tok/max"] == 1.0)
     assert mechanism_metrics(mu, mu, torch.zeros(2, 3), ent) == {}

@@ -20,7 +20,8 @@ from suite.analysis.runs import load_runs
 from suite.results import find_run_dirs, load_run, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURE = REPO / "tests" / "fixtures" / "results-2seeds"  # real runs: metrics, timing, log.txt (stored as .xz)
+# real runs: metrics, timing, log.txt (stored as .xz)
+FIXTURE = REPO / "tests" / "fixtures" / "results-2seeds"
 RUN = "arith__grpo__fp16__s0"
 MIB = 1 << 20
 
@@ -48,7 +49,8 @@ def pair(tmp_path):
     fresh, ref = tmp_path / "fresh", tmp_path / "ref"
     shutil.copytree(FIXTURE, fresh)
     shutil.copytree(FIXTURE, ref)
-    for d in find_run_dirs(fresh):  # the fixture is stored compressed: the fresh grid gets the plain logs a run writes
+    # the fixture is stored compressed: the fresh grid gets the plain logs a run writes
+    for d in find_run_dirs(fresh):
         for xz in d.glob("*" + packed.SUFFIX):
             xz.with_suffix("").write_bytes(packed.read_bytes(xz))
             xz.unlink()

@@ -1,6 +1,7 @@
-"""algo.ppo_ref: the PPO ratio's denominator, the trainer's recomputed log-probs (default) or the sampler's
-(verl's bypass mode). With the sampler's, the clip reads the precision gap as policy change ("phantom
-clipping"); ppo/clip_frac_gap measures what the gap alone clips. A default run's metrics are unchanged."""
+"""algo.ppo_ref: the PPO ratio's denominator, the trainer's recomputed log-probs (default) or the
+sampler's (verl's bypass mode). With the sampler's, the clip reads the precision gap as policy
+change ("phantom clipping"); ppo/clip_frac_gap measures what the gap alone clips. A default run's
+metrics are unchanged."""
 
 from __future__ import annotations
 
@@ -20,8 +21,9 @@ def test_gap_clip_fraction_against_a_hand_computation():
     old = torch.log(torch.full((2, 4), 0.5))
     mu = torch.log(torch.tensor([[0.5, 0.3, 0.7, 0.5], [0.3, 0.5, 0.5, 0.9]]))
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.float32)
-    # ratios pi'/mu: [1, 5/3, 5/7, 1] and [5/3, 1, 1, (5/9, masked)]; eps 0.2. A = +1 clips r > 1.2 only
-    # (the 5/3 of row 0); A = -1 clips r < 0.8 only (none: 5/3 stays on the unclipped branch). 1 of 7 tokens.
+    # ratios pi'/mu: [1, 5/3, 5/7, 1] and [5/3, 1, 1, (5/9, masked)]; eps 0.2. A = +1 clips r > 1.2
+    # only (the 5/3 of row 0); A = -1 clips r < 0.8 only (none: 5/3 stays on the unclipped branch).
+    # 1 of 7 tokens.
     got = gap_clip_fraction(old, mu, torch.tensor([1.0, -1.0]), mask, 0.2, 0.2)
     assert got == pytest.approx(1 / 7)
     assert gap_clip_fraction(old, old, torch.tensor([1.0, -1.0]), mask, 0.2, 0.2) == 0.0
@@ -33,7 +35,8 @@ def _rows(tmp_path, name, *extra):
 
 
 def test_with_identical_numerics_the_reference_changes_nothing(tmp_path):
-    """precision=exact: sampler and trainer log-probs are bitwise equal, so both references give the same run."""
+    """precision=exact: sampler and trainer log-probs are bitwise equal, so both references give the
+    same run."""
     _, rows = _rows(tmp_path, "trainer", "precision=exact", "steps=2")
     b, other = _rows(tmp_path, "sampler", "precision=exact", "steps=2", "algo.ppo_ref=sampler")
     assert all(r["mismatch/kl_k3"] == 0.0 and r["ppo/clip_frac_gap"] == 0.0 for r in other)
@@ -42,14 +45,17 @@ def test_with_identical_numerics_the_reference_changes_nothing(tmp_path):
 
 
 def test_sampler_reference_clips_exactly_what_the_gap_clips_at_the_first_update(tmp_path):
-    """bf16, one update per rollout, a tight clip: with the trainer's reference the first update starts at
-    ratio 1 and clips nothing; with the sampler's it clips exactly the tokens ppo/clip_frac_gap counts."""
-    knobs = ["precision=bf16", "steps=3", "updates_per_step=1", "algo.clip_low=0.01", "algo.clip_high=0.01"]
+    """bf16, one update per rollout, a tight clip: with the trainer's reference the first update
+    starts at ratio 1 and clips nothing; with the sampler's it clips exactly the tokens
+    ppo/clip_frac_gap counts."""
+    knobs = ["precision=bf16", "steps=3", "updates_per_step=1", "algo.clip_low=0.01",
+             "algo.clip_high=0.01"]
     _, trainer = _rows(tmp_path, "trainer", *knobs)
     _, sampler = _rows(tmp_path, "sampler", *knobs, "algo.ppo_ref=sampler")
     assert all(r["ppo/clip_frac"] == 0.0 and "ppo/clip_frac_gap" not in r for r in trainer)
     assert [r["ppo/clip_frac"] for r in sampler] == [r["ppo/clip_frac_gap"] for r in sampler]
-    assert sampler[0]["ppo/clip_frac_gap"] > 0  # the gap is real in bf16 (2% of tokens at step 1 on cpu-amx-native)
+    # the gap is real in bf16 (2% of tokens at step 1 on cpu-amx-native)
+    assert sampler[0]["ppo/clip_frac_gap"] > 0
 
 
 @pytest.mark.parametrize("override, words", [

@@ -1,5 +1,6 @@
-"""The refit check (suite/numerics/refit.py): after a sync the sampler's quantised weights are a fresh quantisation
-of the synced weights, bit for bit, for every flow that quantises; a stale scale or code is caught and named."""
+"""The refit check (suite/numerics/refit.py): after a sync the sampler's quantised weights are a
+fresh quantisation of the synced weights, bit for bit, for every flow that quantises; a stale scale
+or code is caught and named."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def _engine(tiny_model, flow):
 
 
 def test_every_quantising_flow_is_checked():
-    assert {"fp8", "bf16_fp8rollout", "bf16_nvfp4rollout", "bf16_mxfp4a4rollout", "nvfp4a4"} <= set(QUANTISING)
+    assert {"fp8", "bf16_fp8rollout", "bf16_nvfp4rollout", "bf16_mxfp4a4rollout",
+            "nvfp4a4"} <= set(QUANTISING)
 
 
 @pytest.mark.parametrize("flow", QUANTISING)
@@ -36,11 +38,13 @@ def test_a_fresh_sync_passes_and_a_stale_scale_is_named(tiny_model, flow):
     assert refit.checkable(engine), flow
     assert refit.check(engine, old) == sorted(engine.wq)  # every quantised weight, bit for bit
     stale = dict(engine.wq)
-    new = {k: v * 1.5 if v.dim() == 2 else v for k, v in old.items()}  # an update moves every weight's scale
+    # an update moves every weight's scale
+    new = {k: v * 1.5 if v.dim() == 2 else v for k, v in old.items()}
     engine.sync(new)
     refit.check(engine, new)
     name = sorted(engine.wq)[-1]
-    engine.wq[name] = stale[name]  # the planted bug: one layer keeps the last sync's codes and scales
+    # the planted bug: one layer keeps the last sync's codes and scales
+    engine.wq[name] = stale[name]
     with pytest.raises(refit.StaleWeights, match=name.replace(".", r"\.")):
         refit.check(engine, new)
     others = [n for n in sorted(engine.wq) if n != name]
@@ -68,19 +72,22 @@ def test_the_rotation_covers_every_weight_and_plain_engines_are_skipped(tiny_mod
     steps = -(-len(names) // 2)
     assert sorted(n for s in range(steps) for n in refit.rotating(engine, s)) == names
     _, plain = _engine(tiny_model, "bf16")
-    assert not refit.checkable(plain) and refit.check(plain, {}) == [] and refit.rotating(plain, 3) == []
+    assert not refit.checkable(plain) and refit.check(plain,
+                                                      {}) == [] and refit.rotating(plain, 3) == []
 
 
 def test_a_tensor_on_another_device_is_compared_where_the_sampler_holds_it(tiny_model):
     trainer, engine = _engine(tiny_model, "bf16_fp8rollout")
     w = trainer.model.state_dict()
     engine.sync(w)
-    assert refit.check(engine, {k: v.to(torch.float64) for k, v in w.items()})  # cast to the sampler's dtype first
+    # cast to the sampler's dtype first
+    assert refit.check(engine, {k: v.to(torch.float64) for k, v in w.items()})
 
 
 def test_a_run_whose_sampler_keeps_stale_weights_stops_naming_the_layer(tmp_path, monkeypatch):
-    """The planted bug in a run: after its first sync the sampler never requantises (as a reload that leaves the
-    quantised buffers behind); the run stops at the first step's check, naming a layer, and says so in its summary."""
+    """The planted bug in a run: after its first sync the sampler never requantises (as a reload
+    that leaves the quantised buffers behind); the run stops at the first step's check, naming a
+    layer, and says so in its summary."""
     import json
 
     from suite.numerics.engine import TorchEngine
@@ -103,7 +110,8 @@ def test_a_run_whose_sampler_keeps_stale_weights_stops_naming_the_layer(tmp_path
 
 
 def test_the_per_step_check_casts_only_the_layers_it_checks(tiny_model):
-    """The rotating check runs inside the RL step: it must not copy the whole model into the sampler's dtype."""
+    """The rotating check runs inside the RL step: it must not copy the whole model into the
+    sampler's dtype."""
     trainer, engine = _engine(tiny_model, "bf16_fp8rollout")
     w = trainer.model.state_dict()
     engine.sync(w)

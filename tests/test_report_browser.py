@@ -1,11 +1,13 @@
-"""The report of the committed results of the main job (the sanity grid), opened in headless Chromium: it renders without
-console errors and every figure loads. Also leaves a full-page screenshot for a human look."""
+"""The report of the committed results of the main job (the sanity grid), opened in headless
+Chromium: it renders without console errors and every figure loads. Also leaves a full-page
+screenshot for a human look."""
 
 from pathlib import Path
 
 from suite.analysis import report
 
-RESULTS = Path(__file__).parents[1] / "results" / "reference" / "cpu-avx2-emulated" / "sanity"  # a committed reference
+# a committed reference
+RESULTS = Path(__file__).parents[1] / "results" / "reference" / "cpu-avx2-emulated" / "sanity"
 
 
 def test_report_of_committed_results_in_browser(page, tmp_path):
@@ -19,8 +21,10 @@ def test_report_of_committed_results_in_browser(page, tmp_path):
 
     page.goto((out / "index.html").as_uri())
     page.wait_for_load_state("load")
-    imgs = page.eval_on_selector_all("img", "els => els.map(e => [e.getAttribute('src'), e.complete, e.naturalWidth])")
-    assert sorted(src for src, _, _ in imgs) == sorted(f"figures/{f.name}" for f in figures if f.suffix == ".png")
+    imgs = page.eval_on_selector_all("img", "els => els.map(e => [e.getAttribute('src'), "
+                                            "e.complete, e.naturalWidth])")
+    assert sorted(src for src, _, _ in imgs) == sorted(f"figures/{f.name}" for f in figures
+                                                       if f.suffix == ".png")
     for src, complete, width in imgs:
         assert complete and width > 0, src
     # Every link points at a file that exists; no link leaves the folder.
@@ -28,10 +32,11 @@ def test_report_of_committed_results_in_browser(page, tmp_path):
     for href in hrefs:
         assert href.startswith("#") or (out / href).is_file(), href
     text = page.inner_text("body")
-    for heading in ("Warnings", "Verdicts per cell", "Training accuracy", "Training-inference mismatch",
-                    "fp16 loss scaling", "Runs", "Provenance"):
+    for heading in ("Warnings", "Verdicts per cell", "Training accuracy",
+                    "Training-inference mismatch", "fp16 loss scaling", "Runs", "Provenance"):
         assert heading in text
-    assert "suite run task=arith3 algorithm=grpo precision=bf16 seed=0 tier=small name=sanity" in text
+    assert ("suite run task=arith3 algorithm=grpo precision=bf16 seed=0 tier=small name=sanity"
+            in text)
     assert page.errors == []
     shot = tmp_path / "report.png"
     page.screenshot(path=str(shot), full_page=True)

@@ -1,5 +1,6 @@
-"""The main job reproduces: machine classes, the comparison with a committed reference, what must hold on
-every machine, promotion of a grid to a reference, and a main job that leaves the checkout untouched."""
+"""The main job reproduces: machine classes, the comparison with a committed reference, what must
+hold on every machine, promotion of a grid to a reference, and a main job that leaves the checkout
+untouched."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def test_isa_level_from_cpu_flags(flags, level):
 
 def test_this_machines_class_names_isa_and_gemm_backend():
     cls = machine.describe("emulated", threads=1)
-    assert cls["id"] == f"cpu-{machine.cpu_isa()}-emulated" and cls["gemm"] == {"bf16": "emulated", "fp16": "emulated"}
+    assert cls["id"] == f"cpu-{machine.cpu_isa()}-emulated" and cls["gemm"] == {
+        "bf16": "emulated", "fp16": "emulated"}
     assert cls["threads"] == 1 and cls["torch"]
     assert machine.describe("native", threads=1)["id"].endswith("-native")
     assert machine.differences(cls, {**cls, "torch": "2.99"}) == ["torch"]
@@ -54,8 +56,9 @@ def test_old_runs_get_the_class_their_reference_folder_declares():
 # ---- comparison with a reference ------------------------------------------------------------
 @pytest.fixture
 def fresh(tmp_path):
-    """A copy of the committed AVX2 grid, as if a machine of that class had just rerun it: its logs plain, as a run
-    writes them (the reference stores them as .xz, results/README.md), so a test edits them by name."""
+    """A copy of the committed AVX2 grid, as if a machine of that class had just rerun it: its logs
+    plain, as a run writes them (the reference stores them as .xz, results/README.md), so a test
+    edits them by name."""
     root = tmp_path / "sanity"
     shutil.copytree(AVX2, root, ignore=shutil.ignore_patterns("report"))
     packed.unpack(root)
@@ -92,17 +95,21 @@ def test_a_cell_of_another_config_is_not_compared(fresh):
 
 
 def test_a_field_added_since_the_reference_at_its_default_still_compares(fresh):
-    """A reference written before a config field existed is the same experiment when the fresh run holds
-    that field's default (provenance.same_experiment); a non-default value is another experiment."""
+    """A reference written before a config field existed is the same experiment when the fresh run
+    holds that field's default (provenance.same_experiment); a non-default value is another
+    experiment."""
     path = fresh / "arith3__grpo__fp32__s0" / "config.json"
     cfg = json.loads(path.read_text())
     for added, want in ((0.0, "identical"), (0.5, "reference has another config")):
-        cfg["config"]["algo"] = {**dataclasses.asdict(AlgoConfig()), "entropy_coef": added}  # as written today
+        # as written today
+        cfg["config"]["algo"] = {**dataclasses.asdict(AlgoConfig()), "entropy_coef": added}
         cfg["config_hash"] = config_hash(cfg["config"])
         path.write_text(json.dumps(cfg))
         old = json.loads((AVX2 / "arith3__grpo__fp32__s0" / "config.json").read_text())["config"]
         assert "algo" not in old  # the committed reference predates the algo.* knobs
-        assert {r["run"]: r for r in reproduce.compare(fresh, AVX2)}["arith3__grpo__fp32__s0"]["metrics"] == want
+        assert {r["run"]: r
+                for r in reproduce.compare(fresh,
+                                           AVX2)}["arith3__grpo__fp32__s0"]["metrics"] == want
 
 
 def test_invariants_hold_on_the_reference_and_break_when_they_should(fresh):
@@ -124,8 +131,9 @@ def test_invariants_hold_on_the_reference_and_break_when_they_should(fresh):
 
 
 def test_statement_without_a_reference_of_this_class(fresh, tmp_path):
-    doc = {"machine_class": {"id": "cpu-zz-native"}, "reference": None, "known_classes": ["cpu-avx2-emulated"],
-           "invariants": reproduce.invariants(fresh), "rows": reproduce.compare(fresh, None)}
+    doc = {"machine_class": {"id": "cpu-zz-native"}, "reference": None,
+           "known_classes": ["cpu-avx2-emulated"], "invariants": reproduce.invariants(fresh),
+           "rows": reproduce.compare(fresh, None)}
     text = reproduce.statement(doc)
     assert text.startswith("No committed reference for machine class cpu-zz-native")
     assert "3 of 3 checks hold" in text and "cpu-avx2-emulated" in text
@@ -134,7 +142,8 @@ def test_statement_without_a_reference_of_this_class(fresh, tmp_path):
 
 def test_promote_refuses_a_dirty_checkout_and_copies_a_clean_grid(fresh, tmp_path):
     with pytest.raises(ValueError, match="do not record one machine class"):
-        reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")  # made before env.json recorded it
+        # made before env.json recorded it
+        reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")
 
     def set_env(**kw):
         for env_path in fresh.glob("*/env.json"):
@@ -142,7 +151,8 @@ def test_promote_refuses_a_dirty_checkout_and_copies_a_clean_grid(fresh, tmp_pat
 
     set_env(machine_class=machine.describe("auto", 1))
     with pytest.raises(ValueError, match="dirty checkout"):
-        reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")  # these runs recorded git_dirty true
+        # these runs recorded git_dirty true
+        reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")
     set_env(git_dirty=False)
     (fresh / "arith3__grpo__fp32__s0" / "ckpt").mkdir()
     dest = reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")
@@ -155,14 +165,16 @@ def test_promote_refuses_a_dirty_checkout_and_copies_a_clean_grid(fresh, tmp_pat
 
 
 def test_promote_keeps_the_folders_of_a_nested_grid(fresh, tmp_path):
-    """A grid nested by an axis (<grid>/<ppo_ref or regime>/<run>) repeats run names across its folders."""
+    """A grid nested by an axis (<grid>/<ppo_ref or regime>/<run>) repeats run names across its
+    folders."""
     nested = tmp_path / "nested"
     for arm in ("trainer", "sampler"):
         shutil.copytree(fresh, nested / arm)
     for env_path in [*fresh.glob("*/env.json"), *nested.glob("*/*/env.json")]:
         sha = "b" * 40 if env_path.is_relative_to(nested) else "a" * 40
         env_path.write_text(json.dumps({**json.loads(env_path.read_text()), "git_sha": sha,
-                                        "machine_class": machine.describe("auto", 1), "git_dirty": False}))
+                                        "machine_class": machine.describe("auto", 1),
+                                        "git_dirty": False}))
     reference.promote(fresh, "sanity", ref_root=tmp_path / "ref")
     dest = reference.promote(nested, "h1", ref_root=tmp_path / "ref")
     assert {p.parent.parent.name for p in dest.glob("*/*/metrics.jsonl")} == {"trainer", "sampler"}
@@ -170,7 +182,8 @@ def test_promote_keeps_the_folders_of_a_nested_grid(fresh, tmp_path):
     # Each grid keeps the commit it was made at; a later grid does not rewrite the first one's.
     meta = json.loads((dest.parent / "reference.json").read_text())
     assert meta["git_sha"] == "a" * 40 and meta["jobs"]["h1"]["git_sha"] == "b" * 40
-    assert "made at commit aaaaaaa" in reproduce.check(fresh, "sanity", ref_root=tmp_path / "ref")["statement"]
+    assert "made at commit aaaaaaa" in reproduce.check(fresh, "sanity",
+                                                       ref_root=tmp_path / "ref")["statement"]
 
 
 # ---- the console and the main job ----------------------------------------------------------
@@ -184,31 +197,40 @@ def test_piped_output_is_never_cut():
 
 
 def test_main_job_writes_next_to_its_runs_and_leaves_git_status_clean(tmp_path):
-    """A small main job (smoke cells, one seed, every row in fp32) writes runs, table, controls, reproduction,
-    report and leaderboard under its out directory; nothing tracked by git (the committed references, the
-    committed site) changes. Runs too short to judge judge no control, and say so."""
+    """A small main job (smoke cells, one seed, every row in fp32) writes runs, table, controls,
+    reproduction, report and leaderboard under its out directory; nothing tracked by git (the
+    committed references, the committed site) changes. Runs too short to judge judge no control, and
+    say so."""
     from suite import cli
 
-    before = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
+                            text=True).stdout
     site = (REPO / "leaderboard" / "data.js").read_bytes()
     out = tmp_path / "out"
     assert cli.main(["main", "tier=smoke", "precision=fp32", "seed=0", f"out={out}"]) == 0
     root = out / "main"
-    for f in ("outcomes.md", "reproduction.md", "reproduction.json", "job.json", "report/index.html",
-              "leaderboard/index.html", "leaderboard/data.js", "controls.json", "../controls/reproduction.md"):
+    for f in ("outcomes.md", "reproduction.md", "reproduction.json", "job.json",
+              "report/index.html", "leaderboard/index.html", "leaderboard/data.js", "controls.json",
+              "../controls/reproduction.md"):
         assert (root / f).is_file(), f
     first = json.loads((root / "controls.json").read_text())["first_line"]
-    assert "not judged: stale-k4, nvfp4a4-rollout" in first and first in (root / "outcomes.md").read_text()
+    assert ("not judged: stale-k4, nvfp4a4-rollout" in first
+            and first in (root / "outcomes.md").read_text())
     md = (root / "report" / "report.md").read_text()
-    assert md.index(first) < md.index("Controls: known-bad recipes beside their corrections") < md.index("The runs")
-    assert (root / "report" / "figures" / "headline.png").is_file()  # a panel per flow and per control row
+    assert (md.index(first) < md.index("Controls: known-bad recipes beside their corrections")
+            < md.index("The runs"))
+    # a panel per flow and per control row
+    assert (root / "report" / "figures" / "headline.png").is_file()
     doc = json.loads((root / "reproduction.json").read_text())
     assert doc["machine_class"]["id"] == machine.describe("auto", 1)["id"]
-    assert "Reproduction against the committed reference" in (root / "report" / "report.md").read_text()
+    assert ("Reproduction against the committed reference"
+            in (root / "report" / "report.md").read_text())
     env = json.loads((root / "arith__grpo__fp32__s0" / "env.json").read_text())
     assert env["machine_class"] == doc["machine_class"]
-    assert json.loads((root / "job.json").read_text())["cells_trained"] == 8  # 1 main cell, 7 control rows
-    after = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True).stdout
+    # 1 main cell, 7 control rows
+    assert json.loads((root / "job.json").read_text())["cells_trained"] == 8
+    after = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
+                           text=True).stdout
     assert after == before and (REPO / "leaderboard" / "data.js").read_bytes() == site
 
 

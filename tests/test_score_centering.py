@@ -157,7 +157,8 @@ def test_every_scoring_path_of_the_trainer_gives_e_t(tiny_model, path):
     V = model.config.vocab_size
     mu = SamplerDist(torch.log_softmax(torch.randn(3, R, V, generator=g), -1))
     head = SamplerDist(*mu.logp.topk(5, dim=-1))
-    t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3), TrainerOptions(**path))
+    t = Trainer(copy.deepcopy(model), resolve("fp32"), "native", OptimConfig(lr=1e-3),
+                TrainerOptions(**path))
     full = t.log_distribution(ids, attn, R, 1.0)
     m = mask.bool()
     for sampler in (mu, head):
@@ -200,9 +201,9 @@ class _Logprob:
 
 
 def test_vllm_top_k_head_is_read_from_its_logprobs(monkeypatch):
-    """engine=vllm with algo.score_centering_topk: the request asks for logprobs=k and the k most likely
-    tokens of each position become Rollout.dist / dist_ids (vLLM adds the sampled token when it is not
-    among them). A stand-in for vLLM's LLM: no engine starts."""
+    """engine=vllm with algo.score_centering_topk: the request asks for logprobs=k and the k most
+    likely tokens of each position become Rollout.dist / dist_ids (vLLM adds the sampled token when
+    it is not among them). A stand-in for vLLM's LLM: no engine starts."""
     pytest.importorskip("vllm")
     from types import SimpleNamespace
 

@@ -1,5 +1,6 @@
-"""``suite submit``: a submission is checked with the leaderboard's own validators, written whole or not at
-all, and checked again (``--check``, what CI runs) including for files edited after submitting."""
+"""``suite submit``: a submission is checked with the leaderboard's own validators, written whole or
+not at all, and checked again (``--check``, what CI runs) including for files edited after
+submitting."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ def test_a_valid_run_is_submitted_and_enters_the_board(tmp_path, capsys):
     assert manifest["name"] == "alice" and [r["run"] for r in manifest["runs"]] == [RUN]
     assert "metrics.jsonl" in manifest["runs"][0]["files"] and not (out / RUN / "ckpt").exists()
     assert submit.check(out) == []
-    leaderboard.build([tmp_path / "submissions"], tmp_path / "site")  # the folder the CI workflow builds from
+    # the folder the CI workflow builds from
+    leaderboard.build([tmp_path / "submissions"], tmp_path / "site")
     assert leaderboard.read_site_data(tmp_path / "site")["accepted"] == 1
 
 
@@ -31,9 +33,11 @@ def test_a_tampered_run_is_refused_with_the_reason_and_nothing_is_written(tmp_pa
     out = tmp_path / "sub"
     assert submit.cli([str(tmp_path / "mine"), "--name", "mallory", "--out", str(out)]) == 1
     printed = capsys.readouterr().out
-    assert f"refused {bad}: summary.json: accuracy/final=0.999 but metrics.jsonl + timing.jsonl give" in printed
+    assert (f"refused {bad}: summary.json: accuracy/final=0.999 "
+            "but metrics.jsonl + timing.jsonl give" in printed)
     assert "nothing written" in printed and not out.exists() and good.is_dir()
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp folder left
+    # no temp folder left
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
 
 
 def test_check_catches_an_edit_after_submitting(tmp_path, capsys):
@@ -45,7 +49,8 @@ def test_check_catches_an_edit_after_submitting(tmp_path, capsys):
     assert any("accuracy/peak=1.0 but metrics.jsonl" in p for p in problems)
     assert submit.cli(["--check", str(out)]) == 1 and "refused" in capsys.readouterr().out
     (out / submit.MANIFEST).unlink()
-    assert submit.check(out) == [f"{out}: no {submit.MANIFEST} (make submissions with `suite submit`)"]
+    assert submit.check(out) == [f"{out}: no {submit.MANIFEST} (make submissions with `suite "
+                                 "submit`)"]
 
 
 def test_bad_arguments_are_errors_before_any_check(tmp_path):

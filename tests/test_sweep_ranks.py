@@ -19,8 +19,10 @@ import pytest
 from suite import dist
 from suite.experiments import local_launcher, sweep
 
-SHARDED = pytest.mark.skipif(not dist.fsdp_sums(), reason="sharded training needs torch >= 2.8 (FSDP2 sum "
-                             "reduction, pytorch#155915); refused before compute there (tests/test_torch_floor.py)")
+SHARDED = pytest.mark.skipif(not dist.fsdp_sums(),
+                             reason="sharded training needs torch >= 2.8 (FSDP2 sum reduction, "
+                                    "pytorch#155915); refused before compute there "
+                                    "(tests/test_torch_floor.py)")
 
 
 def _smoke(out, name, *extra):
@@ -49,14 +51,19 @@ def _cell(nproc, threads=1, nnodes=1):
 def test_capacity_counts_cores_and_a_cell_wider_than_it_runs_alone():
     two, four, one = _cell(2), _cell(4), _cell(1)
     assert local_launcher.capacity([two, one], jobs=2) == 2
-    assert local_launcher.capacity([_cell(1, threads=3), one], jobs=2) == 6  # jobs x the largest threads
+    # jobs x the largest threads
+    assert local_launcher.capacity([_cell(1, threads=3), one], jobs=2) == 6
     assert local_launcher.capacity([two], jobs=None) == (os.cpu_count() or 1)
     assert local_launcher.cores(_cell(2, threads=3)) == 6
     assert local_launcher.next_fit([two, two], in_use=0, cap=2) == 0
-    assert local_launcher.next_fit([two], in_use=2, cap=2) is None          # a second 2-rank cell waits
-    assert local_launcher.next_fit([two, one], in_use=1, cap=2) == 1        # first fit: the 1-rank cell starts
-    assert local_launcher.next_fit([four], in_use=0, cap=2) == 0            # wider than the capacity: alone ...
-    assert local_launcher.next_fit([four, one], in_use=4, cap=2) is None    # ... and nothing beside it
+    # a second 2-rank cell waits
+    assert local_launcher.next_fit([two], in_use=2, cap=2) is None
+    # first fit: the 1-rank cell starts
+    assert local_launcher.next_fit([two, one], in_use=1, cap=2) == 1
+    # wider than the capacity: alone ...
+    assert local_launcher.next_fit([four], in_use=0, cap=2) == 0
+    # ... and nothing beside it
+    assert local_launcher.next_fit([four, one], in_use=4, cap=2) is None
 
 
 @SHARDED
@@ -70,11 +77,13 @@ def test_local_launcher_runs_two_2_rank_cells_one_after_the_other(tmp_path, caps
         assert _summary(d)["verdict"] != "incomplete"
         assert json.loads((d / "env.json").read_text())["world"]["world_size"] == 2
     printed = capsys.readouterr().out
-    assert "capacity 2 cores" in printed and "1 queued" in printed and "running arith__grpo__fp32__s" in printed
+    assert ("capacity 2 cores" in printed and "1 queued" in printed
+            and "running arith__grpo__fp32__s" in printed)
 
 
 @SHARDED
-def test_basic_launcher_starts_a_cells_ranks_with_torchrun_and_records_a_failed_one(tmp_path, monkeypatch, capfd):
+def test_basic_launcher_starts_a_cells_ranks_with_torchrun_and_records_a_failed_one(
+    tmp_path, monkeypatch, capfd):
     real = dist.launch
     calls = []
 
@@ -84,7 +93,8 @@ def test_basic_launcher_starts_a_cells_ranks_with_torchrun_and_records_a_failed_
 
     monkeypatch.setattr(dist, "launch", launch)
     out = tmp_path / "out"
-    assert sweep.main(_smoke(out, "hyd", "seed=0,1", "nproc=2")) == 1  # Hydra's basic launcher, in this process
+    # Hydra's basic launcher, in this process
+    assert sweep.main(_smoke(out, "hyd", "seed=0,1", "nproc=2")) == 1
     bad, good = out / "hyd" / "arith__grpo__fp32__s0", out / "hyd" / "arith__grpo__fp32__s1"
     assert [c[0][0] for c in calls] == ["run", "run"] and all(c[1:] == (2, 1) for c in calls)
     s = _summary(bad)
@@ -92,7 +102,8 @@ def test_basic_launcher_starts_a_cells_ranks_with_torchrun_and_records_a_failed_
     assert _summary(good)["verdict"] != "incomplete"  # ran after the failure
     world = json.loads((good / "env.json").read_text())["world"]
     assert world["world_size"] == 2 and world["launcher"] == "torchrun"
-    assert "step    2" in (good / "log.txt").read_text()  # the ranks' output is in the cell's log ...
+    # the ranks' output is in the cell's log ...
+    assert "step    2" in (good / "log.txt").read_text()
     printed = capfd.readouterr().out
     assert "step    2" not in printed  # ... not on the sweep's terminal
     assert f"FAILED {bad}: process exited with code 9" in printed
@@ -101,18 +112,19 @@ def test_basic_launcher_starts_a_cells_ranks_with_torchrun_and_records_a_failed_
 @SHARDED
 @pytest.mark.parametrize("launcher", ["launcher=local", "hydra/launcher=basic"])
 def test_a_killed_sweep_leaves_no_rank_of_its_cells(tmp_path, launcher):
-    """`suite sweep` SIGKILLed while a 2-rank cell trains: local (the sweep -> the cell's `suite run` -> torchrun's
-    agent -> the ranks) and Hydra's basic launcher (the sweep runs the cell and starts the agent itself). Every
-    process below the sweep is gone within dist.ORPHAN_TIMEOUT_S (from the watchdog period and the agent's
-    shutdown grace, not from this machine's speed)."""
+    """`suite sweep` SIGKILLed while a 2-rank cell trains: local (the sweep -> the cell's `suite
+    run` -> torchrun's agent -> the ranks) and Hydra's basic launcher (the sweep runs the cell and
+    starts the agent itself). Every process below the sweep is gone within dist.ORPHAN_TIMEOUT_S
+    (from the watchdog period and the agent's shutdown grace, not from this machine's speed)."""
     out, log = tmp_path / "out", tmp_path / "log.txt"
-    args = ["grid=sanity", "tier=smoke", "steps=1000", f"out={out}", "name=k", "precision=fp32", "algorithm=grpo",
-            "seed=0", "nproc=2", launcher]  # 1000 steps: minutes, so nothing ends by itself
+    args = ["grid=sanity", "tier=smoke", "steps=1000", f"out={out}", "name=k", "precision=fp32",
+            # 1000 steps: minutes, so nothing ends by itself
+            "algorithm=grpo", "seed=0", "nproc=2", launcher]
     metrics = out / "k" / "arith__grpo__fp32__s0" / "metrics.jsonl"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with log.open("w") as f:
-        swept = subprocess.Popen([sys.executable, "-m", "suite.cli", "sweep", *args], env=env, stdout=f,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
+        swept = subprocess.Popen([sys.executable, "-m", "suite.cli", "sweep", *args], env=env,
+                                 stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     procs = {}
     try:
         process_tree.first_step(metrics, swept, log)
@@ -131,7 +143,8 @@ def test_a_killed_sweep_leaves_no_rank_of_its_cells(tmp_path, launcher):
 
 @SHARDED
 @pytest.mark.parametrize("extra, words", [
-    (["nproc=2", "nnodes=2", "launcher=local"], ["nnodes", "arith__grpo__fp32__s0", "launcher local"]),
+    (["nproc=2", "nnodes=2", "launcher=local"],
+     ["nnodes", "arith__grpo__fp32__s0", "launcher local"]),
     (["nproc=2", "nnodes=2"], ["nnodes", "launcher basic", "submitit_slurm"]),
     (["nproc=2", "launcher=local", "jobs=0"], ["jobs", ">= 1"]),
     (["nproc=1,2", "name=r${nproc}", "hydra/launcher=submitit_slurm"],
@@ -155,7 +168,8 @@ def test_ranks_a_launcher_cannot_start_are_refused_before_compute(tmp_path, extr
 def test_slurm_dry_run_asks_for_a_task_and_a_gpu_per_rank(tmp_path, capsys):
     pytest.importorskip("hydra_plugins.hydra_submitit_launcher")
     out = tmp_path / "out"
-    # The documented command for the published sanity test (docs/sweeps.md), planned on this CPU-only machine.
+    # The documented command for the published sanity test (docs/sweeps.md), planned on this
+    # CPU-only machine.
     base = ["grid=sanity-r1d", "engine=torch", f"out={out}", "hydra/launcher=submitit_slurm",
             "hydra.launcher.partition=gpu", "hydra.launcher.timeout_min=720", "dry_run=true"]
     assert sweep.main([*base, "nproc=8"]) == 0
@@ -163,7 +177,8 @@ def test_slurm_dry_run_asks_for_a_task_and_a_gpu_per_rank(tmp_path, capsys):
     for line in ("#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8", "#SBATCH --nodes=1",
                  "#SBATCH --array=0-5%6", "#SBATCH --partition=gpu", "#SBATCH --time=720"):
         assert line in text, line
-    assert "srun --unbuffered" in text and " --kill-on-bad-exit=1 " in text  # a dead rank ends the step
+    # a dead rank ends the step
+    assert "srun --unbuffered" in text and " --kill-on-bad-exit=1 " in text
     assert sweep.main([*base, "nproc=8", "nnodes=2"]) == 0
     text = capsys.readouterr().out
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=8" in text
@@ -176,13 +191,14 @@ def test_slurm_dry_run_asks_for_a_task_and_a_gpu_per_rank(tmp_path, capsys):
     # One rank per cell: the job is what it was (one task, the user's GPUs or none).
     assert sweep.main([*base]) == 0
     text = capsys.readouterr().out
-    assert "#SBATCH --ntasks-per-node=1" in text and "--gpus-per-node" not in text and "--kill-on-bad-exit" not in text
+    assert ("#SBATCH --ntasks-per-node=1" in text and "--gpus-per-node" not in text
+            and "--kill-on-bad-exit" not in text)
     assert not out.exists()
 
 
 def test_local_launcher_passes_the_users_hub_settings_to_every_cell(tmp_path, monkeypatch):
-    """A connected machine that says HF_HUB_OFFLINE=0 gets it in every cell (real tasks download there);
-    the suite does not force offline mode on a sweep."""
+    """A connected machine that says HF_HUB_OFFLINE=0 gets it in every cell (real tasks download
+    there); the suite does not force offline mode on a sweep."""
     seen = []
 
     class Done:
@@ -207,9 +223,11 @@ def test_local_launcher_passes_the_users_hub_settings_to_every_cell(tmp_path, mo
 
 @SHARDED
 def test_local_launcher_on_gpus_gives_each_cell_gpus_of_its_own(tmp_path, monkeypatch):
-    """With CUDA GPUs a cell takes nproc GPUs as CUDA_VISIBLE_DEVICES: cells never share a GPU, a 2-rank cell
-    waits for two free ones, and a cell wider than the machine is refused before any cell starts."""
-    live, log = [], []  # the GPUs of the processes alive now; (cell, its GPUs, the GPUs held by the others)
+    """With CUDA GPUs a cell takes nproc GPUs as CUDA_VISIBLE_DEVICES: cells never share a GPU, a
+    2-rank cell waits for two free ones, and a cell wider than the machine is refused before any
+    cell starts."""
+    # the GPUs of the processes alive now; (cell, its GPUs, the GPUs held by the others)
+    live, log = [], []
 
     class Proc:
         def __init__(self, cmd, env, **kw):
@@ -237,7 +255,8 @@ def test_local_launcher_on_gpus_gives_each_cell_gpus_of_its_own(tmp_path, monkey
     codes = local_launcher.launch_local(cells, jobs=None, console=quiet, gpus=["0", "1"])
     assert sorted(codes.values()) == [0, 0, 0, 0] and len(log) == 4
     for overrides, mine, others in log:
-        assert len(mine) == int(overrides[2].split("=")[1]) and not set(mine) & set(others), (overrides, mine, others)
+        assert (len(mine) == int(overrides[2].split("=")[1])
+                and not set(mine) & set(others)), (overrides, mine, others)
     assert max(len(others) for _, _, others in log) == 1  # two 1-rank cells did run side by side
     with pytest.raises(ValueError, match=r"nproc=2, but this machine has 1 GPU\(s\)"):
         local_launcher.launch_local(cells, jobs=None, console=quiet, gpus=["0"])

@@ -1,5 +1,6 @@
-"""The H3 task ``category`` (suite/tasks/category.py): rewards, diverse traces, disjoint splits, its word-level
-tokenizer and warm start, and the guarantee that the arith tasks build exactly what they built before the hook."""
+"""The H3 task ``category`` (suite/tasks/category.py): rewards, diverse traces, disjoint splits, its
+word-level tokenizer and warm start, and the guarantee that the arith tasks build exactly what they
+built before the hook."""
 
 from __future__ import annotations
 
@@ -31,14 +32,18 @@ def test_reward_checks_count_category_and_eos():
     assert len(good.split()) == task.labels == len(labels)
     assert task.reward(item, good, truncated=False) == 1.0
     assert task.reward(item, good, truncated=True) == 0.0  # truncated responses score 0
-    other = next(c for c in range(task.classes) if c != labels[0])  # a word of the wrong category, first position
+    # a word of the wrong category, first position
+    other = next(c for c in range(task.classes) if c != labels[0])
     wrong = " ".join([str(task.members[other][0])] + good.split()[1:])
     assert task.reward(item, wrong, truncated=False) == 0.0
     assert task.reward(item, " ".join(good.split()[:-1]), truncated=False) == 0.0  # one word short
-    assert task.reward(item, good + " " + good.split()[0], truncated=False) == 0.0  # one word too many
-    assert task.reward(item, " ".join(reversed(good.split())), truncated=False) == float(labels == labels[::-1])
+    # one word too many
+    assert task.reward(item, good + " " + good.split()[0], truncated=False) == 0.0
+    assert task.reward(item, " ".join(reversed(good.split())),
+                       truncated=False) == float(labels == labels[::-1])
     assert task.reward(item, "", truncated=False) == 0.0
-    assert task.reward(item, good.replace(" ", "  "), truncated=False) == 1.0  # whitespace is not a token
+    # whitespace is not a token
+    assert task.reward(item, good.replace(" ", "  "), truncated=False) == 1.0
 
 
 def test_sampled_traces_are_diverse_and_valid():
@@ -49,7 +54,8 @@ def test_sampled_traces_are_diverse_and_valid():
     assert all(task.reward(item, d, truncated=False) == 1.0 for d in draws)
     assert len(set(draws)) > 250  # 16**4 valid answers: nearly every draw is new
     firsts = {d.split()[0] for d in draws}
-    assert firsts == {str(w) for w in task.members[task._labels(item)[0]]}  # the whole category is covered
+    # the whole category is covered
+    assert firsts == {str(w) for w in task.members[task._labels(item)[0]]}
     assert task.trace(item) == task.trace(item)  # the reference trace stays deterministic
 
 
@@ -58,7 +64,8 @@ def test_splits_are_deterministic_and_disjoint():
     train = [i.prompt for i in a.split("train", 5000)]
     test = [i.prompt for i in a.split("test")]
     assert len(test) == 512 and not set(train) & set(test) and len(set(train)) == len(train)
-    fresh = registry._load.__wrapped__("category", None, None)  # a second object, built anew: not the cached one
+    # a second object, built anew: not the cached one
+    fresh = registry._load.__wrapped__("category", None, None)
     assert fresh is not a and train[:50] == [i.prompt for i in fresh.split("train", 50)]
 
 
@@ -66,7 +73,8 @@ def test_word_tokenizer_round_trips_a_response():
     task = _task()
     tok = build_word_tokenizer(task.vocab)
     assert len(tok) == len(SPECIALS) + len(task.vocab) > 2000
-    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)  # build_tokenizer's conventions
+    # build_tokenizer's conventions
+    assert (tok.pad_token_id, tok.bos_token_id, tok.eos_token_id) == (0, 1, 2)
     item = task.split("test", 1)[0]
     prompt = tok(item.prompt)["input_ids"]
     assert prompt[0] == 1 and len(prompt) == 1 + task.labels + 1  # BOS, one token per label, '='
@@ -76,13 +84,16 @@ def test_word_tokenizer_round_trips_a_response():
     assert tok.batch_decode([ids + [2, 0, 0]], skip_special_tokens=True) == [response]
 
 
-def test_warm_start_uses_the_word_tokenizer_and_sampled_traces(monkeypatch):
+def test_warm_start_uses_the_word_tokenizer_and_sampled_traces(monkeypatch, tmp_path):
+    monkeypatch.setenv("SUITE_CACHE", str(tmp_path))  # built here, not found in a cache
     task = _task()
     seen = []
     real = type(task).sample_trace
-    monkeypatch.setattr(type(task), "sample_trace", lambda self, it, rng: seen.append(it) or real(self, it, rng))
-    spec = PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64, sft_batch=8, probe_prompts=8,
-                      eval_every=2, target_acc=0.0, build_threads=1)  # stops at the first probe
+    monkeypatch.setattr(type(task), "sample_trace", lambda self, it, rng: seen.append(it)
+                        or real(self, it, rng))
+    spec = PolicySpec(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64, sft_batch=8,
+                      # stops at the first probe
+                      probe_prompts=8, eval_every=2, target_acc=0.0, build_threads=1)
     model, tok = load_policy(ensure_policy(spec, task))
     assert len(seen) == 2 * 8  # every supervised example drew its own answer
     assert model.config.vocab_size == len(tok) == len(SPECIALS) + len(task.vocab)
@@ -92,8 +103,8 @@ def test_warm_start_uses_the_word_tokenizer_and_sampled_traces(monkeypatch):
 
 
 def test_arith_policies_and_tokenizer_unchanged():
-    # The keys of the cached arith builds from before the word-tokenizer hook (a changed key would rebuild,
-    # and a changed tokenizer would change every committed reference).
+    # The keys of the cached arith builds from before the word-tokenizer hook (a changed key would
+    # rebuild, and a changed tokenizer would change every committed reference).
     assert policy_key(PolicySpec(**TIERS["small"]["policy"]), get_task("arith3")) == "ca124315afb8"
     assert policy_key(PolicySpec(**TIERS["smoke"]["policy"]), get_task("arith")) == "0532730785f6"
     task = get_task("arith")
@@ -107,4 +118,5 @@ def test_tail_regime_resolves_to_the_category_task():
     from suite.rl import config
 
     cfg = config.load(["regime=tail"])
-    assert (cfg.task, cfg.optim.lr, cfg.steps, cfg.sampling.max_new_tokens) == ("category", 3e-4, 400, 12)
+    assert (cfg.task, cfg.optim.lr, cfg.steps,
+            cfg.sampling.max_new_tokens) == ("category", 3e-4, 400, 12)

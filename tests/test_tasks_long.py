@@ -48,10 +48,12 @@ def test_trace_length_grows_ten_tokens_per_digit():
     for name, d in ALL.items():
         task = get_task(name)
         for item in task.split("train", 5):
-            # 9 characters per column ("a+b+c=ss,"), '#', the d+1-digit sum; one token per character.
+            # 9 characters per column ("a+b+c=ss,"), '#', the d+1-digit sum; one token per
+            # character.
             assert len(task.trace(item)) == 10 * d + 2
             assert len(item.prompt) == 2 * d + 2
-    assert len(get_task("arith32").trace(get_task("arith32").split("train", 1)[0])) + 1 == 323  # tokens with EOS
+    # tokens with EOS
+    assert len(get_task("arith32").trace(get_task("arith32").split("train", 1)[0])) + 1 == 323
 
 
 @pytest.mark.parametrize("name", LONG)
@@ -61,7 +63,8 @@ def test_splits_disjoint_and_deterministic(name):
     train = {i.id for i in a.split("train", 5000)}
     assert len(test) == 512 and len(train) == 5000 and not test & train
     assert [i.id for i in a.split("train", 30)] == [i.id for i in get_task(name).split("train", 30)]
-    assert all(i.prompt[:-1].count("+") == 1 and len(i.prompt) == 2 * LONG[name] + 2 for i in a.split("test"))
+    assert all(i.prompt[:-1].count("+") == 1 and len(i.prompt) == 2 * LONG[name] + 2
+               for i in a.split("test"))
 
 
 def test_policy_context_covers_prompt_and_response_budget():
@@ -71,7 +74,8 @@ def test_policy_context_covers_prompt_and_response_budget():
         budget = len(task.trace(item)) + 8  # sampling.max_new_tokens' default (suite/rl/config.py)
         assert task.context == 1 + len(item.prompt) + budget  # BOS + prompt + response budget
         assert max_positions(task) >= task.context
-    # The policies built before the long tasks keep their 128 positions (their builds are unchanged).
+    # The policies built before the long tasks keep their 128 positions (their builds are
+    # unchanged).
     assert [max_positions(get_task(n)) for n in ("arith3", "arith", "arith8")] == [128, 128, 128]
     assert max_positions(get_task("arith16")) == 256 and max_positions(get_task("arith32")) == 512
 
@@ -83,7 +87,8 @@ def test_long_policy_config_and_tokenizer_cover_the_context():
 
     task = get_task("arith32")
     tok = build_tokenizer(task.alphabet, max_len=max(256, max_positions(task)))
-    model = build_model(PolicySpec(hidden=16, layers=1, heads=2, kv_heads=1, mlp=32), len(tok), max_positions(task))
+    model = build_model(PolicySpec(hidden=16, layers=1, heads=2, kv_heads=1, mlp=32), len(tok),
+                        max_positions(task))
     item = task.split("test", 1)[0]
     ids = tok(item.prompt + task.trace(item))["input_ids"]
     assert len(ids) == 1 + len(item.prompt) + len(task.trace(item))  # BOS + one token per character

@@ -49,7 +49,8 @@ def test_v2_without_sigma(row, expected):
 
 
 def test_published_values_are_no_sigma_times_one_constant_per_group():
-    # arXiv 2507.00432 Sec. 3: one shared sigma per group over a model pool gives 0.938 (other), 0.885 (non).
+    # arXiv 2507.00432 Sec. 3: one shared sigma per group over a model pool gives 0.938 (other),
+    # 0.885 (non).
     for row, (other, non) in PUBLISHED.items():
         value, _ = ti.ti_v2(scores("base"), scores(row), GROUPS, None)
         assert other / value["other"] == pytest.approx(0.938, abs=0.005)
@@ -59,7 +60,8 @@ def test_published_values_are_no_sigma_times_one_constant_per_group():
 def test_sigma_choices_are_consistent():
     base, rl = scores("base"), scores("rl")
     # pooled over a single model is that model's own sigma
-    assert ti.sigma_pooled([(base, rl)], GROUPS) == pytest.approx(ti.sigma_per_model(base, rl, GROUPS))
+    assert ti.sigma_pooled([(base, rl)],
+                           GROUPS) == pytest.approx(ti.sigma_per_model(base, rl, GROUPS))
     # one constant for every group cancels in the ratio: the no-sigma values
     fixed, _ = ti.ti_v2(base, rl, GROUPS, dict.fromkeys(GROUPS, 7.5))
     assert pair(fixed) == (87.7, 59.0)
@@ -89,11 +91,14 @@ def test_other_degenerate_cases_are_flagged():
     # v1 divides by the base score
     zero_base = {**base, "coqa": 0.0}
     value, flags = ti.ti_v1(zero_base, rl, GROUPS)
-    assert value["non"] is None and value["other"] is not None and flags == [f"{ti.BASE_SCORE_ZERO}:non"]
-    # a one-benchmark group has no spread: per-model sigma is 0 and that group's TI is flagged, not infinite
+    assert (value["non"] is None and value["other"] is not None
+            and flags == [f"{ti.BASE_SCORE_ZERO}:non"])
+    # a one-benchmark group has no spread: per-model sigma is 0 and that group's TI is flagged, not
+    # infinite
     one = {"math": ["aime24", "math500"], "other": ["gpqa"], "non": ["coqa", "ifeval"]}
     value, flags = ti.ti_v2(base, rl, one, ti.sigma_per_model(base, rl, one))
-    assert value["other"] is None and value["non"] is not None and flags == [f"{ti.SIGMA_ZERO}:other"]
+    assert (value["other"] is None and value["non"] is not None
+            and flags == [f"{ti.SIGMA_ZERO}:other"])
     # nothing moved in a group: DI 0, TI 0, no flag
     still = {**rl, **{b: base[b] for b in GROUPS["non"]}}
     value, flags = ti.ti_v2(base, still, GROUPS, ti.sigma_per_model(base, still, GROUPS))
@@ -102,43 +107,54 @@ def test_other_degenerate_cases_are_flagged():
 
 def test_bad_groups_and_sigma_are_refused():
     with pytest.raises(ValueError, match="non missing"):
-        ti.all_variants(scores("base"), scores("rl"), {"math": GROUPS["math"], "other": GROUPS["other"]})
+        ti.all_variants(scores("base"), scores("rl"),
+                        {"math": GROUPS["math"], "other": GROUPS["other"]})
     with pytest.raises(ValueError, match="no score for coqa"):
-        ti.all_variants(scores("base"), {k: v for k, v in scores("rl").items() if k != "coqa"}, GROUPS)
+        ti.all_variants(scores("base"), {k: v for k, v in scores("rl").items() if k != "coqa"},
+                        GROUPS)
     assert ti.parse_sigma("math=2,other=1.5,non=3") == {"math": 2.0, "other": 1.5, "non": 3.0}
-    for bad, msg in (("math=2,other=1", "give all of"), ("math=2,reason=1,non=1", "not GROUP=VALUE"),
-                     ("math=x,other=1,non=1", "not a number"), ("math=0,other=1,non=1", "must be > 0")):
+    for bad, msg in (("math=2,other=1", "give all of"),
+                     ("math=2,reason=1,non=1", "not GROUP=VALUE"),
+                     ("math=x,other=1,non=1", "not a number"),
+                     ("math=0,other=1,non=1", "must be > 0")):
         with pytest.raises(ValueError, match=msg):
             ti.parse_sigma(bad)
 
 
-# ---- lm-eval: task names ---------------------------------------------------------------------------------
+# ---- lm-eval: task names
+# ---------------------------------------------------------------------------------
 def test_an_unknown_task_name_gets_a_suggestion():
     from suite.rl import evaluate as ev
+    from suite.rl import lm_eval_harness as harness
     from suite.tasks.registry import get_task
 
-    tm = ev.task_manager([ev.build_embedded(get_task("arith3"))], defaults=False)
+    tm = harness.task_manager([ev.build_embedded(get_task("arith3"))], defaults=False)
     assert {n for g in ev.EMBEDDED.values() for n in g} <= set(tm.all_tasks)
-    with pytest.raises(ev.TaskNotFound, match="no task 'tiny_math_sm' .*Did you mean 'tiny_math_sum'"):
-        ev.resolve_groups({**ev.EMBEDDED, "math": ["tiny_math_sm"]}, tm)
+    with pytest.raises(harness.TaskNotFound, match="no task 'tiny_math_sm' .*Did you mean "
+                                                   "'tiny_math_sum'"):
+        harness.resolve_groups({**ev.EMBEDDED, "math": ["tiny_math_sm"]}, tm)
 
 
 def test_the_papers_benchmarks_are_lm_eval_names_or_listed_missing():
-    """The real groups against lm-eval's own task files (only the directories that hold them: the full
-    index takes ~40 s); the three benchmarks lm-eval lacks are listed, not silently dropped."""
+    """The real groups against lm-eval's own task files (only the directories that hold them: the
+    full index takes ~40 s); the three benchmarks lm-eval lacks are listed, not silently dropped."""
     import lm_eval
 
     from suite.rl import evaluate as ev
+    from suite.rl import lm_eval_harness as harness
 
     root = Path(lm_eval.__file__).parent / "tasks"
-    dirs = [root / d for d in ("minerva_math", "aime", "gpqa", "acpbench", "headqa", "coqa", "ifeval", "mc_taco")]
-    tm = ev.task_manager(dirs, defaults=False)
-    kept, missing = ev.resolve_groups(ev.PAPER, tm)
+    dirs = [root / d
+            for d in ("minerva_math", "aime", "gpqa", "acpbench", "headqa", "coqa", "ifeval",
+                      "mc_taco")]
+    tm = harness.task_manager(dirs, defaults=False)
+    kept, missing = harness.resolve_groups(ev.PAPER, tm)
     assert sorted(missing) == ["halueval", "livecodebench_v2", "olympiadbench"]
     assert kept == {g: [n for n in names if n not in missing] for g, names in ev.PAPER.items()}
-    assert len(ev._members("acp_mcq_cot_2shot", tm)) == 7  # a tag: the mean of its 7 MCQ tasks
-    with pytest.raises(ev.TaskNotFound, match="Did you mean 'minerva_math500'"):
-        ev.resolve_groups({**ev.PAPER, "math": ["minerva_math50"]}, tm)
+    # a tag: the mean of its 7 MCQ tasks
+    assert len(harness._members("acp_mcq_cot_2shot", tm)) == 7
+    with pytest.raises(harness.TaskNotFound, match="Did you mean 'minerva_math500'"):
+        harness.resolve_groups({**ev.PAPER, "math": ["minerva_math50"]}, tm)
 
 
 def test_embedded_documents_stay_in_the_policys_alphabet():
@@ -150,18 +166,20 @@ def test_embedded_documents_stay_in_the_policys_alphabet():
         for name in (n for g in ev.EMBEDDED.values() for n in g):
             docs = embedded_docs(name, task, 128)
             assert len(docs) >= 32, (task.name, name, len(docs))
-            text = "".join(json.dumps([d.get("prompt", ""), d.get("answer", ""), d.get("context", ""),
-                                       d.get("choices", [])]) for d in docs)
+            text = "".join(json.dumps([d.get("prompt", ""), d.get("answer", ""),
+                                       d.get("context", ""), d.get("choices", [])]) for d in docs)
             assert set(text) - set('0123456789+=,#[]", ') == set(), name
             for d in docs:
                 if "choices" in d:
-                    assert len(set(d["choices"])) == len(d["choices"]) and 0 <= d["gold"] < len(d["choices"])
+                    assert (len(set(d["choices"])) == len(d["choices"])
+                            and 0 <= d["gold"] < len(d["choices"]))
     held_out = {it.prompt for it in get_task("arith3").split("test")}
     for name in ("tiny_math_sum", "tiny_math_carry"):
         assert all(d["prompt"] in held_out for d in embedded_docs(name, get_task("arith3"), 128))
 
 
-# ---- lm-eval: a real evaluation of the embedded base and trained policies ------------------------------
+# ---- lm-eval: a real evaluation of the embedded base and trained policies
+# ------------------------------
 @pytest.fixture(scope="module")
 def evaluated(tmp_path_factory):
     """Two smoke-tier runs (a few RL steps, one at a learning rate that wrecks the policy), a run
@@ -191,15 +209,19 @@ def test_base_and_trained_policies_are_scored_on_the_three_groups(evaluated):
     for side in ("base", "final"):
         for n in names:
             s = doc[side]["scores"][n]
-            assert 0.0 <= s["score"] <= 100.0 and s["stderr"] is not None and s["n"] == 16 and s["version"] == 1
-    assert doc["versions"]["lm_eval"] == "0.4.13" and doc["tasks"]["tiny_math_sum"]["metric"] == "exact_match,last_hash"
+            assert (0.0 <= s["score"] <= 100.0 and s["stderr"] is not None and s["n"] == 16
+                    and s["version"] == 1)
+    assert (doc["versions"]["lm_eval"] == "0.4.13"
+            and doc["tasks"]["tiny_math_sum"]["metric"] == "exact_match,last_hash")
     assert doc["final"]["step"] == 6 and doc["final"]["checkpoint"] == "ckpt/step_000006"
     # lr 1e-3 wrecks the tiny policy (Adam's first steps are sign-like): math falls, so no TI number
     base, final = doc["base"]["scores"], doc["final"]["scores"]
     assert final["tiny_math_sum"]["score"] < base["tiny_math_sum"]["score"]
     assert doc["ti"]["v2_no_sigma"] == {"other": None, "non": None}
-    assert ti.MATH_GAIN_NEGATIVE in doc["flags"]["v1"] and ti.MATH_GAIN_NEGATIVE in doc["flags"]["v2_no_sigma"]
-    assert set(doc["ti"]) == {"v1", "v2_per_model", "v2_pooled", "v2_no_sigma"} and doc["pooled_over"] == 2
+    assert (ti.MATH_GAIN_NEGATIVE in doc["flags"]["v1"]
+            and ti.MATH_GAIN_NEGATIVE in doc["flags"]["v2_no_sigma"])
+    assert set(doc["ti"]) == {"v1", "v2_per_model", "v2_pooled",
+                              "v2_no_sigma"} and doc["pooled_over"] == 2
 
 
 def test_base_scores_are_cached_and_runs_without_checkpoint_are_reported(evaluated):
@@ -208,8 +230,10 @@ def test_base_scores_are_cached_and_runs_without_checkpoint_are_reported(evaluat
     from suite.rl.policy import cache_root
 
     # the base is evaluated once (for the first run; a warm session cache may already hold it)
-    assert mild["base"]["cached"] is True and (cache_root() / "transfer" / "base" / f"{hot['base']['cache_key']}.json").exists()
-    assert hot["base"]["scores"] == mild["base"]["scores"] and hot["base"]["cache_key"] == mild["base"]["cache_key"]
+    assert (mild["base"]["cached"] is True
+            and (cache_root() / "transfer" / "base" / f"{hot['base']['cache_key']}.json").exists())
+    assert (hot["base"]["scores"] == mild["base"]["scores"]
+            and hot["base"]["cache_key"] == mild["base"]["cache_key"])
     assert hot["final"]["scores"] != mild["final"]["scores"]
     assert bare_rec["status"] == "skipped" and "no final checkpoint" in bare_rec["reason"]
     assert none_rec["status"] == "skipped" and "not a run bundle" in none_rec["reason"]
@@ -221,10 +245,12 @@ def test_the_cli_prints_scores_and_flags_and_exits_1_on_a_skipped_run(evaluated,
 
     code = cli.main(["transfer", str(evaluated["mild"]), "--limit", "16"])
     out = capsys.readouterr().out
-    assert code == 0 and "base cached" in out and "tiny_copy_repeat" in out and "TI v2_no_sigma" in out
+    assert (code == 0 and "base cached" in out and "tiny_copy_repeat" in out
+            and "TI v2_no_sigma" in out)
     assert cli.main(["transfer", str(evaluated["mild"]), "--groups", "embeded"]) == 2
     assert "Did you mean 'embedded'" in capsys.readouterr().err
-    committed = Path(__file__).resolve().parent / "fixtures" / "results-2seeds" / "arith__grpo__fp32__s0"
+    committed = (Path(__file__).resolve().parent / "fixtures" / "results-2seeds"
+                 / "arith__grpo__fp32__s0")
     assert cli.main(["transfer", str(committed)]) == 1
     assert "SKIPPED: no final checkpoint" in capsys.readouterr().out
 
@@ -234,11 +260,14 @@ def test_report_and_leaderboard_show_the_transfer_index(evaluated, tmp_path):
 
     root = tmp_path / "results"
     for key in ("hot", "mild"):
-        shutil.copytree(evaluated[key], root / key / evaluated[key].name, ignore=shutil.ignore_patterns("ckpt"))
+        shutil.copytree(evaluated[key], root / key / evaluated[key].name,
+                        ignore=shutil.ignore_patterns("ckpt"))
     md = (report.write_report(root) / "report.md").read_text()
-    assert "Transfer index (lm-eval)" in md and "math_gain_negative" in md and "tiny_math_carry" in md
+    assert ("Transfer index (lm-eval)" in md and "math_gain_negative" in md
+            and "tiny_math_carry" in md)
     record = leaderboard.validate_run(root / "hot" / evaluated["hot"].name)
-    assert record["summary"]["transfer/ti_other"] is None and "math_gain_negative" in record["transfer_flags"]
+    assert (record["summary"]["transfer/ti_other"] is None
+            and "math_gain_negative" in record["transfer_flags"])
     assert record["summary"]["transfer/delta_math"] < 0
     site = leaderboard.build([root / "hot", root / "mild"], tmp_path / "site")
     assert "transfer/ti_other" in (site.parent / "data.js").read_text()
@@ -262,7 +291,8 @@ def test_the_vllm_back_end_needs_the_vllm_distribution(monkeypatch, tmp_path):
     from suite.rl import evaluate as ev
 
     monkeypatch.setattr(ev, "_version", lambda dist: None)
-    with pytest.raises(ValueError, match="--backend vllm: lm-eval's vLLM wrapper needs the `vllm` distribution"):
+    with pytest.raises(ValueError, match="--backend vllm: lm-eval's vLLM wrapper needs the `vllm` "
+                                         "distribution"):
         ev.evaluate_runs([tmp_path], backend="vllm")
     with pytest.raises(ValueError, match="--backend: unknown value 'vlm'. Did you mean 'vllm'"):
         ev.evaluate_runs([tmp_path], backend="vlm")

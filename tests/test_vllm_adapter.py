@@ -1,4 +1,5 @@
-"""The weight-sync adapter of the vLLM sampler (suite/numerics/vllm_engine.py), on fake vLLM objects.
+"""The weight-sync adapter of the vLLM sampler (suite/numerics/vllm_engine.py), on fake vLLM
+objects.
 
 vLLM >= 0.16 reloads weights handed to its worker (``collective_rpc("reload_weights", ...)``); older
 releases only re-read the checkpoint from disk, so the sync goes through the model's own
@@ -11,7 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from suite.numerics.vllm_engine import FP8_METHOD, fp8_capable, load_weights, reload_takes_iterator
+from suite.numerics.vllm_engine import load_weights, reload_takes_iterator
+from suite.numerics.vllm_support import FP8_METHOD, fp8_capable
 
 
 class _RunnerNew:  # vLLM >= 0.16: v1/worker/gpu_model_runner.py
@@ -59,7 +61,8 @@ def test_reload_api_is_read_from_the_runner_signature():
 def test_new_vllm_reloads_through_the_worker_in_checkpoint_format():
     llm = _LLM()
     load_weights(llm, WEIGHTS, takes_iterator=True)
-    assert llm.rpcs == [("reload_weights", {"weights_iterator": WEIGHTS, "is_checkpoint_format": True})]
+    assert llm.rpcs == [("reload_weights",
+                         {"weights_iterator": WEIGHTS, "is_checkpoint_format": True})]
     assert llm.model.loaded == []
 
 
@@ -72,7 +75,8 @@ def test_old_vllm_loads_the_same_tensors_through_the_model():
 
 
 def test_installed_vllm_takes_the_iterator_path():
-    """The extras' range (vLLM >= 0.21) is on the worker path; skipped where vLLM is not installed."""
+    """The extras' range (vLLM >= 0.21) is on the worker path; skipped where vLLM is not
+    installed."""
     import pytest
 
     pytest.importorskip("vllm")
@@ -80,8 +84,10 @@ def test_installed_vllm_takes_the_iterator_path():
 
 
 def test_fp8_is_refused_by_a_vllm_without_the_block_method(monkeypatch):
-    """vLLM < 0.21 has no fp8_per_block: the FP8 flows are refused with the reason, whatever the device."""
+    """vLLM < 0.21 has no fp8_per_block: the FP8 flows are refused with the reason, whatever the
+    device."""
     q = pytest.importorskip("vllm.model_executor.layers.quantization")
-    monkeypatch.setattr(q, "QUANTIZATION_METHODS", [m for m in q.QUANTIZATION_METHODS if m != FP8_METHOD])
+    monkeypatch.setattr(q, "QUANTIZATION_METHODS",
+                        [m for m in q.QUANTIZATION_METHODS if m != FP8_METHOD])
     ok, why = fp8_capable()
     assert not ok and FP8_METHOD in why and "0.21" in why

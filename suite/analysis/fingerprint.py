@@ -30,16 +30,20 @@ from suite.packed import read_bytes
 from suite.results import atomic_write_json, read_jsonl
 
 SCHEMA = 1
-KEYS = ("reward/mean", "mismatch/kl_k3", "mismatch/prob_diff/mean", "train/grad_norm", "loss/policy")
+KEYS = ("reward/mean", "mismatch/kl_k3", "mismatch/prob_diff/mean", "train/grad_norm",
+        "loss/policy")
 
 
 def overrides(flow: str, gemm: str, out: Path) -> list[str]:
-    return ["tier=smoke", f"precision={flow}", "algorithm=grpo", f"gemm={gemm}", f"out={out}", "name=fingerprint"]
+    return ["tier=smoke", f"precision={flow}", "algorithm=grpo", f"gemm={gemm}", f"out={out}",
+            "name=fingerprint"]
 
 
-def compute(gemm: str = "auto", workdir: Path | None = None, console: Console | None = None) -> dict:
-    """Run every main flow's smoke steps (in ``workdir``, default a temporary directory) and fingerprint them (the
-    controls of the mechanism studies are left out, as from the main grids: the committed fingerprints stay valid)."""
+def compute(gemm: str = "auto", workdir: Path | None = None,
+            console: Console | None = None) -> dict:
+    """Run every main flow's smoke steps (in ``workdir``, default a temporary directory) and
+    fingerprint them (the controls of the mechanism studies are left out, as from the main grids:
+    the committed fingerprints stay valid)."""
     from suite.numerics.precision import main_flows
     from suite.rl import config as cfgmod
     from suite.rl.train import run
@@ -54,11 +58,14 @@ def compute(gemm: str = "auto", workdir: Path | None = None, console: Console | 
             run_dir = run(cfg, Console(quiet=True))
             data = read_bytes(run_dir / "metrics.jsonl")
             flows[flow] = {"sha256": hashlib.sha256(data).hexdigest(),
-                           "steps": [{k: r.get(k) for k in ("step", *KEYS)} for r in read_jsonl(run_dir / "metrics.jsonl")]}
+                           "steps": [{k: r.get(k) for k in ("step", *KEYS)}
+                                     for r in read_jsonl(run_dir / "metrics.jsonl")]}
         inv = invariants(out / "fingerprint")
         cls = machine.describe(gemm, cfg.threads)
-    return {"schema_version": SCHEMA, "machine_class": cls, "command": f"suite fingerprint --write gemm={gemm}",
-            "overrides": overrides("<flow>", gemm, Path("<tmp>"))[:4], "flows": flows, "invariants": inv}
+    return {"schema_version": SCHEMA, "machine_class": cls,
+            "command": f"suite fingerprint --write gemm={gemm}",
+            "overrides": overrides("<flow>", gemm, Path("<tmp>"))[:4], "flows": flows,
+            "invariants": inv}
 
 
 def path_for(class_id: str, root: Path = REFERENCE_ROOT) -> Path:
@@ -71,11 +78,13 @@ def load(class_id: str, root: Path = REFERENCE_ROOT) -> dict | None:
 
 
 def compare(got: dict, want: dict) -> list[str]:
-    """One line per flow whose numbers moved (empty: every flow bit-identical to the fingerprint)."""
+    """One line per flow whose numbers moved (empty: every flow bit-identical to the
+    fingerprint)."""
     problems = []
     diffs = machine.differences(got["machine_class"], want["machine_class"])
     if diffs:
-        problems.append(f"the fingerprint was made on another class (differs in {', '.join(diffs)})")
+        problems.append("the fingerprint was made on another class "
+                        f"(differs in {', '.join(diffs)})")
     for flow in sorted(set(got["flows"]) | set(want["flows"])):
         g, w = got["flows"].get(flow), want["flows"].get(flow)
         if g is None or w is None:
@@ -96,13 +105,15 @@ def _first_change(got: list[dict], want: list[dict]) -> str:
 
 
 def cli(args: list[str], console: Console) -> int:
-    """``suite fingerprint [--write] [gemm=auto|native|emulated]``; exit 1 when the numbers moved."""
+    """``suite fingerprint [--write] [gemm=auto|native|emulated]``; exit 1 when the numbers
+    moved."""
     write = "--write" in args
     rest = [a for a in args if a != "--write"]
     gemm = "auto"
     for a in rest:
         if not a.startswith("gemm="):
-            raise ValueError(f"'{a}': suite fingerprint takes --write and gemm=auto|native|emulated only")
+            raise ValueError(f"'{a}': suite fingerprint takes --write and "
+                             "gemm=auto|native|emulated only")
         gemm = a.split("=", 1)[1]
     from suite.rl import config as cfgmod
 
@@ -111,12 +122,14 @@ def cli(args: list[str], console: Console) -> int:
         refuse_installed(REFERENCE_ROOT, "suite fingerprint --write")
     got = compute(gemm, console=console)
     cls = got["machine_class"]
-    table = Table("flow", "sha256 of metrics.jsonl", "last step k3 KL", title=f"numerics fingerprint, {machine.label(cls)}")
+    table = Table("flow", "sha256 of metrics.jsonl", "last step k3 KL",
+                  title=f"numerics fingerprint, {machine.label(cls)}")
     for flow, f in got["flows"].items():
         table.add_row(flow, f["sha256"][:16], f"{f['steps'][-1]['mismatch/kl_k3']:.3e}")
     console.print(table)
     for i in got["invariants"]:
-        console.print(f"invariant: {i['name']}: {'n/a' if i['ok'] is None else 'holds' if i['ok'] else 'BROKEN'} "
+        console.print(f"invariant: {i['name']}: "
+                      f"{'n/a' if i['ok'] is None else 'holds' if i['ok'] else 'BROKEN'} "
                       f"({i['detail']})", highlight=False)
     if write:
         atomic_write_json(path_for(cls["id"]), got)
@@ -125,13 +138,16 @@ def cli(args: list[str], console: Console) -> int:
     want = load(cls["id"])
     if want is None:
         hint = "" if known_classes() else f"; {where_to_get_references()}"
-        console.print(f"no committed fingerprint for machine class {cls['id']} under {REFERENCE_ROOT}: invariants only "
-                      f"(`suite fingerprint --write` on this class makes one){hint}", highlight=False)
+        console.print(f"no committed fingerprint for machine class {cls['id']} under "
+                      f"{REFERENCE_ROOT}: invariants only (`suite fingerprint --write` on this "
+                      f"class makes one){hint}", highlight=False)
         return 0 if all(i["ok"] is not False for i in got["invariants"]) else 1
     problems = compare(got, want)
     for p in problems:
         console.print(f"[red]moved[/] {p}", highlight=False)
     console.print("every flow bit-identical to the committed fingerprint" if not problems else
-                  f"{len(problems)} difference(s) from {path_for(cls['id'])}; if intended, regenerate with "
-                  f"`suite fingerprint --write{'' if gemm == 'auto' else ' gemm=' + gemm}` and commit it", highlight=False)
+                  f"{len(problems)} difference(s) from {path_for(cls['id'])}; if intended, "
+                  "regenerate with `suite fingerprint "
+                  f"--write{'' if gemm == 'auto' else ' gemm=' + gemm}` and commit it",
+                  highlight=False)
     return 1 if problems else 0

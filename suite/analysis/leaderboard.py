@@ -1,9 +1,9 @@
 """The static leaderboard site: a pure function of result bundles.
 
 ``suite leaderboard RESULTS_DIR... [--out leaderboard]`` writes ``index.html``, ``app.js``,
-``style.css`` (copied from ``suite/analysis/site/``) and ``data.js`` (``window.LEADERBOARD = {...}``):
-a script, not JSON fetched at load time, because browsers refuse ``fetch()`` on file:// and
-the site must work opened from disk with no server and no network.
+``style.css`` (copied from ``suite/analysis/site/``) and ``data.js`` (``window.LEADERBOARD =
+{...}``): a script, not JSON fetched at load time, because browsers refuse ``fetch()`` on file://
+and the site must work opened from disk with no server and no network.
 
 1. **Validate every bundle first** (``validate_run``). A bundle enters only if its schema
    version is known, its provenance is there (env.json with a git sha, package versions,
@@ -46,6 +46,7 @@ import tempfile
 from pathlib import Path
 
 from suite.analysis import board, bundle, reported, stats
+from suite.analysis.run_labels import _env_facts, _hardware_label, _model_label, _precision_label
 from suite.numerics import machine
 from suite.packed import run_file
 from suite.results import (
@@ -70,9 +71,11 @@ BUNDLE_FILES = ("config.json", "metrics.jsonl", "timing.jsonl", "summary.json", 
 # outside the training loop, so they are not recomputable and are shown as submitted.
 CHECKED_PREFIXES = ("accuracy/", "mismatch/")
 CHECKED_KEYS = ("verdict", "steps_done", "total_steps", "threshold", "time/total_s")
-RULE_KEYS = ("verdict", "accuracy/line_band")  # what the verdict rule decides (suite/results.py VERDICT_RULE)
+# what the verdict rule decides (suite/results.py VERDICT_RULE)
+RULE_KEYS = ("verdict", "accuracy/line_band")
 EXTRA_PREFIXES = ("eval/", "transfer/")
-CURVES = {"reward": "reward/mean", "kl_k3": "mismatch/kl_k3", "prob_diff": "mismatch/prob_diff/mean"}
+CURVES = {"reward": "reward/mean", "kl_k3": "mismatch/kl_k3",
+          "prob_diff": "mismatch/prob_diff/mean"}
 
 CHANGES = Path(__file__).with_name("board_changes.yaml")  # the board's version, date and changelog
 
@@ -86,9 +89,9 @@ class Rejected(ValueError):
 
 
 def find_bundles(results_dir: Path) -> list[Path]:
-    """Run directories under ``results_dir``: the directory itself if it holds a run file, else every
-    directory below it holding one (a grid's ``<regime>/<run>``, a submission's ``<name>/<run>``); the
-    site's own folders and ``.hydra`` scratch hold none."""
+    """Run directories under ``results_dir``: the directory itself if it holds a run file, else
+    every directory below it holding one (a grid's ``<regime>/<run>``, a submission's
+    ``<name>/<run>``); the site's own folders and ``.hydra`` scratch hold none."""
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise ValueError(f"leaderboard: {results_dir} is not a directory")
@@ -111,7 +114,8 @@ def validate_run(run_dir: Path) -> dict:
     missing = [f for f in BUNDLE_FILES if run_file(run_dir, f) is None]  # a log may be NAME.xz
     if missing:
         raise Rejected(f"missing {', '.join(missing)}")
-    summary, env, cfg_file = (_read_json(run_dir / f) for f in ("summary.json", "env.json", "config.json"))
+    summary, env, cfg_file = (_read_json(run_dir / f)
+                              for f in ("summary.json", "env.json", "config.json"))
     for name, obj in (("summary.json", summary), ("env.json", env), ("config.json", cfg_file)):
         if not isinstance(obj, dict):
             raise Rejected(f"{name} is not a JSON object")
@@ -130,7 +134,8 @@ def validate_run(run_dir: Path) -> dict:
     extras = {}
     for key, value in summary.items():
         if key.startswith(EXTRA_PREFIXES):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, (int, float))):
                 raise Rejected(f"summary.json: {key}={value!r} is not a number")
             extras[key] = value
     tdoc = transfer.load(run_dir)  # suite transfer's lm-eval results, when the run has them
@@ -149,25 +154,29 @@ def validate_run(run_dir: Path) -> dict:
         "setting": board.setting_key(today, (cls or {}).get("id")),
         "env_facts": _env_facts(env),
         "transfer_flags": transfer.flags_of(tdoc),
-        "summary": {**{k: v for k, v in recomputed.items() if k.startswith(CHECKED_PREFIXES) or k in CHECKED_KEYS},
-                    "error": summary.get("error"), "train/skipped_steps": recomputed.get("train/skipped_steps"),
-                    **extras},
+        "summary": {**{k: v for k, v in recomputed.items() if k.startswith(CHECKED_PREFIXES)
+                       or k in CHECKED_KEYS},
+                    "error": summary.get("error"),
+                    "train/skipped_steps": recomputed.get("train/skipped_steps"), **extras},
         "curves": {"step": [r["step"] for r in _by_step(rows)],
-                   **{name: [_round(r.get(key)) for r in _by_step(rows)] for name, key in CURVES.items()}},
+                   **{name: [_round(r.get(key)) for r in _by_step(rows)]
+                      for name, key in CURVES.items()}},
         "provenance": {**prov, "config_hash": digest, **outside},
         "config": cfg,
     }
 
 
 def _check_origin(run_dir: Path, cfg: dict, digest: str, env: dict, rows: list[dict]) -> dict:
-    """How a bundle can be trusted: the suite's own run by its `suite run` command recomposing to its
-    hash; an outside loop's by the evidence behind its numbers (bundle.check). The command and what
-    backs the numbers, for the site."""
+    """How a bundle can be trusted: the suite's own run by its `suite run` command recomposing to
+    its hash; an outside loop's by the evidence behind its numbers (bundle.check). The command and
+    what backs the numbers, for the site."""
     if bundle.framework_of(env)["name"] == bundle.SUITE:
         check = provenance.check(cfg, digest)
         if check.problem:
-            raise Rejected(f"config does not recompose with `suite run` in this version of the suite ({check.problem})")
-        return {"command": check.command, "command_checked": True, "fields_added_since": check.added, "backing": None}
+            raise Rejected("config does not recompose with `suite run` in this version of the "
+                           f"suite ({check.problem})")
+        return {"command": check.command, "command_checked": True,
+                "fields_added_since": check.added, "backing": None}
     try:
         info = bundle.check(run_dir, cfg, env, rows)
     except ValueError as e:
@@ -189,24 +198,15 @@ def _check_provenance(env: dict) -> dict:
     gpus = env.get("gpus")
     if not isinstance(gpus, list) or not (gpus or env.get("cpu_model")):
         raise Rejected("env.json: hardware missing (gpus list and cpu_model)")
-    keep = ("git_sha", "git_dirty", "packages", "python", "platform", "cpu_model", "cpu_count", "gpus",
-            "torch_threads", "gemm_backend", "sampler_dtype", "trainer_compute_dtype", "lm_head_fp32")
+    keep = ("git_sha", "git_dirty", "packages", "python", "platform", "cpu_model", "cpu_count",
+            "gpus", "torch_threads", "gemm_backend", "sampler_dtype", "trainer_compute_dtype",
+            "lm_head_fp32")
     out = {k: env.get(k) for k in keep}
-    out["task_version"] = (env.get("task") or {}).get("version") if isinstance(env.get("task"), dict) else None
-    out["dataset_sha256"] = (env.get("dataset") or {}).get("sha256") if isinstance(env.get("dataset"), dict) else None
+    out["task_version"] = ((env.get("task") or {}).get("version")
+                           if isinstance(env.get("task"), dict) else None)
+    out["dataset_sha256"] = ((env.get("dataset") or {}).get("sha256")
+                             if isinstance(env.get("dataset"), dict) else None)
     return out
-
-
-def _env_facts(env: dict) -> dict:
-    """What a board's header reads from env.json: task version, policy size, perfectible prompts."""
-    def get(*path):
-        node = env
-        for p in path:
-            node = node.get(p) if isinstance(node, dict) else None
-        return node
-
-    return {"task_version": get("task", "version"), "params": get("policy", "params"),
-            "prompts": get("dataset", "prompts")}
 
 
 def _check_config(cfg_file: dict, summary: dict) -> tuple[dict, str]:
@@ -215,15 +215,17 @@ def _check_config(cfg_file: dict, summary: dict) -> tuple[dict, str]:
         raise Rejected("config.json has no 'config' object")
     digest = config_hash(cfg)
     if cfg_file.get("config_hash") != digest:
-        raise Rejected(f"config.json: config_hash {cfg_file.get('config_hash')!r} is not the hash of its "
-                       f"config ({digest})")
+        raise Rejected(f"config.json: config_hash {cfg_file.get('config_hash')!r} is not the hash "
+                       f"of its config ({digest})")
     if summary.get("config_hash") != digest:
-        raise Rejected(f"summary.json: config_hash {summary.get('config_hash')!r} differs from config.json's {digest}")
+        raise Rejected(f"summary.json: config_hash {summary.get('config_hash')!r} differs from "
+                       f"config.json's {digest}")
     for key in ("task", "algorithm", "precision", "seed"):
         if key not in cfg:
             raise Rejected(f"config.json: config has no '{key}'")
         if summary.get(key) != cfg[key]:
-            raise Rejected(f"summary.json: {key}={summary.get(key)!r} but config.json says {cfg[key]!r}")
+            raise Rejected(f"summary.json: {key}={summary.get(key)!r} but config.json says "
+                           f"{cfg[key]!r}")
     return cfg, digest
 
 
@@ -232,7 +234,8 @@ def _by_step(rows: list[dict]) -> list[dict]:
     by = {}
     for r in rows:
         by[r.get("step")] = r
-    return [by[s] for s in sorted(by, key=lambda s: (s is None, s if isinstance(s, (int, float)) else 0))]
+    return [by[s]
+            for s in sorted(by, key=lambda s: (s is None, s if isinstance(s, (int, float)) else 0))]
 
 
 def _check_summary(summary: dict, rows: list[dict], timing: list[dict], cfg: dict) -> dict:
@@ -243,17 +246,21 @@ def _check_summary(summary: dict, rows: list[dict], timing: list[dict], cfg: dic
     by_step = {r["step"]: r for r in timing if "step" in r}
     merged = [{**r, **by_step.get(r["step"], {})} for r in rows]
     try:
-        recomputed = summarize(merged, total_steps=cfg.get("steps"), threshold=cfg.get("threshold", 0.95),
-                               error=summary.get("error"), samples_per_step=samples_per_step(cfg))
+        recomputed = summarize(merged, total_steps=cfg.get("steps"),
+                               threshold=cfg.get("threshold", 0.95), error=summary.get("error"),
+                               samples_per_step=samples_per_step(cfg))
     except (ValueError, TypeError) as e:
         raise Rejected(f"metrics.jsonl cannot be summarized ({e})") from None
-    keys = sorted({k for k in (*recomputed, *summary) if k.startswith(CHECKED_PREFIXES)} | set(CHECKED_KEYS))
-    if summary.get("verdict_rule") != VERDICT_RULE:  # written under an earlier rule: its numbers are checked, and
-        keys = [k for k in keys if k not in RULE_KEYS]  # the board judges them by today's rule (recomputed below)
+    keys = sorted({k for k in (*recomputed, *summary)
+                   if k.startswith(CHECKED_PREFIXES)} | set(CHECKED_KEYS))
+    # written under an earlier rule: its numbers are checked, and
+    if summary.get("verdict_rule") != VERDICT_RULE:
+        # the board judges them by today's rule (recomputed below)
+        keys = [k for k in keys if k not in RULE_KEYS]
     for key in keys:
         if not _same(summary.get(key), recomputed.get(key)):
-            raise Rejected(f"summary.json: {key}={summary.get(key)!r} but metrics.jsonl + timing.jsonl give "
-                           f"{recomputed.get(key)!r}")
+            raise Rejected(f"summary.json: {key}={summary.get(key)!r} but metrics.jsonl + "
+                           f"timing.jsonl give {recomputed.get(key)!r}")
     return recomputed
 
 
@@ -264,34 +271,6 @@ def _same(a, b) -> bool:
         # Tolerance for float summation order only: a JSON round trip is exact for floats.
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
     return a == b
-
-
-# ----------------------------------------------------------------------------
-# Labels and grouping
-
-
-def _precision_label(cfg: dict) -> str:
-    return cfg["precision"] + (" + fp32 head" if cfg.get("lm_head_fp32") else "")
-
-
-def _model_label(cfg: dict) -> str:
-    p = cfg.get("policy") or {}
-    if cfg.get("framework") and not p.get("hidden"):  # an outside loop on a model of its own
-        return Path(str(cfg.get("model") or "unnamed")).name
-    if p.get("path"):
-        return Path(str(p["path"])).name or str(p["path"])
-    return f"embedded Llama h{p.get('hidden')} L{p.get('layers')}"
-
-
-def _hardware_label(env: dict, cls: dict | None = None) -> str:
-    """The machine class first (it decides the numerics, suite/numerics/machine.py), then the hardware."""
-    if env.get("gpus"):
-        names = env["gpus"]
-        hw = f"{len(names)}x {names[0]}" if len(set(names)) == 1 else ", ".join(map(str, names))
-    else:
-        cores = env.get("cpu_count")
-        hw = f"CPU {env.get('cpu_model')}" + (f", {cores} cores" if cores else "")
-    return f"{cls['id'] if cls else 'class not recorded'}: {hw}"
 
 
 # ----------------------------------------------------------------------------
@@ -319,14 +298,17 @@ def _json_safe(obj):
 
 
 def changes(path: Path = CHANGES) -> list[dict]:
-    """The board's changelog, newest first: [{version, date, changes: [...]}]; its first entry is the version
-    and date the site carries (a build is a pure function of its inputs, so the date is not the clock's)."""
+    """The board's changelog, newest first: [{version, date, changes: [...]}]; its first entry is
+    the version and date the site carries (a build is a pure function of its inputs, so the date is
+    not the clock's)."""
     import yaml
 
     doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    if not isinstance(doc, list) or not doc or not all({"version", "date", "changes"} <= set(d) for d in doc):
+    if not isinstance(doc, list) or not doc or not all({"version", "date", "changes"} <= set(d)
+                                                       for d in doc):
         raise ValueError(f"{path}: must be a list of {{version, date, changes}}, newest first")
-    return [{"version": str(d["version"]), "date": str(d["date"]), "changes": [str(c) for c in d["changes"]]}
+    return [{"version": str(d["version"]), "date": str(d["date"]),
+             "changes": [str(c) for c in d["changes"]]}
             for d in doc]
 
 
@@ -337,8 +319,10 @@ def site_data(records: list[dict], rejected: list[dict], sources: list[str]) -> 
         "version": log[0]["version"], "date": log[0]["date"], "changelog": log,
         "sources": sources,
         "ranking": board.RANKING, "min_seeds": board.MIN_SEEDS, "baseline": board.BASELINE,
-        "ci": f"{int(stats.LEVEL * 100)}% stratified bootstrap over seeds, {stats.BOOT_SAMPLES:,} resamples",
-        "verdict_rule": next((r["summary"].get("verdict_rule") for r in records if r["summary"].get("verdict_rule")),
+        "ci": f"{int(stats.LEVEL * 100)}% stratified bootstrap over seeds, {stats.BOOT_SAMPLES:,} "
+              "resamples",
+        "verdict_rule": next((r["summary"].get("verdict_rule") for r in records
+                              if r["summary"].get("verdict_rule")),
                              None) or VERDICT_RULE,
         "classes": board.classes(records),
         "reported": reported.load(),
@@ -350,10 +334,11 @@ def site_data(records: list[dict], rejected: list[dict], sources: list[str]) -> 
 def data_js(data: dict) -> str:
     """The text of ``data.js`` for the site data `data`."""
     # ensure_ascii: the file is pure ASCII, so U+2028 and friends cannot break the script, and
-    # "</script>" inside a string is harmless in a separate .js file. indent=0 keeps one value a line (a rebuilt
-    # site still diffs line by line) without the indentation, which was 40% of the bytes.
-    text = json.dumps(_json_safe(data), sort_keys=True, ensure_ascii=True, allow_nan=False, indent=0,
-                      separators=(",", ":"))
+    # "</script>" inside a string is harmless in a separate .js file. indent=0 keeps one value a
+    # line (a rebuilt site still diffs line by line) without the indentation, which was 40% of the
+    # bytes.
+    text = json.dumps(_json_safe(data), sort_keys=True, ensure_ascii=True, allow_nan=False,
+                      indent=0, separators=(",", ":"))
     return f"// Generated by `suite leaderboard`; do not edit.\n{DATA_PREFIX}{text};\n"
 
 
@@ -375,7 +360,8 @@ def _is_site(path: Path) -> bool:
     if not any(path.iterdir()):
         return True
     data = path / DATA_FILE
-    return data.is_file() and DATA_PREFIX in data.read_text(encoding="utf-8", errors="replace")[:200]
+    return data.is_file() and DATA_PREFIX in data.read_text(encoding="utf-8", errors="replace")[
+        :200]
 
 
 _RENAME_EXCHANGE = 2  # linux/fs.h
@@ -391,7 +377,8 @@ def _swap_in(new: Path, out: Path) -> None:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         at_fdcwd = -100
-        if libc.renameat2(at_fdcwd, os.fsencode(new), at_fdcwd, os.fsencode(out), _RENAME_EXCHANGE) == 0:
+        if libc.renameat2(at_fdcwd, os.fsencode(new), at_fdcwd, os.fsencode(out),
+                          _RENAME_EXCHANGE) == 0:
             shutil.rmtree(new)  # it now holds the old site
             return
     except (OSError, AttributeError):  # no libc or no renameat2 symbol: use the fallback
@@ -407,21 +394,24 @@ def _swap_in(new: Path, out: Path) -> None:
 
 
 def _admit(rec: dict, records: list[dict]) -> None:
-    """Add ``rec`` unless it repeats a seed already there. The same bundle twice (a directory given twice, a
-    copy) is refused; the same experiment and seed from another commit is not a new seed either: if its
-    metrics.jsonl is byte-identical it is kept as evidence that the run reproduces (``twins``), else refused
-    with the step where the two part."""
+    """Add ``rec`` unless it repeats a seed already there. The same bundle twice (a directory given
+    twice, a copy) is refused; the same experiment and seed from another commit is not a new seed
+    either: if its metrics.jsonl is byte-identical it is kept as evidence that the run reproduces
+    (``twins``), else refused with the step where the two part."""
     from suite.analysis.reproduce import first_difference
 
     for other in records:
         if other["provenance"]["config_hash"] == rec["provenance"]["config_hash"]:
-            raise Rejected(f"same config hash {rec['provenance']['config_hash']} as {other['source']}, already accepted")
+            raise Rejected(f"same config hash {rec['provenance']['config_hash']} as "
+                           f"{other['source']}, already accepted")
         if (other["group"], other["seed"]) == (rec["group"], rec["seed"]):
-            diff = first_difference(Path(rec["source"]) / "metrics.jsonl", Path(other["source"]) / "metrics.jsonl")
+            diff = first_difference(Path(rec["source"]) / "metrics.jsonl",
+                                    Path(other["source"]) / "metrics.jsonl")
             if diff != "identical":
-                raise Rejected(f"the experiment and seed of {other['source']}, but metrics.jsonl {diff}: "
-                               "one of the two does not reproduce (not counted as a seed)")
-            other.setdefault("twins", []).append({"source": rec["source"], "git_sha": rec["provenance"]["git_sha"]})
+                raise Rejected(f"the experiment and seed of {other['source']}, but metrics.jsonl "
+                               f"{diff}: one of the two does not reproduce (not counted as a seed)")
+            other.setdefault("twins", []).append({"source": rec["source"],
+                                                  "git_sha": rec["provenance"]["git_sha"]})
             return
     records.append(rec)
 
@@ -433,7 +423,8 @@ def build(results_dirs: list[Path], out: Path) -> Path:
     if not results_dirs:
         raise ValueError("leaderboard: give at least one RESULTS_DIR")
     if out.exists() and (not out.is_dir() or not _is_site(out)):
-        raise ValueError(f"leaderboard: {out} exists and is not a leaderboard site; refusing to replace it")
+        raise ValueError(f"leaderboard: {out} exists and is not a leaderboard site; refusing to "
+                         "replace it")
     bundles = [b for d in results_dirs for b in find_bundles(Path(d))]
 
     # ---- validate everything before writing anything
@@ -461,10 +452,13 @@ def build(results_dirs: list[Path], out: Path) -> Path:
 
 def cli(args: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="suite leaderboard",
-                                     description="Build the static leaderboard site from result bundles.")
+                                     description="Build the static leaderboard site from result "
+                                                 "bundles.")
     parser.add_argument("results_dirs", nargs="+", type=Path, metavar="RESULTS_DIR")
-    parser.add_argument("--out", type=Path, help="site folder (default: RESULTS_DIR/leaderboard of the first "
-                        "directory; the committed site is rebuilt only with --out leaderboard, docs/leaderboard.md)")
+    parser.add_argument("--out", type=Path,
+                        help="site folder (default: RESULTS_DIR/leaderboard of the first "
+                        "directory; the committed site is rebuilt only with --out leaderboard, "
+                        "docs/leaderboard.md)")
     ns = parser.parse_args(args)
     ns.out = ns.out or ns.results_dirs[0] / "leaderboard"
     index = build(ns.results_dirs, ns.out)

@@ -1,22 +1,18 @@
-"""What the reproducibility report shows, as text: pure functions of loaded runs (suite.analysis.runs.Run).
+"""What the reproducibility report shows, as text: pure functions of loaded runs
+(suite.analysis.runs.Run).
 
 Runs are grouped into cells (task, algorithm, precision) with across-seed statistics
 (suite/analysis/stats.py); each table is a header and rows of strings; the warnings name what makes
 runs less comparable than the grid axes allow. suite/analysis/report.py assembles these into a
-document, a list of blocks, which ``to_html`` and ``to_markdown`` render so that both files
-say the same:
+document, a list of blocks, which suite/analysis/pages.py renders as HTML and as Markdown so that
+both files say the same:
   ("h", text, anchor) | ("p", text) | ("warn", [text]) | ("table", head, rows, caption) |
   ("fig", stem, caption) | ("pre", text)
 """
 
 from __future__ import annotations
 
-import html
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,11 +27,14 @@ GRID_AXES = ("precision", "algorithm", "seed")  # what may differ between cells 
 VERDICTS = ("pass", "at_line", "collapse", "unstable", "too_short", "incomplete")
 # env.json fields that must agree across a results directory for its cells to be comparable.
 ENV_CHECKED = ("git_sha", "python", "cpu_model", "cpu_count", "gpus", "torch_threads", "engine",
-               "lm_head_fp32", "task.name", "task.version", "dataset.sha256", "dataset.prompts", "policy.params")
-MISMATCH_PLOT = {"mismatch/kl_k3": "k3 KL (sampler || trainer)", "mismatch/prob_diff/max": "max |p_trainer - p_sampler|",
+               "lm_head_fp32", "task.name", "task.version", "dataset.sha256", "dataset.prompts",
+               "policy.params")
+MISMATCH_PLOT = {"mismatch/kl_k3": "k3 KL (sampler || trainer)",
+                 "mismatch/prob_diff/max": "max |p_trainer - p_sampler|",
                  "mismatch/seq_log_ratio/mean_abs": "mean |sequence log-ratio|"}
 IS_PLOT = {"is/ess": "IS effective sample size (normalised)", "is/weight/max": "max raw IS weight"}
-EXTRA_PREFIXES = ("eval/", "transfer/")  # held-out evaluation and transfer index, when runs have them
+# held-out evaluation and transfer index, when runs have them
+EXTRA_PREFIXES = ("eval/", "transfer/")
 
 # Published outcomes of the sanity test (arXiv 2510.26788, numbers are
 # approximate write-ups of the paper). `algorithm` None matches any algorithm of that flow;
@@ -73,7 +72,8 @@ def fmt(x, spec=".3f"):
 
 
 def ratio_caption(rows: list[dict]) -> str:
-    """bf16/fp16 ratios of the step-0 mismatch, when both flows are present (same task, algorithm, seed)."""
+    """bf16/fp16 ratios of the step-0 mismatch, when both flows are present (same task, algorithm,
+    seed)."""
     by = {(r.get("task"), r.get("algorithm"), r.get("seed"), r.get("precision")): r for r in rows}
     parts = []
     for (task, algo, seed, prec), r in sorted(by.items(), key=lambda kv: tuple(map(str, kv[0]))):
@@ -81,7 +81,8 @@ def ratio_caption(rows: list[dict]) -> str:
         if prec != "bf16" or other is None:
             continue
         ratios = []
-        for key, label in (("prob_diff/mean", "mean abs dp"), ("kl_k3", "k3 KL"), ("seq_log_ratio/mean_abs", "mean abs seq log-ratio")):
+        for key, label in (("prob_diff/mean", "mean abs dp"), ("kl_k3", "k3 KL"),
+                           ("seq_log_ratio/mean_abs", "mean abs seq log-ratio")):
             a, b = r.get(f"mismatch/step0/{key}"), other.get(f"mismatch/step0/{key}")
             if a is not None and b:
                 ratios.append(f"{label} {a / b:.1f}x")
@@ -89,9 +90,10 @@ def ratio_caption(rows: list[dict]) -> str:
     return "\n".join(parts)
 
 
-# ---------------------------------------------------------------------------- cells: the verdict table
+# ------------------------------------------------------------------------ cells: the verdict table
 def flow_order(precisions) -> list[str]:
-    """Precision flows in the order of suite.numerics.precision.FLOWS, unknown ones after, sorted."""
+    """Precision flows in the order of suite.numerics.precision.FLOWS, unknown ones after,
+    sorted."""
     try:
         from suite.numerics.precision import FLOWS
 
@@ -103,7 +105,8 @@ def flow_order(precisions) -> list[str]:
 
 
 def group_cells(runs: list[Run]) -> dict[tuple[str, str, str], list[Run]]:
-    """(task, algorithm, precision) -> runs sorted by seed; cells ordered by task, algorithm, flow order."""
+    """(task, algorithm, precision) -> runs sorted by seed; cells ordered by task, algorithm, flow
+    order."""
     order = {f: i for i, f in enumerate(flow_order(r.precision for r in runs))}
     cells: dict[tuple[str, str, str], list[Run]] = {}
     for r in sorted(runs, key=lambda r: (r.task, r.algorithm, order[r.precision], r.seed, r.label)):
@@ -112,7 +115,8 @@ def group_cells(runs: list[Run]) -> dict[tuple[str, str, str], list[Run]]:
 
 
 def extra_keys(runs: list[Run]) -> list[str]:
-    """Summary keys of held-out evaluation / transfer index (eval/*, transfer/*) present in any run."""
+    """Summary keys of held-out evaluation / transfer index (eval/*, transfer/*) present in any
+    run."""
     return sorted({k for r in runs for k in r.summary if k.startswith(EXTRA_PREFIXES)})
 
 
@@ -121,15 +125,17 @@ def cell_stats(cell: list[Run], extras: list[str] = ()) -> dict:
     died at step 3 has no meaningful peak); counts cover every run."""
     done = [r for r in cell if r.verdict != "incomplete"]
     counts = {v: sum(r.verdict == v for r in cell) for v in VERDICTS}
-    out = {"runs": len(cell), "seeds": [r.seed for r in cell], "counts": counts, "complete": len(done),
-           "failed": sum(r.status == "failed" for r in cell)}
+    out = {"runs": len(cell), "seeds": [r.seed for r in cell], "counts": counts,
+           "complete": len(done), "failed": sum(r.status == "failed" for r in cell)}
     for key in ("peak", "final"):
         vals = stats.finite(r.summary.get(f"accuracy/{key}") for r in done)
         mean, std = stats.mean_std(vals)
-        out[key] = {"values": vals, "mean": mean, "std": std, "ci": stats.bootstrap_ci(vals), "iqm": stats.iqm(vals)}
+        out[key] = {"values": vals, "mean": mean, "std": std, "ci": stats.bootstrap_ci(vals),
+                    "iqm": stats.iqm(vals)}
     firsts = [r.summary.get("accuracy/first_pass_step") for r in done]
     reached = stats.finite(firsts)
-    out["first_pass"] = {"values": firsts, "reached": len(reached), "mean": stats.mean_std(reached)[0]}
+    out["first_pass"] = {"values": firsts, "reached": len(reached),
+                         "mean": stats.mean_std(reached)[0]}
     out["extra"] = {k: stats.mean_std(r.summary.get(k) for r in done) for k in extras}
     return out
 
@@ -149,23 +155,26 @@ def verdict_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     (informative_columns)."""
     extras = extra_keys(runs)
     cells = group_cells(runs)
-    one = max((len(c) for c in cells.values()), default=0) <= 1  # one run per cell: a value, not a mean ± std
+    # one run per cell: a value, not a mean ± std
+    one = max((len(c) for c in cells.values()), default=0) <= 1
     pm = (lambda m, sd: fmt(m)) if one else _pm
-    head = ["task", "algorithm", "precision", "seed ids", "pass", "at the line", "collapse", "unstable", "too short to judge",
-            "incomplete (failed)",
-            "peak acc" if one else "peak acc mean ± std", "peak 95% CI", "final acc" if one else "final acc mean ± std",
-            "final 95% CI", "final IQM", "first pass step" if one else "first pass step: mean (reached)"]
+    head = ["task", "algorithm", "precision", "seed ids", "pass", "at the line", "collapse",
+            "unstable", "too short to judge", "incomplete (failed)",
+            "peak acc" if one else "peak acc mean ± std", "peak 95% CI",
+            "final acc" if one else "final acc mean ± std", "final 95% CI", "final IQM",
+            "first pass step" if one else "first pass step: mean (reached)"]
     head += [k if one else f"{k} mean ± std" for k in extras]
     rows = []
     for (task, algo, prec), cell in cells.items():
         s = cell_stats(cell, extras)
         c, fp = s["counts"], s["first_pass"]
-        rows.append([task, algo, prec, ",".join(map(str, s["seeds"])), str(c["pass"]), str(c["at_line"]), str(c["collapse"]),
-                     str(c["unstable"]), str(c["too_short"]), f"{c['incomplete']} ({s['failed']})",
-                     pm(s["peak"]["mean"], s["peak"]["std"]), _ci(s["peak"]["ci"]),
-                     pm(s["final"]["mean"], s["final"]["std"]), _ci(s["final"]["ci"]),
-                     "-" if one else fmt(s["final"]["iqm"]),
-                     fmt(fp["mean"], ".0f") if one else f"{fmt(fp['mean'], '.1f')} ({fp['reached']}/{s['complete']})"]
+        rows.append([task, algo, prec, ",".join(map(str, s["seeds"])), str(c["pass"]),
+                     str(c["at_line"]), str(c["collapse"]), str(c["unstable"]), str(c["too_short"]),
+                     f"{c['incomplete']} ({s['failed']})", pm(s["peak"]["mean"], s["peak"]["std"]),
+                     _ci(s["peak"]["ci"]), pm(s["final"]["mean"], s["final"]["std"]),
+                     _ci(s["final"]["ci"]), "-" if one else fmt(s["final"]["iqm"]),
+                     fmt(fp["mean"], ".0f") if one
+                     else f"{fmt(fp['mean'], '.1f')} ({fp['reached']}/{s['complete']})"]
                     + [pm(*s["extra"][k]) for k in extras])
     return informative_columns(head, rows, keep=("task", "algorithm", "precision", "pass"))
 
@@ -173,23 +182,27 @@ def verdict_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 EMPTY = ("-", "", "0", "0 (0)")
 
 
-def informative_columns(head: list[str], rows: list[list[str]], keep=()) -> tuple[list[str], list[list[str]]]:
-    """Drop the columns whose every cell says nothing ('-', empty, a count of 0), except those in ``keep``."""
+def informative_columns(head: list[str], rows: list[list[str]],
+                        keep=()) -> tuple[list[str], list[list[str]]]:
+    """Drop the columns whose every cell says nothing ('-', empty, a count of 0), except those in
+    ``keep``."""
     cols = [i for i, h in enumerate(head) if h in keep or any(r[i] not in EMPTY for r in rows)]
     return [head[i] for i in cols], [[r[i] for i in cols] for r in rows]
 
 
 def run_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
-    head = ["run", "status", "steps", "peak acc (step)", "final acc", "first pass step", "step-0 k3 KL",
-            "final k3 KL", "skipped steps", "time s"]
+    head = ["run", "status", "steps", "peak acc (step)", "final acc", "first pass step",
+            "step-0 k3 KL", "final k3 KL", "skipped steps", "time s"]
     rows = []
     for r in runs:
         s = r.summary
-        rows.append([r.label, r.status, f"{s.get('steps_done', len(r.metrics))}/{s.get('total_steps', '?')}",
+        rows.append([r.label, r.status,
+                     f"{s.get('steps_done', len(r.metrics))}/{s.get('total_steps', '?')}",
                      f"{fmt(s.get('accuracy/peak'))} ({fmt(s.get('accuracy/peak_step'))})",
                      fmt(s.get("accuracy/final")), fmt(s.get("accuracy/first_pass_step")),
-                     fmt(s.get("mismatch/step0/kl_k3"), ".2e"), fmt(s.get("mismatch/final/kl_k3"), ".2e"),
-                     fmt(s.get("train/skipped_steps")), fmt(s.get("time/total_s"), ".0f")])
+                     fmt(s.get("mismatch/step0/kl_k3"), ".2e"),
+                     fmt(s.get("mismatch/final/kl_k3"), ".2e"), fmt(s.get("train/skipped_steps")),
+                     fmt(s.get("time/total_s"), ".0f")])
     return head, rows
 
 
@@ -201,9 +214,10 @@ def uses_loss_scaling(r: Run) -> bool:
 
 
 def loss_scale_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
-    """Per run with dynamic loss scaling: the scale's trajectory (start, min, end, halvings, doublings) and skipped steps."""
-    head = ["run", "status", "initial scale", "min scale", "final scale", "back-offs", "growths", "skipped steps",
-            "NaN grad-norm steps"]
+    """Per run with dynamic loss scaling: the scale's trajectory (start, min, end, halvings,
+    doublings) and skipped steps."""
+    head = ["run", "status", "initial scale", "min scale", "final scale", "back-offs", "growths",
+            "skipped steps", "NaN grad-norm steps"]
     rows = []
     for r in runs:
         scales = stats.finite(m.get("train/loss_scale") for m in r.metrics)
@@ -211,8 +225,9 @@ def loss_scale_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
             continue
         down = sum(b < a for a, b in zip(scales, scales[1:]))
         up = sum(b > a for a, b in zip(scales, scales[1:]))
-        rows.append([r.label, r.status, f"{scales[0]:g}", f"{min(scales):g}", f"{scales[-1]:g}", str(down), str(up),
-                     fmt(r.summary.get("train/skipped_steps")), fmt(r.summary.get("train/nan_grad_steps"))])
+        rows.append([r.label, r.status, f"{scales[0]:g}", f"{min(scales):g}", f"{scales[-1]:g}",
+                     str(down), str(up), fmt(r.summary.get("train/skipped_steps")),
+                     fmt(r.summary.get("train/nan_grad_steps"))])
     return head, rows
 
 
@@ -227,37 +242,43 @@ def is_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
             continue
         n = sum(len(r.metrics) for r in cell)
         rows.append([task, algo, prec, str(n)] + [
-            f"{stats.mean_std(v)[0]:.3g} [{min(v):.3g}, {max(v):.3g}]" if v else "-" for v in vals.values()])
+            f"{stats.mean_std(v)[0]:.3g} [{min(v):.3g}, {max(v):.3g}]" if v else "-"
+            for v in vals.values()])
     return head, rows
 
 
 def flow_label(r: Run) -> str:
-    """The precision flow, tagged with the training loop when it is not the suite's own: the same flow run by
-    two loops is two samplers and two trainers, so their mismatch is never pooled."""
+    """The precision flow, tagged with the training loop when it is not the suite's own: the same
+    flow run by two loops is two samplers and two trainers, so their mismatch is never pooled."""
     return r.precision if r.framework == "suite" else f"{r.precision} [{r.framework}]"
 
 
 def step0_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
-    """Step-0 mismatch per flow. Runs of one flow that share a seed measure the same step 0 (same policy, prompts and
-    samples; the algorithm acts only after it), so identical values are one measurement, shown as one value and
-    counted as one: a mean ± 0 over copies would read as zero spread between seeds."""
-    head = ["precision", "runs", "measurements"] + [f"step-0 {lab}" for lab in MISMATCH_PLOT.values()]
+    """Step-0 mismatch per flow. Runs of one flow that share a seed measure the same step 0 (same
+    policy, prompts and samples; the algorithm acts only after it), so identical values are one
+    measurement, shown as one value and counted as one: a mean ± 0 over copies would read as zero
+    spread between seeds."""
+    head = ["precision", "runs", "measurements"] + [f"step-0 {lab}"
+                                                    for lab in MISMATCH_PLOT.values()]
     rows = []
     for flow in flow_order(flow_label(r) for r in runs):
         mine = [r for r in runs if flow_label(r) == flow]
-        vals = [stats.finite(r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in mine) for k in MISMATCH_PLOT]
+        vals = [stats.finite(r.summary.get("mismatch/step0/" + k[len("mismatch/"):]) for r in mine)
+                for k in MISMATCH_PLOT]
         distinct = [sorted(set(v)) for v in vals]
         cells = []
         for d in distinct:
             mean, std = stats.mean_std(d)
-            cells.append("-" if mean is None else f"{mean:.2e}" + (f" ± {std:.1e} (n={len(d)})" if std is not None else ""))
+            cells.append("-" if mean is None else f"{mean:.2e}"
+                         + (f" ± {std:.1e} (n={len(d)})" if std is not None else ""))
         rows.append([flow, str(len(mine)), str(max((len(d) for d in distinct), default=0))] + cells)
     return head, rows
 
 
 def transfer_tables(runs: list[Run]) -> list[tuple[list[str], list[list[str]]]]:
-    """Runs with a transfer.json (suite transfer; docs/transfer.md): the TI variants per run, then the
-    per-benchmark scores base -> final. A TI that is not a meaningful number shows "flag". [] when none."""
+    """Runs with a transfer.json (suite transfer; docs/transfer.md): the TI variants per run, then
+    the per-benchmark scores base -> final. A TI that is not a meaningful number shows "flag". []
+    when none."""
     from suite.rl import transfer
 
     docs = [(r, d) for r in runs if (d := transfer.load(r.dir)) is not None]
@@ -266,27 +287,38 @@ def transfer_tables(runs: list[Run]) -> list[tuple[list[str], list[list[str]]]]:
 
     def ti(doc, variant):
         t = doc["ti"].get(variant)
-        return "-" if t is None else " / ".join("flag" if t.get(g) is None else f"{t[g]:+.1f}" for g in transfer.TARGETS)
+        return "-" if t is None else " / ".join("flag" if t.get(g) is None else f"{t[g]:+.1f}"
+                                                for g in transfer.TARGETS)
 
-    labels = {"v1": "TI v1 (other / non)", "v2_per_model": "TI v2 per-model", "v2_pooled": "TI v2 pooled",
-              "v2_fixed": "TI v2 fixed", "v2_no_sigma": "TI v2 no sigma"}
+    labels = {"v1": "TI v1 (other / non)", "v2_per_model": "TI v2 per-model",
+              "v2_pooled": "TI v2 pooled", "v2_fixed": "TI v2 fixed",
+              "v2_no_sigma": "TI v2 no sigma"}
     variants = [v for v in labels if any(v in d["ti"] for _, d in docs)]
-    head = ["run", "final step", "Δ math", "Δ other", "Δ non"] + [labels[v] for v in variants] + ["flags"]
-    rows = [[r.label, str(d["final"].get("step")), *(fmt(d["delta"].get(g), "+.1f") for g in transfer.GROUPS),
-             *(ti(d, v) for v in variants), ", ".join(transfer.flags_of(d)) or "-"] for r, d in docs]
-    names = list(dict.fromkeys(n for _, d in docs for g in transfer.GROUPS for n in d["groups"].get(g, [])))
-    bench = [[r.label] + [f"{fmt(d['base']['scores'][n]['score'], '.1f')} → {fmt(d['final']['scores'][n]['score'], '.1f')}"
-                          if n in d["final"]["scores"] else "-" for n in names] for r, d in docs]
+    head = (["run", "final step", "Δ math", "Δ other", "Δ non"] + [labels[v] for v in variants]
+            + ["flags"])
+    rows = [[r.label, str(d["final"].get("step")),
+             *(fmt(d["delta"].get(g), "+.1f") for g in transfer.GROUPS),
+             *(ti(d, v) for v in variants), ", ".join(transfer.flags_of(d)) or "-"]
+            for r, d in docs]
+    names = list(dict.fromkeys(n for _, d in docs for g in transfer.GROUPS
+                               for n in d["groups"].get(g, [])))
+    bench = [[r.label]
+             + [f"{fmt(d['base']['scores'][n]['score'], '.1f')} → "
+                f"{fmt(d['final']['scores'][n]['score'], '.1f')}"
+                if n in d["final"]["scores"] else "-" for n in names]
+             for r, d in docs]
     return [(head, rows), (["run"] + names, bench)]
 
 
 def sanity_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
-    """Our sanity_r1d cells next to the published outcome of the same setting; [] rows without such runs."""
+    """Our sanity_r1d cells next to the published outcome of the same setting; [] rows without such
+    runs."""
     ours = {k: v for k, v in group_cells([r for r in runs if r.task == SANITY_TASK]).items()}
     if not ours:
         return [], []
     claimed: set = set()
-    head = ["published setting", "published outcome", "our cells", "our verdicts", "our peak acc", "consistent"]
+    head = ["published setting", "published outcome", "our cells", "our verdicts", "our peak acc",
+            "consistent"]
     rows = []
     for pub in PUBLISHED_SANITY:
         keys = [k for k in ours if k[2] == pub["precision"] and k not in claimed
@@ -294,17 +326,23 @@ def sanity_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
         claimed.update(keys)
         cell = [r for k in keys for r in ours[k]]
         done = [r for r in cell if r.verdict != "incomplete"]
-        verdicts = ", ".join(f"{sum(r.verdict == v for r in cell)} {v}" for v in VERDICTS if any(r.verdict == v for r in cell))
+        verdicts = ", ".join(f"{sum(r.verdict == v for r in cell)} {v}" for v in VERDICTS
+                             if any(r.verdict == v for r in cell))
         ok = [r.verdict in pub["expect"] for r in done]
-        consistent = "-" if not ok else "yes" if all(ok) else "no" if not any(ok) else f"{sum(ok)}/{len(ok)} runs"
-        rows.append([pub["setting"], pub["outcome"], ", ".join(f"{k[1]}/{k[2]}" for k in keys) or "not run",
-                     verdicts or "-", _pm(*stats.mean_std(r.summary.get("accuracy/peak") for r in done)), consistent])
+        consistent = ("-" if not ok else "yes" if all(ok) else "no" if not any(ok)
+                      else f"{sum(ok)}/{len(ok)} runs")
+        rows.append([pub["setting"], pub["outcome"],
+                     ", ".join(f"{k[1]}/{k[2]}" for k in keys) or "not run",
+                     verdicts or "-",
+                     _pm(*stats.mean_std(r.summary.get("accuracy/peak") for r in done)),
+                     consistent])
     return head, rows
 
 
-# ---------------------------------------------------------------------------- consistency and provenance
+# --------------------------------------------------------------------- consistency and provenance
 def _values(flats: dict[str, dict], key: str) -> dict[str, list[str]]:
-    """json(value of `key`) -> labels of the runs having it; `flats` maps run label -> flattened dict."""
+    """json(value of `key`) -> labels of the runs having it; `flats` maps run label -> flattened
+    dict."""
     out: dict[str, list[str]] = {}
     for label, flat in flats.items():
         v = flat.get(key, "(absent)")
@@ -326,35 +364,43 @@ def consistency_warnings(runs: list[Run]) -> list[str]:
     and the env.json fields that decide whether numbers are comparable; plus dirty checkouts."""
     warnings = []
     frameworks = sorted({r.framework for r in runs})
-    if len(frameworks) > 1:  # configs of different loops share no schema: compared within each loop only
+    # configs of different loops share no schema: compared within each loop only
+    if len(frameworks) > 1:
         warnings.append("runs come from several training loops (" + ", ".join(
-            f"{f}: {sum(r.framework == f for r in runs)}" for f in frameworks) + "); configs are compared within each "
-            "loop only. Compare their step-0 mismatch (same policy, before any update) before their training curves.")
+            f"{f}: {sum(r.framework == f for r in runs)}" for f in frameworks) + "); configs are "
+            "compared within each loop only. Compare their step-0 mismatch (same policy, before "
+            "any update) before their training curves.")
     for fw in frameworks:
         cfgs = {r.label: flatten(r.config) for r in runs if r.config and r.framework == fw}
-        for k in sorted({k for f in cfgs.values() for k in f if k.split(".")[0] not in (*GRID_AXES, *LOCATION_KEYS)}):
+        for k in sorted({k for f in cfgs.values() for k in f
+                         if k.split(".")[0] not in (*GRID_AXES, *LOCATION_KEYS)}):
             vals = _values(cfgs, k)
             if len(vals) > 1:
-                warnings.append(f"config {k} differs between {'' if fw == 'suite' else fw + ' '}runs: {_describe(vals)}")
+                warnings.append(f"config {k} differs between "
+                                f"{'' if fw == 'suite' else fw + ' '}runs: {_describe(vals)}")
     envs = {r.label: flatten(r.env) for r in runs if r.env}
-    for k in sorted({k for f in envs.values() for k in f if k in ENV_CHECKED or k.startswith("packages.")}):
+    for k in sorted({k for f in envs.values() for k in f if k in ENV_CHECKED
+                     or k.startswith("packages.")}):
         vals = _values(envs, k)
         if len(vals) > 1:
             warnings.append(f"environment {k} differs between runs: {_describe(vals)}")
     dirty = [r.label for r in runs if r.env and r.env.get("git_dirty")]
     if dirty:
-        warnings.append(f"{len(dirty)} run(s) ran from a checkout with uncommitted changes (git_dirty), so the git sha "
-                        f"alone does not pin their code: {', '.join(dirty)}")
+        warnings.append(f"{len(dirty)} run(s) ran from a checkout with uncommitted changes "
+                        "(git_dirty), so the git sha alone does not pin their code: "
+                        f"{', '.join(dirty)}")
     return warnings
 
 
 def env_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
     envs = {r.label: flatten(r.env) for r in runs if r.env}
-    for f in envs.values():  # the dataset's folder name carries its version and hash; the folder above is the machine's
+    # the dataset's folder name carries its version and hash; the folder above is the machine's
+    for f in envs.values():
         if "dataset.path" in f:
             f["dataset.path"] = "(cache)/datasets/" + Path(str(f["dataset.path"])).name
     keys = sorted({k for f in envs.values() for k in f
-                   if k in (*ENV_CHECKED, "git_dirty", "platform", "hostname", "dataset.path") or k.startswith("packages.")})
+                   if k in (*ENV_CHECKED, "git_dirty", "platform", "hostname", "dataset.path")
+                   or k.startswith("packages.")})
     rows = []
     for k in keys:
         vals = _values(envs, k)
@@ -363,9 +409,10 @@ def env_table(runs: list[Run]) -> tuple[list[str], list[list[str]]]:
 
 
 def provenance_table(runs: list[Run], answers: dict[str, str]) -> tuple[list[str], list[list[str]]]:
-    """Per run: config hash, whether its rerun command reproduces it (`answers`, suite/rl/provenance.py), code and data."""
-    head = ["run", "config hash", "rerun command reproduces the hash", "git sha", "dirty", "task (version)",
-            "dataset sha256"]
+    """Per run: config hash, whether its rerun command reproduces it (`answers`,
+    suite/rl/provenance.py), code and data."""
+    head = ["run", "config hash", "rerun command reproduces the hash", "git sha", "dirty",
+            "task (version)", "dataset sha256"]
     rows = []
     for r in runs:
         e = r.env or {}
@@ -373,115 +420,6 @@ def provenance_table(runs: list[Run], answers: dict[str, str]) -> tuple[list[str
         ds = e.get("dataset") if isinstance(e.get("dataset"), dict) else {}
         rows.append([r.label, r.config_hash or "-", answers.get(r.label, "no config.json"),
                      (e.get("git_sha") or "-")[:12], fmt(e.get("git_dirty")),
-                     f"{task.get('name', r.task)} (v{task.get('version', '?')})", fmt(ds.get("sha256"))])
+                     f"{task.get('name', r.task)} (v{task.get('version', '?')})",
+                     fmt(ds.get("sha256"))])
     return head, rows
-
-
-# ---------------------------------------------------------------------------- pages
-CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1500px;padding:0 24px 48px;color:#1d1d1f}
-h1{font-size:24px;margin:24px 0 4px}h2{font-size:19px;margin:32px 0 8px;border-bottom:1px solid #ddd;padding-bottom:4px}
-nav a{margin-right:14px}table{border-collapse:collapse;font-size:12.5px;margin:6px 0}
-.scroll{overflow-x:auto}th,td{border:1px solid #d6d6d6;padding:3px 7px;text-align:left;vertical-align:top}
-th{background:#f3f4f6}tr:nth-child(even) td{background:#fafafa}.cap{color:#555;font-size:12.5px;max-width:1100px}
-.warn{background:#fff6e0;border:1px solid #f0c36d;padding:8px 12px 8px 28px}pre{background:#f6f8fa;padding:10px;
-overflow-x:auto;font-size:12px}figure{margin:10px 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
-figcaption{color:#555;font-size:12.5px}
-.s-pass{color:#0a7d28;font-weight:600}.s-collapse,.s-failed{color:#b3261e;font-weight:600}
-.s-unstable,.s-incomplete{color:#9a6700;font-weight:600}.s-too_short,.s-at_line{color:#555}
-"""
-STATUS_CELLS = {"pass", "at_line", "collapse", "unstable", "too_short", "incomplete", "failed"}
-
-
-def to_html(doc: list[tuple], title: str, svgs: frozenset = frozenset()) -> str:
-    """A self-contained page: inline CSS, figures as relative files, every string HTML-escaped; a figure links its
-    SVG only when its stem is in `svgs` (written by ``suite report --svg``)."""
-    e = html.escape
-    nav = " ".join(f'<a href="#{b[2]}">{e(b[1])}</a>' for b in doc if b[0] == "h")
-    out = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
-           '<meta name="viewport" content="width=device-width, initial-scale=1">',
-           '<link rel="icon" href="data:,">',  # no favicon request (no network, no console error)
-           f"<title>{e(title)}</title><style>{CSS}</style></head><body>", f"<h1>{e(title)}</h1>", f"<nav>{nav}</nav>"]
-    for b in doc:
-        kind = b[0]
-        if kind == "h":
-            out.append(f'<h2 id="{e(b[2])}">{e(b[1])}</h2>')
-        elif kind == "p":
-            out.append(f"<p>{e(b[1])}</p>")
-        elif kind == "warn":
-            out.append('<ul class="warn">' + "".join(f"<li>{e(w)}</li>" for w in b[1]) + "</ul>")
-        elif kind == "table":
-            head = "".join(f"<th>{e(h)}</th>" for h in b[1])
-            body = "".join("<tr>" + "".join(
-                f'<td class="s-{c}">{e(c)}</td>' if c in STATUS_CELLS else f"<td>{e(c)}</td>" for c in row) + "</tr>"
-                for row in b[2])
-            cap = f'<p class="cap">{e(b[3])}</p>'.replace("\n", "<br>") if b[3] else ""
-            out.append(f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>{cap}')
-        elif kind == "fig":
-            stem, cap = e(b[1]), e(b[2])
-            img = f'<img src="figures/{stem}.png" alt="{cap}">'
-            if b[1] in svgs:
-                img, cap = f'<a href="figures/{stem}.svg">{img}</a>', f'{cap} (<a href="figures/{stem}.svg">SVG</a>)'
-            out.append(f"<figure>{img}<figcaption>{cap}</figcaption></figure>")
-        elif kind == "pre":
-            out.append(f"<pre>{e(b[1])}</pre>")
-    return "\n".join(out + ["</body></html>", ""])
-
-
-def _md_cell(s: str) -> str:
-    return str(s).replace("|", "\\|").replace("\n", " ")
-
-
-def to_markdown(doc: list[tuple], title: str, svgs: frozenset = frozenset()) -> str:
-    out = [f"# {title}", ""]
-    for b in doc:
-        kind = b[0]
-        if kind == "h":
-            out += [f"## {b[1]}", ""]
-        elif kind == "p":
-            out += [b[1], ""]
-        elif kind == "warn":
-            out += [f"- **warning:** {w}" for w in b[1]] + [""]
-        elif kind == "table":
-            out += ["| " + " | ".join(map(_md_cell, b[1])) + " |", "|" + "---|" * len(b[1])]
-            out += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in b[2]]
-            out += ["", b[3], ""] if b[3] else [""]
-        elif kind == "fig":
-            link = f" ([SVG](figures/{b[1]}.svg))" if b[1] in svgs else ""
-            out += [f"![{b[2]}](figures/{b[1]}.png)", "", b[2] + link, ""]
-        elif kind == "pre":
-            fence = "~~~~" if "```" in b[1] else "```"
-            out += [fence, b[1], fence, ""]
-    return "\n".join(out)
-
-
-def write_folder(out: Path, build: Callable[[Path], tuple[list[tuple], str]]) -> Path:
-    """Write a report folder (index.html, report.md, figures/ from ``build(figure_dir) -> (doc, title)``).
-
-    Built in a temporary directory next to ``out``, then swapped in by rename, so readers see the old
-    report or the new one. An existing ``out`` is replaced only if it is a report (holds index.html) or
-    empty: ``--out`` pointed at a results directory must not erase runs.
-    """
-    out = Path(out)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not (out / "index.html").is_file())):
-        raise ValueError(f"--out {out} exists and is not a report folder (no index.html); refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; reports are meant to be shared like results
-        doc, title = build(tmp / "figures")
-        figs = tmp / "figures"
-        svgs = frozenset(f.relative_to(figs).with_suffix("").as_posix() for f in figs.glob("**/*.svg"))
-        (tmp / "index.html").write_text(to_html(doc, title, svgs), encoding="utf-8")
-        (tmp / "report.md").write_text(to_markdown(doc, title, svgs), encoding="utf-8")
-        old = None
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, old)
-        os.rename(tmp, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out

@@ -29,10 +29,11 @@ from suite.results import (
     find_run_dirs,
 )
 
-ORDER = ("fp32", "fp16", "bf16", "bf16_fp8rollout")  # step-0 mismatch, smallest first, on every machine
+# step-0 mismatch, smallest first, on every machine
+ORDER = ("fp32", "fp16", "bf16", "bf16_fp8rollout")
 KEYS = ("kl_k3", "prob_diff/mean")  # the invariants' mismatch measures
-HEAD = ["run", "reference", "metrics.jsonl", "verdict (here / ref)", "step-0 k3 KL (here / ref)", "rel. diff",
-        "final k3 KL (here / ref)", "rel. diff"]
+HEAD = ["run", "reference", "metrics.jsonl", "verdict (here / ref)", "step-0 k3 KL (here / ref)",
+        "rel. diff", "final k3 KL (here / ref)", "rel. diff"]
 
 
 def reference_dir(class_id: str, grid: str, root: Path = REFERENCE_ROOT) -> Path | None:
@@ -41,7 +42,8 @@ def reference_dir(class_id: str, grid: str, root: Path = REFERENCE_ROOT) -> Path
 
 
 def known_classes(root: Path = REFERENCE_ROOT) -> list[str]:
-    return sorted(p.name for p in Path(root).iterdir() if (p / "reference.json").is_file()) if Path(root).is_dir() else []
+    return sorted(p.name for p in Path(root).iterdir()
+                  if (p / "reference.json").is_file()) if Path(root).is_dir() else []
 
 
 def _summary(run_dir: Path) -> dict:
@@ -55,8 +57,9 @@ def _env(run_dir: Path) -> dict:
 
 
 def _same_config(run_dir: Path, ref_dir: Path) -> bool:
-    """Is the fresh run the reference's experiment? Same config hash, or the reference predates fields the code
-    gained since and the fresh run holds their defaults (provenance.same_experiment)."""
+    """Is the fresh run the reference's experiment? Same config hash, or the reference predates
+    fields the code gained since and the fresh run holds their defaults
+    (provenance.same_experiment)."""
     from suite.rl.provenance import same_experiment
 
     paths = run_dir / "config.json", ref_dir / "config.json"
@@ -90,14 +93,16 @@ def first_difference(a: Path, b: Path) -> str:
 
 
 def compare(root: Path, ref: Path | None) -> list[dict]:
-    """One record per run of ``root``: its counterpart in ``ref`` (the same path below the grid's folder, so the
-    rows of a grid of experiments never meet another row's run of the same name) and how they compare."""
+    """One record per run of ``root``: its counterpart in ``ref`` (the same path below the grid's
+    folder, so the rows of a grid of experiments never meet another row's run of the same name) and
+    how they compare."""
     out = []
     ref_dirs = {d.relative_to(ref).as_posix(): d for d in find_run_dirs(ref)} if ref else {}
     for d in find_run_dirs(root):
         name = d.relative_to(root).as_posix()
         s, other = _summary(d), ref_dirs.get(name)
-        if other and not _same_config(d, other):  # same cell name, another experiment (tier=smoke, ...)
+        # same cell name, another experiment (tier=smoke, ...)
+        if other and not _same_config(d, other):
             other = None
         rs = _summary(other) if other else {}
         out.append({
@@ -105,16 +110,21 @@ def compare(root: Path, ref: Path | None) -> list[dict]:
             "metrics": (first_difference(d / "metrics.jsonl", other / "metrics.jsonl") if other else
                         "no reference" if name not in ref_dirs else "reference has another config"),
             "verdict": s.get("verdict"), "ref_verdict": rs.get("verdict"),
-            "step0_kl_k3": s.get("mismatch/step0/kl_k3"), "ref_step0_kl_k3": rs.get("mismatch/step0/kl_k3"),
-            "step0_rel_diff": rel_diff(s.get("mismatch/step0/kl_k3"), rs.get("mismatch/step0/kl_k3")) if other else None,
-            "final_kl_k3": s.get("mismatch/final/kl_k3"), "ref_final_kl_k3": rs.get("mismatch/final/kl_k3"),
-            "final_rel_diff": rel_diff(s.get("mismatch/final/kl_k3"), rs.get("mismatch/final/kl_k3")) if other else None,
+            "step0_kl_k3": s.get("mismatch/step0/kl_k3"),
+            "ref_step0_kl_k3": rs.get("mismatch/step0/kl_k3"),
+            "step0_rel_diff": rel_diff(s.get("mismatch/step0/kl_k3"),
+                                       rs.get("mismatch/step0/kl_k3")) if other else None,
+            "final_kl_k3": s.get("mismatch/final/kl_k3"),
+            "ref_final_kl_k3": rs.get("mismatch/final/kl_k3"),
+            "final_rel_diff": rel_diff(s.get("mismatch/final/kl_k3"),
+                                       rs.get("mismatch/final/kl_k3")) if other else None,
         })
     return out
 
 
 def invariants(root: Path) -> list[dict]:
-    """What must hold on every machine, checked on the runs of ``root``: name, ok (None: not applicable), detail."""
+    """What must hold on every machine, checked on the runs of ``root``: name, ok (None: not
+    applicable), detail."""
     runs = [(d, _summary(d)) for d in find_run_dirs(root)]
     out = []
     exact = [d for d, s in runs if s.get("precision") == "exact"]
@@ -122,43 +132,55 @@ def invariants(root: Path) -> list[dict]:
         bad = []
         for d in exact:
             rows = read_log(d, "metrics.jsonl", missing_ok=True)
-            nonzero = [r["step"] for r in rows if r.get("mismatch/kl_k3") != 0.0 or r.get("mismatch/prob_diff/max") != 0.0]
+            nonzero = [r["step"] for r in rows if r.get("mismatch/kl_k3") != 0.0
+                       or r.get("mismatch/prob_diff/max") != 0.0]
             if nonzero or not rows:
-                bad.append(f"{d.name}: {'no steps' if not rows else f'non-zero at steps {nonzero[:5]}'}")
+                bad.append(f"{d.name}: "
+                           f"{'no steps' if not rows else f'non-zero at steps {nonzero[:5]}'}")
         out.append({"name": "exact flow: mismatch exactly 0 at every step", "ok": not bad,
                     "detail": "; ".join(bad) or f"{len(exact)} run(s), every step 0"})
     for key in KEYS:
         means = {}
         for flow in ORDER:
             vals = [s[f"mismatch/step0/{key}"] for _, s in runs
-                    if s.get("precision") == flow and isinstance(s.get(f"mismatch/step0/{key}"), (int, float))]
+                    if s.get("precision") == flow
+                    and isinstance(s.get(f"mismatch/step0/{key}"), (int, float))]
             if vals:
                 means[flow] = sum(vals) / len(vals)
         present = [f for f in ORDER if f in means]
-        ok = all(means[a] < means[b] for a, b in zip(present, present[1:])) if len(present) > 1 else None
-        out.append({"name": f"step-0 {key}: {' < '.join(present) or ' < '.join(ORDER)}", "ok": ok,
-                    "detail": ", ".join(f"{f} {means[f]:.3g}" for f in present) or "flows not in this grid"})
+        ok = all(means[a] < means[b]
+                 for a, b in zip(present, present[1:])) if len(present) > 1 else None
+        out.append(
+            {"name": f"step-0 {key}: {' < '.join(present) or ' < '.join(ORDER)}", "ok": ok,
+             "detail": ", ".join(f"{f} {means[f]:.3g}" for f in present)
+             or "flows not in this grid"})
     return out
 
 
 def check(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT) -> dict:
-    """Compare ``root`` (a fresh grid) with the reference of its machine class; the document written to disk."""
+    """Compare ``root`` (a fresh grid) with the reference of its machine class; the document written
+    to disk."""
     dirs = find_run_dirs(root)
     if not dirs:
         raise ValueError(f"{root}: no run directories to compare")
     classes = {json.dumps(machine.of_run(d, _env(d)), sort_keys=True) for d in dirs}
     here = json.loads(sorted(classes)[0])
     ref = reference_dir(here["id"], grid, ref_root) if here else None
-    ref_meta = json.loads((Path(ref_root) / here["id"] / "reference.json").read_text()) if ref else {}
+    ref_meta = (json.loads((Path(ref_root) / here["id"] / "reference.json").read_text())
+                if ref else {})
     rows = compare(root, ref)
-    # A GPU reference made with default kernels (atomics, split-K) is one draw of many: no rerun repeats its bytes.
+    # A GPU reference made with default kernels (atomics, split-K) is one draw of many: no rerun
+    # repeats its bytes.
     loose = sorted({r["run"] for r in rows if r["reference"]
-                    and (_env(Path(r["reference"])).get("machine_class") or {}).get("device") == "cuda"
+                    and (_env(Path(r["reference"])).get("machine_class")
+                         or {}).get("device") == "cuda"
                     and not (_env(Path(r["reference"])).get("determinism") or {}).get("requested")})
-    doc = {"grid": grid, "nondeterministic_reference": loose, "machine_class": here, "classes_in_runs": len(classes),
-           "reference": display_path(ref) if ref else None, "reference_meta": ref_meta,
-           "class_differences": machine.differences(here, ref_meta.get("machine_class")) if ref else [],
-           "known_classes": known_classes(ref_root), "rows": rows, "invariants": invariants(root)}
+    doc = {"grid": grid, "nondeterministic_reference": loose, "machine_class": here,
+           "classes_in_runs": len(classes), "reference": display_path(ref) if ref else None,
+           "reference_meta": ref_meta,
+           "class_differences": machine.differences(here, ref_meta.get("machine_class")) if ref
+           else [], "known_classes": known_classes(ref_root), "rows": rows,
+           "invariants": invariants(root)}
     doc["statement"] = statement(doc)
     return doc
 
@@ -169,38 +191,47 @@ def statement(doc: dict) -> str:
     inv = doc["invariants"]
     held = [i for i in inv if i["ok"]]
     broke = [i for i in inv if i["ok"] is False]
-    inv_text = ((f"What must hold on every machine: {len(held)} of {len(held) + len(broke)} checks hold"
-                 + (f"; broken: {'; '.join(i['name'] + ' (' + i['detail'] + ')' for i in broke)}" if broke else "")
+    inv_text = ((f"What must hold on every machine: {len(held)} of {len(held) + len(broke)} checks "
+                 "hold"
+                 + (f"; broken: {'; '.join(i['name'] + ' (' + i['detail'] + ')' for i in broke)}"
+                    if broke else "")
                  + ".") if held or broke else "No machine-independent check applies to these runs.")
     if not doc["reference"]:
         others = ", ".join(doc["known_classes"]) or "none"
         where = "" if doc["known_classes"] else f" ({where_to_get_references()})"
         what = (f"of the grid {doc.get('grid')} " if cls.get("id") in doc["known_classes"] else "")
-        return (f"No committed reference {what}for machine class {cls.get('id', 'unknown')} (references exist for: "
-                f"{others}{where}), so nothing here can be compared value by value. {inv_text} Every other number "
-                "(the values, the perfectible set, whether unified fp8 is exactly 0) depends on the hardware.")
+        return (f"No committed reference {what}for machine class {cls.get('id', 'unknown')} "
+                f"(references exist for: {others}{where}), so nothing here can be compared value "
+                f"by value. {inv_text} Every other number (the values, the perfectible set, "
+                "whether unified fp8 is exactly 0) depends on the hardware.")
     rows = doc["rows"]
     with_ref = [r for r in rows if r["reference"]]
     same = sum(r["metrics"] == "identical" for r in with_ref)
     agree = sum(r["verdict"] == r["ref_verdict"] for r in with_ref)
     meta = doc["reference_meta"]
-    sha = ((meta.get("jobs") or {}).get(doc.get("grid")) or {}).get("git_sha") or meta.get("git_sha", "?")
+    sha = ((meta.get("jobs") or {}).get(doc.get("grid"))
+           or {}).get("git_sha") or meta.get("git_sha", "?")
     diffs = doc["class_differences"]
-    text = (f"Against the committed reference of machine class {cls.get('id')} ({doc['reference']}, made at commit "
-            f"{str(sha)[:7]}): metrics.jsonl byte-identical in {same} of {len(rows)} cells"
-            f"{'' if len(with_ref) == len(rows) else f' ({len(rows) - len(with_ref)} without a reference cell)'}; "
-            f"verdicts agree in {agree} of {len(with_ref)}.")
+    unmatched = ("" if len(with_ref) == len(rows)
+                 else f" ({len(rows) - len(with_ref)} without a reference cell)")
+    text = (f"Against the committed reference of machine class {cls.get('id')} "
+            f"({doc['reference']}, made at commit {str(sha)[:7]}): metrics.jsonl byte-identical in "
+            f"{same} of {len(rows)} cells{unmatched}; verdicts agree in {agree} of "
+            f"{len(with_ref)}.")
     if diffs:
-        text += f" This machine differs from the reference's in {', '.join(diffs)}, so byte identity is not expected."
+        text += (f" This machine differs from the reference's in {', '.join(diffs)}, so byte "
+                 "identity is not expected.")
     if doc.get("nondeterministic_reference"):
-        text += (f" {len(doc['nondeterministic_reference'])} reference cells ran default CUDA kernels "
-                 "(deterministic=false), which vary from rerun to rerun, so byte identity is not expected of them; "
-                 "their verdicts and step-0 mismatch are the comparison (docs/gpu.md).")
+        text += (f" {len(doc['nondeterministic_reference'])} reference cells ran default CUDA "
+                 "kernels (deterministic=false), which vary from rerun to rerun, so byte identity "
+                 "is not expected of them; their verdicts and step-0 mismatch are the comparison "
+                 "(docs/gpu.md).")
     loose = set(doc.get("nondeterministic_reference") or ())
     moved = [r["run"] for r in with_ref if r["metrics"] != "identical" and r["run"] not in loose]
     if moved:
-        text += (f" Cells that moved: {', '.join(moved[:8])}{' ...' if len(moved) > 8 else ''} (the code or the "
-                 "environment changed the numbers since the reference was made: see its reference.json).")
+        text += (f" Cells that moved: {', '.join(moved[:8])}{' ...' if len(moved) > 8 else ''} "
+                 "(the code or the environment changed the numbers since the reference was made: "
+                 "see its reference.json).")
     return text + " " + inv_text
 
 
@@ -212,18 +243,22 @@ def table_rows(doc: dict) -> list[list[str]]:
     for r in doc["rows"]:
         out.append([r["run"], "yes" if r["reference"] else "no", r["metrics"],
                     f"{r['verdict']} / {r['ref_verdict'] or '-'}",
-                    f"{sci(r['step0_kl_k3'])} / {sci(r['ref_step0_kl_k3'])}", sci(r["step0_rel_diff"]),
-                    f"{sci(r['final_kl_k3'])} / {sci(r['ref_final_kl_k3'])}", sci(r["final_rel_diff"])])
+                    f"{sci(r['step0_kl_k3'])} / {sci(r['ref_step0_kl_k3'])}",
+                    sci(r["step0_rel_diff"]), f"{sci(r['final_kl_k3'])} / "
+                                              f"{sci(r['ref_final_kl_k3'])}",
+                    sci(r["final_rel_diff"])])
     return out
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"# Reproduction: {doc['grid']} on machine class {(doc['machine_class'] or {}).get('id', 'unknown')}", "",
+    lines = [f"# Reproduction: {doc['grid']} on machine class "
+             f"{(doc['machine_class'] or {}).get('id', 'unknown')}", "",
              doc["statement"], "", f"Machine class: {machine.label(doc['machine_class'])}.", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * len(HEAD)]
     lines += ["| " + " | ".join(r) + " |" for r in table_rows(doc)]
     lines += ["", "| invariant (every machine) | holds | detail |", "|---|---|---|"]
-    lines += [f"| {i['name']} | {'n/a' if i['ok'] is None else 'yes' if i['ok'] else 'NO'} | {i['detail']} |"
+    lines += [f"| {i['name']} | {'n/a' if i['ok'] is None else 'yes' if i['ok'] else 'NO'} | "
+              f"{i['detail']} |"
               for i in doc["invariants"]]
     return "\n".join(lines) + "\n"
 

@@ -1,8 +1,9 @@
-"""Loading result directories: which folders are runs, and each run read into a ``Run`` without raising.
+"""Loading result directories: which folders are runs, and each run read into a ``Run`` without
+raising.
 
-The shared base of the analysis stage: suite/analysis/report.py (the document), suite/analysis/outcomes.py
-(the outcome tables), suite/analysis/reproduce.py and suite/analysis/render.py read runs through it, so none
-of them has to import another for it.
+The shared base of the analysis stage: suite/analysis/report.py (the document),
+suite/analysis/outcomes.py (the outcome tables), suite/analysis/reproduce.py and
+suite/analysis/render.py read runs through it, so none of them has to import another for it.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from suite.results import RUN_NAME, SCHEMA_VERSION, find_run_dirs, samples_per_s
 # ---------------------------------------------------------------------------- loading
 @dataclass
 class Run:
-    """One run directory as read back; `summary` is always there (recomputed if summary.json is missing)."""
+    """One run directory as read back; `summary` is always there (recomputed if summary.json is
+    missing)."""
 
     dir: Path
     label: str  # the directory name, prefixed with its parent's when runs are nested
@@ -35,7 +37,8 @@ class Run:
     error: str | None = None  # one line
     detail: str | None = None  # the tail of error.txt (or log.txt of a run that left no summary)
     problems: list[str] = field(default_factory=list)
-    framework: str = bundle.SUITE  # "suite", or the outside loop and its version ("trl 1.16.0"; docs/bundle.md)
+    # "suite", or the outside loop and its version ("trl 1.16.0"; docs/bundle.md)
+    framework: str = bundle.SUITE
 
     @property
     def verdict(self) -> str:
@@ -59,7 +62,8 @@ def _read_json(path: Path, problems: list[str], versioned: bool = False):
     if versioned:
         v = obj.get("schema_version") if isinstance(obj, dict) else None
         if not isinstance(v, int) or v > SCHEMA_VERSION:
-            problems.append(f"{path.name} has schema_version={v!r}, this code reads <= {SCHEMA_VERSION}; ignored")
+            problems.append(f"{path.name} has schema_version={v!r}, this code reads <= "
+                            f"{SCHEMA_VERSION}; ignored")
             return None
     return obj
 
@@ -74,7 +78,8 @@ def _tail(run_dir: Path, name: str, lines: int = 20) -> str | None:
 
 
 def load_bundle(run_dir: Path, root: Path) -> Run:
-    """Read one run directory without raising on missing or broken files (they become `problems`)."""
+    """Read one run directory without raising on missing or broken files (they become
+    `problems`)."""
     problems: list[str] = []
     cfg_file = _read_json(run_dir / "config.json", problems)
     cfg = cfg_file.get("config") if isinstance(cfg_file, dict) else None
@@ -99,20 +104,26 @@ def load_bundle(run_dir: Path, root: Path) -> Run:
         else:
             summary = {"verdict": "incomplete", "steps_done": len(metrics)}
         detail = detail or _tail(run_dir, "log.txt")
-        problems.append("summary recomputed from metrics.jsonl" if cfg else "no summary and no config")
+        problems.append("summary recomputed from metrics.jsonl" if cfg
+                        else "no summary and no config")
     m = RUN_NAME.match(run_dir.name)
-    ident = {**m.groupdict(), **{k: (cfg or {}).get(k) for k in ("task", "algorithm", "precision", "seed") if cfg},
-             **{k: summary[k] for k in ("task", "algorithm", "precision", "seed") if summary.get(k) is not None}}
+    ident = {**m.groupdict(),
+             **{k: (cfg or {}).get(k) for k in ("task", "algorithm", "precision", "seed") if cfg},
+             **{k: summary[k] for k in ("task", "algorithm", "precision", "seed")
+                if summary.get(k) is not None}}
     label = run_dir.name if run_dir.parent == root else f"{run_dir.parent.name}/{run_dir.name}"
-    framework = bundle.framework_label(env) if bundle.framework_of(env)["name"] != bundle.SUITE else bundle.SUITE
-    # An outside loop's algorithm is its own implementation, and score centering (arXiv 2609.20807) a correction on
-    # top of the named loss: each gets its own cells and panels, never pooled with the plain recipe.
+    framework = (bundle.framework_label(env) if bundle.framework_of(env)["name"] != bundle.SUITE
+                 else bundle.SUITE)
+    # An outside loop's algorithm is its own implementation, and score centering (arXiv 2609.20807)
+    # a correction on top of the named loss: each gets its own cells and panels, never pooled with
+    # the plain recipe.
     centred = bool(((cfg or {}).get("algo") or {}).get("score_centering"))
     algorithm = (str(ident["algorithm"]) + ("+centering" if centred else "")
                  + ("" if framework == bundle.SUITE else f" [{framework}]"))
-    return Run(dir=run_dir, label=label, task=str(ident["task"]), algorithm=algorithm, framework=framework,
-               precision=str(ident["precision"]), seed=int(ident["seed"]), summary=summary, config=cfg,
-               config_hash=(cfg_file or {}).get("config_hash") or summary.get("config_hash"), env=env,
+    return Run(dir=run_dir, label=label, task=str(ident["task"]), algorithm=algorithm,
+               framework=framework, precision=str(ident["precision"]), seed=int(ident["seed"]),
+               summary=summary, config=cfg, config_hash=(cfg_file or {}).get("config_hash")
+               or summary.get("config_hash"), env=env,
                metrics=metrics, error=error, detail=detail, problems=problems)
 
 
@@ -123,13 +134,16 @@ def load_runs(root: Path) -> list[Run]:
         raise ValueError(f"{root}: no such directory")
     dirs = find_run_dirs(root)
     if not dirs:
-        raise ValueError(f"{root}: no run directories found (expected <task>__<algorithm>__<precision>__s<seed>/ "
-                         f"holding config.json/summary.json/metrics.jsonl, directly or up to two levels down)")
+        raise ValueError(f"{root}: no run directories found (expected "
+                         "<task>__<algorithm>__<precision>__s<seed>/ holding "
+                         "config.json/summary.json/metrics.jsonl, directly or up to two levels "
+                         "down)")
     return [load_bundle(d, root) for d in dirs]
 
 
 def load_summaries(root: Path) -> list[dict]:
-    """summary.json of every run under `root` (nested up to two levels), with `_dir`; [] when there are none."""
+    """summary.json of every run under `root` (nested up to two levels), with `_dir`; [] when there
+    are none."""
     out = []
     for d in find_run_dirs(root):
         if (d / "summary.json").is_file():

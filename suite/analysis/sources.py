@@ -1,12 +1,13 @@
-"""Does a source of the mismatch decide the outcome? The source grids' table (``src-top-p``, ``src-kv-fp8``,
-``src-staleness``; docs/attribution.md): pure functions of the runs.
+"""Does a source of the mismatch decide the outcome? The source grids' table (``src-top-p``,
+``src-kv-fp8``, ``src-staleness``; docs/attribution.md): pure functions of the runs.
 
-Each grid sets one source of the mismatch (truncated sampling without renormalisation, an FP8 KV cache, stale
-weights) against its matched control (renormalised truncation, the sampler dtype's KV cache, staleness 0) on
-fp32, where the studied source is the only mismatch, per regime x correction x seed. A cell is *separated* when
-every seed of the source fails the sanity rule while every seed of its control passes (>= 3 seeds each), the
-criterion of the collapse search (suite/analysis/collapse.py); the reward gap is mean final accuracy of the
-source minus its control's, with the same percentile bootstrap over seeds.
+Each grid sets one source of the mismatch (truncated sampling without renormalisation, an FP8 KV
+cache, stale weights) against its matched control (renormalised truncation, the sampler dtype's KV
+cache, staleness 0) on fp32, where the studied source is the only mismatch, per regime x correction
+x seed. A cell is *separated* when every seed of the source fails the sanity rule while every seed
+of its control passes (>= 3 seeds each), the criterion of the collapse search
+(suite/analysis/collapse.py); the reward gap is mean final accuracy of the source minus its
+control's, with the same percentile bootstrap over seeds.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import statistics
 
 from suite.analysis.collapse import gap_ci
 
-# The source knobs and the value that is their matched control (the value a framework that avoids the source uses).
+# The source knobs and the value that is their matched control (the value a framework that avoids
+# the source uses).
 SOURCE_AXES = {"sampling.truncation": "renormalise", "kv_cache": "auto", "staleness": 0}
 MIN_SEEDS = 3
 
@@ -28,8 +30,9 @@ def _field(run, dotted: str):
 
 
 def source_axis(runs) -> str | None:
-    """The source knob these runs vary (None when they vary none of SOURCE_AXES, or also the precision flow: a
-    source grid switches one source with everything else fixed, e.g. the main job's controls are not one)."""
+    """The source knob these runs vary (None when they vary none of SOURCE_AXES, or also the
+    precision flow: a source grid switches one source with everything else fixed, e.g. the main
+    job's controls are not one)."""
     varying = [a for a in SOURCE_AXES if len({str(_field(r, a)) for r in runs}) > 1]
     one_flow = len({r.precision for r in runs}) == 1
     return varying[0] if len(varying) == 1 and one_flow else None
@@ -40,7 +43,8 @@ def cells(runs, axis: str) -> dict:
     out: dict = {}
     for r in sorted(runs, key=lambda r: r.seed):
         if r.verdict != "incomplete":
-            out.setdefault((_field(r, "regime") or "base", r.algorithm, str(_field(r, axis))), []).append(r)
+            out.setdefault((_field(r, "regime") or "base", r.algorithm, str(_field(r, axis))),
+                           []).append(r)
     return out
 
 
@@ -54,8 +58,8 @@ def _k3(x: float | None) -> str:
 
 
 def rows(runs, axis: str) -> list[dict]:
-    """One record per (regime, algorithm, value): verdict counts, finals, step-0 k3, and against the control its gap
-    [95% CI] and whether the cell separates."""
+    """One record per (regime, algorithm, value): verdict counts, finals, step-0 k3, and against the
+    control its gap [95% CI] and whether the cell separates."""
     control = str(SOURCE_AXES[axis])
     cs = cells(runs, axis)
     out = []
@@ -68,24 +72,28 @@ def rows(runs, axis: str) -> list[dict]:
         k3 = [r.summary.get("mismatch/step0/kl_k3") for r in mine]
         k3_end = [r.summary.get("mismatch/final/kl_k3") for r in mine]
         out.append({
-            "regime": regime, "algorithm": algo, "value": value, "control": not is_source, "seeds": len(mine),
-            "verdicts": {v: sum(r.verdict == v for r in mine) for v in ("pass", "unstable", "collapse")},
-            "finals": finals, "final_mean": statistics.fmean(finals),
-            "step0_k3": _mean(k3), "final_k3": _mean(k3_end),
-            "gap": gap_ci(finals, ref_finals) if is_source else None,
+            "regime": regime, "algorithm": algo, "value": value, "control": not is_source,
+            "seeds": len(mine),
+            "verdicts": {v: sum(r.verdict == v for r in mine)
+                         for v in ("pass", "unstable", "collapse")}, "finals": finals,
+            "final_mean": statistics.fmean(finals), "step0_k3": _mean(k3),
+            "final_k3": _mean(k3_end), "gap": gap_ci(finals, ref_finals) if is_source else None,
             "separated": (is_source and len(mine) >= MIN_SEEDS and len(ref) >= MIN_SEEDS
-                          and all(r.verdict != "pass" for r in mine) and all(r.verdict == "pass" for r in ref)),
+                          and all(r.verdict != "pass" for r in mine)
+                          and all(r.verdict == "pass" for r in ref)),
         })
     return out
 
 
 def table(records: list[dict], axis: str) -> tuple[list[str], list[list[str]]]:
-    head = ["regime", "algorithm", axis, "seeds", "pass / unstable / collapse", "final acc: mean (seeds)",
-            "k3 KL: step 0 / final", "gap vs control [95% CI]", "separated"]
+    head = ["regime", "algorithm", axis, "seeds", "pass / unstable / collapse",
+            "final acc: mean (seeds)", "k3 KL: step 0 / final", "gap vs control [95% CI]",
+            "separated"]
     body = []
     for x in records:
         v = x["verdicts"]
-        body.append([x["regime"], x["algorithm"], x["value"] + (" (control)" if x["control"] else ""), str(x["seeds"]),
+        body.append([x["regime"], x["algorithm"], x["value"]
+                     + (" (control)" if x["control"] else ""), str(x["seeds"]),
                      f"{v['pass']} / {v['unstable']} / {v['collapse']}",
                      f"{x['final_mean']:.3f} ({', '.join(f'{f:.3f}' for f in x['finals'])})",
                      f"{_k3(x['step0_k3'])} / {_k3(x['final_k3'])}",
@@ -107,8 +115,8 @@ def outcome(records: list[dict], axis: str) -> str:
     text = (f"{runs} complete runs; source {axis} against its control {SOURCE_AXES[axis]}. "
             + (f"Separated (every seed of the source fails, every seed of the control passes): "
                f"{'; '.join(_cell(x) for x in sep)}. " if sep else
-               "No cell separates: in none does the source fail in every seed while its control passes in every "
-               "seed. "))
+               "No cell separates: in none does the source fail in every seed while its control "
+               "passes in every seed. "))
     if moved:
         text += ("Reward gaps whose 95% CI excludes 0: " + "; ".join(
             "{} {:+.3f} [{:+.3f}, {:+.3f}]".format(_cell(x), *x["gap"]) for x in moved) + ".")
@@ -118,15 +126,19 @@ def outcome(records: list[dict], axis: str) -> str:
 
 
 def build_document(runs, root, axis: str) -> list[tuple]:
-    """The report of a source grid: outcome, the table, the rule; the caller appends runs and provenance."""
+    """The report of a source grid: outcome, the table, the rule; the caller appends runs and
+    provenance."""
     records = rows(runs, axis)
     head, body = table(records, axis)
     return [("p", outcome(records, axis)),
             ("h", "Source against its control", "sources"),
-            ("table", head, body, "Per regime x correction x value of the source knob, over complete seeds: verdict "
-             "counts, mean final accuracy with each seed's, the mean k3 KL at step 0 and at the last step (fp32: the "
-             "source is the only mismatch; stale weights differ only after the first updates), and the gap of mean "
-             "final accuracy to the control with its 95% percentile-bootstrap CI (10,000 resamples of seeds within "
-             "each group). Separated: every seed of the source fails the sanity rule while every seed of the control "
+            ("table", head, body, "Per regime x correction x value of the source knob, over "
+                                  "complete seeds: verdict "
+             "counts, mean final accuracy with each seed's, the mean k3 KL at step 0 and at the "
+             "last step (fp32: the source is the only mismatch; stale weights differ only after "
+             "the first updates), and the gap of mean final accuracy to the control with its 95% "
+             "percentile-bootstrap CI (10,000 resamples of seeds within each group). Separated: "
+             "every seed of the source fails the sanity rule while every seed of the control "
              f"passes, >= {MIN_SEEDS} seeds each."),
-            ("p", f"Runs from {root}; every number above is computed from the run directories (suite report).")]
+            ("p", f"Runs from {root}; every number above is computed from the run directories "
+                  "(suite report).")]

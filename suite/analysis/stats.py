@@ -38,7 +38,8 @@ def finite(values) -> list[float]:
 
 
 def mean_std(values) -> tuple[float | None, float | None]:
-    """(mean, sample std with ddof=1) of the finite values; (None, None) when empty, std None for one."""
+    """(mean, sample std with ddof=1) of the finite values; (None, None) when empty, std None for
+    one."""
     xs = finite(values)
     if not xs:
         return None, None
@@ -47,7 +48,8 @@ def mean_std(values) -> tuple[float | None, float | None]:
 
 
 def iqm(values) -> float | None:
-    """Interquartile mean: mean after dropping floor(n/4) values at each end (rliable's trim_mean(0.25))."""
+    """Interquartile mean: mean after dropping floor(n/4) values at each end (rliable's
+    trim_mean(0.25))."""
     xs = sorted(finite(values))
     if not xs:
         return None
@@ -56,7 +58,8 @@ def iqm(values) -> float | None:
 
 
 def median(values) -> float | None:
-    """Median of the finite values (the mean of the middle two for an even count); None when empty."""
+    """Median of the finite values (the mean of the middle two for an even count); None when
+    empty."""
     xs = finite(values)
     return float(np.median(xs)) if xs else None
 
@@ -74,7 +77,8 @@ def _stat(a: np.ndarray, stat: str) -> np.ndarray:
 
 def bootstrap_ci(values, stat: str = "mean", n_boot: int = BOOT_SAMPLES, level: float = LEVEL,
                  seed: int = BOOT_SEED) -> tuple[float, float] | None:
-    """Percentile-bootstrap `level` interval of `stat` over the finite values; None for fewer than 2.
+    """Percentile-bootstrap `level` interval of `stat` over the finite values; None for fewer than
+    2.
 
     Resamples the n values with replacement `n_boot` times (numpy default_rng(seed)), takes
     `stat` of each resample and returns the (1-level)/2 and (1+level)/2 quantiles.
@@ -100,7 +104,8 @@ def bootstrap_band(curves: np.ndarray, n_boot: int = 2_000, level: float = LEVEL
     """
     curves = np.asarray(curves, dtype=float)
     if curves.ndim != 2 or curves.shape[0] == 0:
-        raise ValueError(f"bootstrap_band: curves must be (S, T) with S >= 1, got shape {curves.shape}")
+        raise ValueError("bootstrap_band: curves must be (S, T) with S >= 1, got shape "
+                         f"{curves.shape}")
     if curves.shape[0] == 1:
         return curves[0].copy(), curves[0].copy()
     rng = np.random.default_rng(seed)
@@ -111,7 +116,8 @@ def bootstrap_band(curves: np.ndarray, n_boot: int = 2_000, level: float = LEVEL
 
 
 def trailing_mean(values, w: int) -> np.ndarray:
-    """Trailing moving average over full windows: out[i] = mean(values[i-w+1 .. i]), NaN for i < w-1.
+    """Trailing moving average over full windows: out[i] = mean(values[i-w+1 .. i]), NaN for i <
+    w-1.
 
     The same smoothing as the verdict rule's acc_t (suite.results.summarize), so a reward
     curve's maximum is the run's reported peak. Non-finite values inside a window are
@@ -130,19 +136,21 @@ def trailing_mean(values, w: int) -> np.ndarray:
     return out
 
 
-# ---------------------------------------------------------------------------- rliable's aggregate estimates
-# Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" (arXiv 2108.13264), as its
-# library rliable computes them: scores are a (runs, tasks) matrix; the IQM is taken over all its
-# entries; intervals come from a *stratified* bootstrap that resamples runs within each task (the
-# tasks stay fixed: the question is "what if the seeds were different"); the probability of
-# improvement P(X > Y) is the Mann-Whitney U statistic over all run pairs, averaged over tasks,
-# its interval from resampling X and Y independently (rliable's StratifiedIndependentBootstrap).
-# A leaderboard board has one task, so each matrix has one column; the code does not assume it.
+# ---------------------------------------------------------------------------- rliable's aggregate
+# estimates Agarwal et al. 2021, "Deep RL at the Edge of the Statistical Precipice" (arXiv
+# 2108.13264), as its library rliable computes them: scores are a (runs, tasks) matrix; the IQM is
+# taken over all its entries; intervals come from a *stratified* bootstrap that resamples runs
+# within each task (the tasks stay fixed: the question is "what if the seeds were different"); the
+# probability of improvement P(X > Y) is the Mann-Whitney U statistic over all run pairs, averaged
+# over tasks, its interval from resampling X and Y independently (rliable's
+# StratifiedIndependentBootstrap). A leaderboard board has one task, so each matrix has one column;
+# the code does not assume it.
 
 
 def _matrix(scores) -> np.ndarray:
-    """(runs, tasks) float array from a list of numbers (one task) or a list of rows; non-finite values
-    are refused here (drop them with `finite` first: a NaN would silently poison every resample)."""
+    """(runs, tasks) float array from a list of numbers (one task) or a list of rows; non-finite
+    values are refused here (drop them with `finite` first: a NaN would silently poison every
+    resample)."""
     a = np.asarray(scores, dtype=float)
     if a.ndim == 1:
         a = a[:, None]
@@ -154,12 +162,14 @@ def _matrix(scores) -> np.ndarray:
 
 
 def _iqm_rows(a: np.ndarray) -> np.ndarray:
-    """IQM of each (runs, tasks) matrix of a (B, runs, tasks) stack, over all of its entries (trim_mean 0.25)."""
+    """IQM of each (runs, tasks) matrix of a (B, runs, tasks) stack, over all of its entries
+    (trim_mean 0.25)."""
     return _stat(a.reshape(a.shape[0], -1), "iqm")
 
 
 def stratified_resample(scores: np.ndarray, n_boot: int, rng: np.random.Generator) -> np.ndarray:
-    """(n_boot, runs, tasks): for every task independently, `runs` run indices drawn with replacement."""
+    """(n_boot, runs, tasks): for every task independently, `runs` run indices drawn with
+    replacement."""
     runs, tasks = scores.shape
     idx = rng.integers(0, runs, size=(n_boot, runs, tasks))  # (B, R, T)
     return np.take_along_axis(np.broadcast_to(scores, (n_boot, runs, tasks)), idx, axis=1)
@@ -167,9 +177,10 @@ def stratified_resample(scores: np.ndarray, n_boot: int, rng: np.random.Generato
 
 def iqm_interval(scores, n_boot: int = BOOT_SAMPLES, level: float = LEVEL,
                  seed: int = BOOT_SEED) -> dict | None:
-    """{"iqm", "lo", "hi", "n"}: the IQM of a (runs, tasks) score matrix and its stratified-bootstrap
-    percentile interval; None without scores. `n` is the number of runs: with fewer than 2 there is no
-    interval (lo = hi = None), and a reader must always see `n` next to one."""
+    """{"iqm", "lo", "hi", "n"}: the IQM of a (runs, tasks) score matrix and its
+    stratified-bootstrap percentile interval; None without scores. `n` is the number of runs: with
+    fewer than 2 there is no interval (lo = hi = None), and a reader must always see `n` next to
+    one."""
     if len(scores) == 0:
         return None
     a = _matrix(scores)
@@ -182,8 +193,8 @@ def iqm_interval(scores, n_boot: int = BOOT_SAMPLES, level: float = LEVEL,
 
 
 def _poi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """P(X > Y) of (..., R, T) and (..., M, T) stacks: for each task the fraction of run pairs with x > y,
-    ties counting one half (Mann-Whitney U / (R M)); then the mean over tasks."""
+    """P(X > Y) of (..., R, T) and (..., M, T) stacks: for each task the fraction of run pairs with
+    x > y, ties counting one half (Mann-Whitney U / (R M)); then the mean over tasks."""
     gt = (x[..., :, None, :] > y[..., None, :, :]).mean(axis=(-3, -2))  # (..., T)
     eq = (x[..., :, None, :] == y[..., None, :, :]).mean(axis=(-3, -2))
     return (gt + 0.5 * eq).mean(axis=-1)
@@ -191,15 +202,16 @@ def _poi(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 def probability_of_improvement(x, y, n_boot: int = BOOT_SAMPLES, level: float = LEVEL,
                                seed: int = BOOT_SEED) -> dict:
-    """{"p", "lo", "hi", "n_x", "n_y"}: P(X > Y) (rliable.metrics.probability_of_improvement) and its
-    interval from resampling the runs of X and of Y independently, each stratified by task."""
+    """{"p", "lo", "hi", "n_x", "n_y"}: P(X > Y) (rliable.metrics.probability_of_improvement) and
+    its interval from resampling the runs of X and of Y independently, each stratified by task."""
     a, b = _matrix(x), _matrix(y)
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"probability_of_improvement: X has {a.shape[1]} tasks, Y {b.shape[1]}")
     rng = np.random.default_rng(seed)
     boots = _poi(stratified_resample(a, n_boot, rng), stratified_resample(b, n_boot, rng))  # (B,)
     lo, hi = np.quantile(boots, [(1 - level) / 2, (1 + level) / 2])
-    return {"p": float(_poi(a, b)), "lo": float(lo), "hi": float(hi), "n_x": int(a.shape[0]), "n_y": int(b.shape[0])}
+    return {"p": float(_poi(a, b)), "lo": float(lo), "hi": float(hi), "n_x": int(a.shape[0]),
+            "n_y": int(b.shape[0])}
 
 
 # ------------------------------------------------------------------ exact tests for few seeds

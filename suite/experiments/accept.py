@@ -1,122 +1,64 @@
 """``suite accept STAGE [out=DIR] [budget=SECONDS]``: the acceptance on a borrowed GPU, in stages.
 
-The GPU the project borrows (one H100 or H200, docs/gpu.md) runs a command for at most 10 minutes, takes a
-working tree of at most 64 MiB and sends back at most 8 files per folder; its image has torch, transformers
-and numpy but neither hydra-core nor omegaconf, and reaches no registry. So the acceptance is cut in stages,
-each writing one folder ``<out>/<stage>/`` with ``summary.json`` (every check with pass or fail, the stage's
-provenance) and a few tables, each exiting 1 when a check fails:
+The GPU the project borrows (one H100 or H200, docs/gpu.md) runs a command for at most 10 minutes,
+takes a working tree of at most 64 MiB and sends back at most 8 files per folder; its image has
+torch, transformers and numpy but neither hydra-core nor omegaconf, and reaches no registry. So the
+acceptance is cut in stages, each writing one folder ``<out>/<stage>/`` with ``summary.json`` (every
+check with pass or fail, the stage's provenance) and a few tables, each exiting 1 when a check
+fails:
 
-- ``prepare`` (on the CPU, before borrowing): the wheels the GPU image lacks into ``.whl/``, the embedded
-  policies and perfectible sets the other stages use into ``.gpu/cache`` (their ``$SUITE_CACHE``), the commit into
-  ``.gpu/provenance.json``, and the size of what travels (tracked, untracked not ignored, carried) under 60 MiB.
-- ``numerics``: ``suite doctor``; the step-0 mismatch of every flow at the sanity grid's tier with the GEMM and
-  attention kernels the profiler saw; the FP8 and FP4 GEMMs at DeepSeek-R1-Distill-Qwen-1.5B's shapes against the
-  emulation, with their speed against bf16; the memory plan against the allocator's peak.
-- ``cells``: the sanity grid's cells side by side until the budget runs out, with their verdicts and step times.
+- ``prepare`` (on the CPU, before borrowing): the wheels the GPU image lacks into ``.whl/``, the
+  embedded policies and perfectible sets the other stages use into ``.gpu/cache`` (their
+  ``$SUITE_CACHE``), the commit into ``.gpu/provenance.json``, and the size of what travels
+  (tracked, untracked not ignored, carried) under 60 MiB.
+- ``numerics``: ``suite doctor``; the step-0 mismatch of every flow at the sanity grid's tier with
+  the GEMM and attention kernels the profiler saw; the FP8 and FP4 GEMMs at
+  DeepSeek-R1-Distill-Qwen-1.5B's shapes against the emulation, with their speed against bf16; the
+  memory plan against the allocator's peak.
+- ``cells``: the sanity grid's cells side by side until the budget runs out, with their verdicts
+  and step times.
 
-``scripts/gpu_accept.sh STAGE ...`` installs the carried wheels and runs the stages with ``python3 -m suite``.
+``scripts/gpu_accept.sh STAGE ...`` installs the carried wheels and runs the stages with
+``python3 -m suite``. Each stage's bookkeeping (its checks, summary.json, provenance) is
+suite/experiments/accept_stage.py.
 """
 from __future__ import annotations
 
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-GPU_DIR = ROOT / ".gpu"  # what prepare builds for the device (git-ignored through .git/info/exclude)
+from suite.experiments.accept_stage import GPU_DIR, ROOT, Stage
+
 WHEEL_DIR = Path(os.environ.get("WHEELS") or ROOT / ".whl")  # scripts/gpu_accept.sh's WHEELS
-# The GPU image's missing packages (the developers' device notes list what it holds): hydra-core and omegaconf,
-# and omegaconf's parser runtime, which PyPI has as a source archive only (so it is built into a wheel here).
+# The GPU image's missing packages (the developers' device notes list what it holds): hydra-core and
+# omegaconf, and omegaconf's parser runtime, which PyPI has as a source archive only (so it is built
+# into a wheel here).
 WHEELS = ("hydra-core", "omegaconf")
 BUILT_WHEELS = ("antlr4-python3-runtime",)
-TRAVEL_LIMIT_MIB = 60  # the device takes 64 MiB; the margin is for what a command adds beside the tree
+# the device takes 64 MiB; the margin is for what a command adds beside the tree
+TRAVEL_LIMIT_MIB = 60
 DEFAULT_OUT = Path("runs") / "accept"
 DEFAULT_BUDGET = {"prepare": 1800, "numerics": 300, "cells": 240}
-# The shapes of one DeepSeek-R1-Distill-Qwen-1.5B layer and its head (N, K) (suite/rl/models.py's preset).
-R1D_SHAPES = {"q_proj": (1536, 1536), "k_proj": (256, 1536), "gate_proj": (8960, 1536), "down_proj": (1536, 8960),
-              "lm_head": (151936, 1536)}
-KERNEL = re.compile(r"gemm|gemv|xmma|cutlass|nvjet|scaled_mm|matmul|addmm|\bmm\b|bmm|flash|fmha|attention", re.I)
-
-
-@dataclass
-class Check:
-    check: str
-    ok: bool
-    measured: str
-    expected: str
-    seconds: float = 0.0
-
-
-class Stage:
-    """One stage's folder: its checks, written to summary.json after every check, so a stage stopped by the
-    device's time limit still returns what it measured."""
-
-    def __init__(self, name: str, out: Path, budget: float):
-        self.name, self.dir, self.budget, self.t0 = name, out / name, budget, time.monotonic()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.checks: list[Check] = []
-        self.provenance = provenance()
-
-    def left(self) -> float:
-        return self.budget - (time.monotonic() - self.t0)
-
-    def add(self, check: str, ok: bool, measured: str, expected: str, t0: float | None = None) -> None:
-        self.checks.append(Check(check, bool(ok), measured, expected, round(time.monotonic() - t0, 1) if t0 else 0.0))
-        print(f"accept {self.name}: {'pass' if ok else 'FAIL'} {check}: {measured}", flush=True)
-        self.write()
-
-    def run(self, check: str, fn, expected: str = "runs") -> None:
-        """``fn()`` adds its own rows; an exception becomes a failing row and the stage goes on."""
-        t0 = time.monotonic()
-        try:
-            fn()
-        except Exception as e:  # one failing check never ends the stage
-            self.add(check, False, f"{type(e).__name__}: {' '.join(str(e).split())[:300]}", expected, t0)
-
-    def write(self) -> None:
-        from suite.results import atomic_write_json
-
-        atomic_write_json(self.dir / "summary.json", {
-            "stage": self.name, "ok": all(c.ok for c in self.checks), "wall_s": round(time.monotonic() - self.t0, 1),
-            "budget_s": self.budget, **self.provenance, "checks": [asdict(c) for c in self.checks]})
-
-    def table(self, name: str, obj) -> None:
-        from suite.results import atomic_write_json
-
-        atomic_write_json(self.dir / name, obj)
-
-
-def provenance() -> dict:
-    """What ran where: the commit prepare recorded (the device gets a copy of the tree, no .git), the
-    command, torch, CUDA, the driver and the GPU, the machine class."""
-    import torch
-
-    from suite.numerics import machine
-    from suite.results import git
-
-    rec = GPU_DIR / "provenance.json"
-    prov = json.loads(rec.read_text()) if rec.is_file() else {"commit": git("rev-parse", "HEAD", cwd=ROOT)}
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    cls = machine.describe("auto", 1, device=dev)
-    return {"commit": prov.get("commit"), "dirty": prov.get("dirty"), "command": " ".join(sys.argv),
-            "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-            "gpu": cls.get("gpu"), "gpu_driver": cls.get("gpu_driver"), "machine_class": cls["id"],
-            "cpu_count": os.cpu_count(), "device": dev}
+# The shapes of one DeepSeek-R1-Distill-Qwen-1.5B layer and its head (N, K) (suite/rl/models.py's
+# preset).
+R1D_SHAPES = {"q_proj": (1536, 1536), "k_proj": (256, 1536), "gate_proj": (8960, 1536),
+              "down_proj": (1536, 8960), "lm_head": (151936, 1536)}
+KERNEL = re.compile(r"gemm|gemv|xmma|cutlass|nvjet|scaled_mm|matmul|addmm|\bmm\b|bmm|flash|fmha|"
+                    r"attention", re.I)
 
 
 def _suite(*args: str, timeout: float, log: Path | None = None) -> int | str:
-    """``python -m suite ARGS`` in its own process group (its own CUDA context), the whole group killed at
-    ``timeout``: its exit code, or "timeout"."""
+    """``python -m suite ARGS`` in its own process group (its own CUDA context), the whole group
+    killed at ``timeout``: its exit code, or "timeout"."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with open(log or os.devnull, "w") as f:
-        p = subprocess.Popen([sys.executable, "-m", "suite", *args], stdout=f, stderr=subprocess.STDOUT, env=env,
-                             cwd=ROOT, start_new_session=True)
+        p = subprocess.Popen([sys.executable, "-m", "suite", *args], stdout=f,
+                             stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
         try:
             return p.wait(timeout=max(1.0, timeout))
         except subprocess.TimeoutExpired:
@@ -125,16 +67,23 @@ def _suite(*args: str, timeout: float, log: Path | None = None) -> int | str:
             return "timeout"
 
 
-# ---- prepare (CPU) --------------------------------------------------------------------------------------------
+def _last_line(log: Path) -> str:
+    """A log's last line (its first 200 characters), empty for an empty log."""
+    return log.read_text().strip().splitlines()[-1][:200] if log.read_text().strip() else ''
+
+
+# ---- prepare (CPU) -------------------------------------------------------------------------------
 def download_wheels(dest: Path) -> list[str]:
-    """The wheels of the packages the GPU image lacks, at the versions installed here, into ``dest``."""
+    """The wheels of the packages the GPU image lacks, at the versions installed here, into
+    ``dest``."""
     from importlib.metadata import version
 
     dest.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip", "-q"]
     subprocess.run([*pip, "download", "--no-deps", "--only-binary=:all:", "-d", str(dest),
                     *(f"{n}=={version(n)}" for n in WHEELS)], check=True)
-    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(dest), *(f"{n}=={version(n)}" for n in BUILT_WHEELS)],
+    subprocess.run([*pip, "wheel", "--no-deps", "-w", str(dest),
+                    *(f"{n}=={version(n)}" for n in BUILT_WHEELS)],
                    check=True)
     return sorted(p.name for p in dest.glob("*.whl"))
 
@@ -149,12 +98,13 @@ def prepare(st: Stage) -> None:
 
     def policies():
         os.environ["SUITE_CACHE"] = str(GPU_DIR / "cache")
-        for tier in ("smoke", "small"):  # the doctor's and the sanity grid's (tier=small is also the mismatch's)
+        # the doctor's and the sanity grid's (tier=small is also the mismatch's)
+        for tier in ("smoke", "small"):
             t0 = time.monotonic()
             log = st.dir / f"perfectible-{tier}.log"
             rc = _suite("perfectible", f"tier={tier}", timeout=st.left(), log=log)
             st.add(f"policy {tier}", rc == 0, f"built in {GPU_DIR / 'cache'}" if rc == 0 else
-                   f"exit {rc}: {log.read_text().strip().splitlines()[-1][:200] if log.read_text().strip() else ''}",
+                   f"exit {rc}: {_last_line(log)}",
                    "built and cached", t0)
 
     def travel():
@@ -163,11 +113,13 @@ def prepare(st: Stage) -> None:
         atomic_write_json(GPU_DIR / "provenance.json",
                           {"commit": git("rev-parse", "HEAD", cwd=ROOT),
                            "dirty": bool(git("status", "--porcelain", cwd=ROOT))})
-        tracked = git("ls-files", "-z", "--cached", "--others", "--exclude-standard", cwd=ROOT) or ""
+        tracked = git("ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                      cwd=ROOT) or ""
         files = [ROOT / p for p in tracked.split("\0") if p]
         carried = [p for d in (WHEEL_DIR, GPU_DIR) for p in d.rglob("*") if p.is_file()]
         mib = sum(p.stat().st_size for p in files + carried if p.is_file()) / 2**20
-        st.add("travels", mib <= TRAVEL_LIMIT_MIB, f"{mib:.1f} MiB (tree {len(files)} files, carried .whl/ and .gpu/)",
+        st.add("travels", mib <= TRAVEL_LIMIT_MIB,
+               f"{mib:.1f} MiB (tree {len(files)} files, carried .whl/ and .gpu/)",
                f"<= {TRAVEL_LIMIT_MIB} MiB (the device takes 64)")
 
     st.run("wheels", wheels)
@@ -175,21 +127,25 @@ def prepare(st: Stage) -> None:
     st.run("travels", travel)
 
 
-# ---- numerics (GPU) -------------------------------------------------------------------------------------------
+# ---- numerics (GPU) ------------------------------------------------------------------------------
 def doctor(st: Stage) -> None:
     t0 = time.monotonic()
     work = st.dir.parent / "work" / "doctor"
-    rc = _suite("doctor", f"out={work}", timeout=min(st.left() - 150, 200), log=st.dir / "doctor.log")
-    rows = json.loads((work / "doctor.json").read_text())["rows"] if (work / "doctor.json").is_file() else []
+    rc = _suite("doctor", f"out={work}", timeout=min(st.left() - 150, 200),
+                log=st.dir / "doctor.log")
+    rows = (json.loads((work / "doctor.json").read_text())["rows"]
+            if (work / "doctor.json").is_file() else [])
     st.table("doctor.json", rows)
     for r in rows:
         st.add(f"doctor: {r['check']}", r["ok"], r["measured"], r["expected"])
-    st.add("doctor", rc == 0 and bool(rows), f"exit {rc}, {sum(r['ok'] for r in rows)}/{len(rows)} rows pass",
+    st.add("doctor", rc == 0 and bool(rows),
+           f"exit {rc}, {sum(r['ok'] for r in rows)}/{len(rows)} rows pass",
            "exit 0, every row passes", t0)
 
 
 def _kernels(prof, cuda: bool) -> list[list]:
-    """The GEMM and attention kernels of a profile (CUDA kernels on a GPU, aten ops on the CPU), by device time."""
+    """The GEMM and attention kernels of a profile (CUDA kernels on a GPU, aten ops on the CPU), by
+    device time."""
     rows = []
     for e in prof.key_averages():
         on_device = getattr(e, "device_type", None) is not None and "CUDA" in str(e.device_type)
@@ -201,8 +157,8 @@ def _kernels(prof, cuda: bool) -> list[list]:
 
 
 def mismatch(st: Stage) -> None:
-    """The step-0 mismatch of every flow on one rollout batch of the sanity grid's tier, as ``suite mismatch``,
-    each flow's sampling and scoring under the profiler."""
+    """The step-0 mismatch of every flow on one rollout batch of the sanity grid's tier, as ``suite
+    mismatch``, each flow's sampling and scoring under the profiler."""
     import copy
 
     import torch
@@ -227,12 +183,15 @@ def mismatch(st: Stage) -> None:
     model_dir, data_dir = prepare_data(base, make_console())
     items, _ = load(data_dir, base.perfectible.max_prompts)
     model, tok = load_policy(model_dir)
-    prompts = [prompt_ids(tok, it) for it in items[:base.prompts_per_step] for _ in range(base.samples_per_prompt)]
-    acts = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    prompts = [prompt_ids(tok, it) for it in items[:base.prompts_per_step]
+               for _ in range(base.samples_per_prompt)]
+    acts = ([torch.profiler.ProfilerActivity.CPU]
+            + ([torch.profiler.ProfilerActivity.CUDA] if cuda else []))
     table = {}
     for name in FLOWS:
         if st.left() < 100:  # the memory and GEMM checks after it need about this long
-            st.add(f"mismatch {name}", False, "not measured: the stage's budget ran out", "measured")
+            st.add(f"mismatch {name}", False, "not measured: the stage's budget ran out",
+                   "measured")
             continue
         cfg = config.load(["tier=small", f"precision={name}"])
         trainer, engine, _ = build_engines(cfg, copy.deepcopy(model), dist.World(device=dev))
@@ -240,32 +199,39 @@ def mismatch(st: Stage) -> None:
             with torch.profiler.profile(activities=acts) as prof:
                 m, ts, tl = step0_mismatch(cfg, trainer, engine, prompts)
             seen = trainer.observe()
-            table[name] = {"kl_k3": m["mismatch/kl_k3"], "prob_diff_mean": m["mismatch/prob_diff/mean"],
-                           "prob_diff_max": m["mismatch/prob_diff/max"], "logprob_diff_max": m["mismatch/logprob_diff/max"],
-                           "sample_s": round(ts, 3), "score_s": round(tl, 3), "trainer_gemm": seen["gemm_output"],
-                           "trainer_logits": seen["logits"], "sampler": str(getattr(engine, "dtype", None)),
+            table[name] = {"kl_k3": m["mismatch/kl_k3"],
+                           "prob_diff_mean": m["mismatch/prob_diff/mean"],
+                           "prob_diff_max": m["mismatch/prob_diff/max"],
+                           "logprob_diff_max": m["mismatch/logprob_diff/max"],
+                           "sample_s": round(ts, 3), "score_s": round(tl, 3),
+                           "trainer_gemm": seen["gemm_output"], "trainer_logits": seen["logits"],
+                           "sampler": str(getattr(engine, "dtype", None)),
                            "kernels": _kernels(prof, cuda)}
         finally:
             if hasattr(engine, "close"):
                 engine.close()
-    table["_paths"] = {"fp8_gemm": fp8.gemm_path(dev), "fp4_gemm": fp4.gemm_path(dev), "device": dev,
-                       "responses": len(prompts)}
+    table["_paths"] = {"fp8_gemm": fp8.gemm_path(dev), "fp4_gemm": fp4.gemm_path(dev),
+                       "device": dev, "responses": len(prompts)}
     st.table("mismatch.json", table)
     k3 = {n: r["kl_k3"] for n, r in table.items() if not n.startswith("_")}
     finite = all(v == v and v != float("inf") for v in k3.values())
     st.add("mismatch", finite and k3.get("exact") == 0.0 and len(k3) == len(FLOWS),
-           " ".join(f"{n} {v:.2e}" for n, v in k3.items()), "every flow measured, finite; exact = 0", t0)
+           " ".join(f"{n} {v:.2e}" for n, v in k3.items()),
+           "every flow measured, finite; exact = 0", t0)
     if "bf16" in k3 and k3.get("fp16"):
-        st.add("bf16 / fp16", k3["bf16"] > k3["fp16"], f"{k3['bf16'] / k3['fp16']:.1f}x in k3", "> 1")
+        st.add("bf16 / fp16", k3["bf16"] > k3["fp16"], f"{k3['bf16'] / k3['fp16']:.1f}x in k3",
+               "> 1")
     if "fp8" in k3 and k3.get("bf16_fp8rollout"):
         st.add("unified fp8 < fp8 rollout", k3["fp8"] < k3["bf16_fp8rollout"],
-               f"fp8 {k3['fp8']:.2e} vs bf16_fp8rollout {k3['bf16_fp8rollout']:.2e}", "fp8 < bf16_fp8rollout")
+               f"fp8 {k3['fp8']:.2e} vs bf16_fp8rollout {k3['bf16_fp8rollout']:.2e}",
+               "fp8 < bf16_fp8rollout")
 
 
 def gemms(st: Stage) -> None:
-    """FP8 (block-scaled, the path this device chose) and FP4 (emulated before Blackwell) GEMMs at R1D-1.5B's
-    layer shapes: FP8 against the emulation up to the FP8 accumulator's rounding (fp8.agrees), FP4 against an
-    fp64 product of the same operands up to fp32 summation; each timed against the bf16 GEMM of the same shape."""
+    """FP8 (block-scaled, the path this device chose) and FP4 (emulated before Blackwell) GEMMs at
+    R1D-1.5B's layer shapes: FP8 against the emulation up to the FP8 accumulator's rounding
+    (fp8.agrees), FP4 against an fp64 product of the same operands up to fp32 summation; each timed
+    against the bf16 GEMM of the same shape."""
     import torch
 
     from suite import dist
@@ -275,7 +241,8 @@ def gemms(st: Stage) -> None:
     t0 = time.monotonic()
     dev = dist.World().device
     cuda = dev.startswith("cuda")
-    M = 4096 if cuda else 64  # tokens of one micro-batch; a CPU run checks the same code on fewer rows
+    # tokens of one micro-batch; a CPU run checks the same code on fewer rows
+    M = 4096 if cuda else 64
     g = torch.Generator().manual_seed(0)
     rows, ok = [], True
     for layer, (N, K) in R1D_SHAPES.items():
@@ -293,56 +260,68 @@ def gemms(st: Stage) -> None:
         t_fp8_lin = median_time(lambda: fp8.fp8_linear_inference(xb, qw, sw), reps, cuda)
         w4 = fp4.quantize_weight(w, "nvfp4")
         y4 = fp4.fp4_linear(xb, w4, out_dtype=torch.float32)
-        a64, b64 = xb.double(), w4.operand.double()  # fp64 on the device: every product and sum exact enough
+        # fp64 on the device: every product and sum exact enough
+        a64, b64 = xb.double(), w4.operand.double()
         want4 = (a64 @ b64.T) / float(w4.tensor_scale)
-        bound4 = 2 * K * torch.finfo(torch.float32).eps * (a64.abs() @ b64.abs().T) / float(w4.tensor_scale)
+        bound4 = (2 * K * torch.finfo(torch.float32).eps * (a64.abs() @ b64.abs().T)
+                  / float(w4.tensor_scale))
         agree4 = bool(((y4.double() - want4).abs() <= bound4 + 1e-30).all())
         t_fp4 = median_time(lambda: fp4.fp4_linear(xb, w4), reps, cuda)
         flop = 2 * M * N * K
-        rows.append({"layer": layer, "M": M, "N": N, "K": K, "fp8_agrees": agree, "fp4_agrees": agree4,
-                     "bf16_tflops": round(flop / t_bf16 / 1e12, 2), "fp8_gemm_tflops": round(flop / t_fp8 / 1e12, 2),
-                     "fp8_gemm_vs_bf16": round(t_bf16 / t_fp8, 3), "fp8_linear_vs_bf16": round(t_bf16 / t_fp8_lin, 3),
+        rows.append({"layer": layer, "M": M, "N": N, "K": K, "fp8_agrees": agree,
+                     "fp4_agrees": agree4, "bf16_tflops": round(flop / t_bf16 / 1e12, 2),
+                     "fp8_gemm_tflops": round(flop / t_fp8 / 1e12, 2),
+                     "fp8_gemm_vs_bf16": round(t_bf16 / t_fp8, 3),
+                     "fp8_linear_vs_bf16": round(t_bf16 / t_fp8_lin, 3),
                      "nvfp4_linear_vs_bf16": round(t_bf16 / t_fp4, 3),
-                     "fp8_max_abs_diff": float((got - fp8._fp8_gemm_emulated(qx, sx, qw, swr)).abs().max())})
+                     "fp8_max_abs_diff":
+                         float((got - fp8._fp8_gemm_emulated(qx, sx, qw, swr)).abs().max())})
         ok &= agree and agree4
     paths = {"fp8": fp8.gemm_path(dev), "fp4": fp4.gemm_path(dev)}
     st.table("gemm.json", {"device": dev, "paths": paths, "rows": rows})
-    st.add("gemm at r1d shapes", ok, f"fp8 {paths['fp8']['path']}, fp4 {paths['fp4']['path']}; fp8 GEMM / bf16 speed "
+    st.add("gemm at r1d shapes", ok,
+           f"fp8 {paths['fp8']['path']}, fp4 {paths['fp4']['path']}; fp8 GEMM / bf16 speed "
            + ", ".join(f"{r['layer']} {r['fp8_gemm_vs_bf16']:.2f}x" for r in rows),
            "FP8 agrees with the emulation, FP4 with fp64 up to fp32 sums, at every shape", t0)
 
 
-# The published recipe's shapes for one update, with embedded layers at R1D-1.5B's widths (synthetic weights):
-# one 1024 + 4096-token sequence per micro-batch, checkpointing and chunked log-probs (the recipe's memory savers).
-RECIPE_SIZES = [("both", 151936, 1, 1024, 4096, "bf16", 0, "r1d-1.5b"), ("both", 151936, 4, 1024, 4096, "bf16", 0, "r1d-1.5b")]
+# The published recipe's shapes for one update, with embedded layers at R1D-1.5B's widths (synthetic
+# weights): one 1024 + 4096-token sequence per micro-batch, checkpointing and chunked log-probs (the
+# recipe's memory savers).
+RECIPE_SIZES = [("both", 151936, 1, 1024, 4096, "bf16", 0, "r1d-1.5b"),
+                ("both", 151936, 4, 1024, 4096, "bf16", 0, "r1d-1.5b")]
 
 
 def memory(st: Stage) -> None:
-    """The memory plan against the measured peak: the plan's sizes (``suite bench-memory --plan``), then
-    the recipe's shapes at R1D-1.5B's widths, each in its own process."""
+    """The memory plan against the measured peak: the plan's sizes (``suite bench-memory --plan``),
+    then the recipe's shapes at R1D-1.5B's widths, each in its own process."""
     from suite import dist
     from suite.experiments import bench_memory as bm
 
     t0 = time.monotonic()
     dev = dist.World().device
     rows = []
-    for variant, vocab, batch, prompt, response, precision, hidden, arch in [*((*r, None) for r in bm.PLAN_SIZES),
-                                                                             *RECIPE_SIZES]:
+    for variant, vocab, batch, prompt, response, precision, hidden, arch in [
+            *((*r, None) for r in bm.PLAN_SIZES), *RECIPE_SIZES]:
         if st.left() < 40:  # the GEMM check after it
             break
-        sizes = dict(vocab=vocab, batch=batch, prompt=prompt, response=response, steps=2, precision=precision,
-                     hidden=hidden, **({"arch": arch} if arch else {}))
+        sizes = dict(vocab=vocab, batch=batch, prompt=prompt, response=response, steps=2,
+                     precision=precision, hidden=hidden, **({"arch": arch} if arch else {}))
         if arch == "r1d-1.5b" and not dev.startswith("cuda"):
-            continue  # 1.78 B parameters: a GPU's row (on a 2-core CPU one update takes many minutes)
+            # 1.78 B parameters: a GPU's row (on a 2-core CPU one update takes many minutes)
+            continue
         m = bm._measure(variant, {**sizes, "device": dev}, env=bm.LIVE_BYTES)
         want = bm.predicted_mb(variant, **sizes)
-        rows.append({"option": variant, **sizes, "predicted_mib": round(want, 1), "measured_mib": round(m["peak_mb"], 1),
-                     "error": round((want - m["peak_mb"]) / m["peak_mb"], 4), "step_s": round(m["step_s"], 3)})
+        rows.append({"option": variant, **sizes, "predicted_mib": round(want, 1),
+                     "measured_mib": round(m["peak_mb"], 1),
+                     "error": round((want - m["peak_mb"]) / m["peak_mb"], 4),
+                     "step_s": round(m["step_s"], 3)})
         print(f"accept memory: {rows[-1]}", flush=True)
     st.table("memory.json", {"device": dev, "peak": bm.PEAK[dev.startswith('cuda')], "rows": rows})
     from suite.experiments.doctor import PLAN_ACCURACY
     bad = [r for r in rows if abs(r["error"]) > PLAN_ACCURACY]
-    st.add("memory plan", rows and not bad, f"{len(rows)} sizes, errors " + ", ".join(f"{r['error']:+.0%}" for r in rows),
+    st.add("memory plan", rows and not bad, f"{len(rows)} sizes, errors "
+           + ", ".join(f"{r['error']:+.0%}" for r in rows),
            f"each within {PLAN_ACCURACY:.0%}", t0)
 
 
@@ -355,11 +334,11 @@ def numerics(st: Stage, only: list[str] | None = None) -> None:
             st.run(name, lambda fn=fn: fn(st))
 
 
-# ---- cells (GPU) ----------------------------------------------------------------------------------------------
+# ---- cells (GPU) ---------------------------------------------------------------------------------
 def cells(st: Stage, overrides: list[str] = (), jobs: int | None = None) -> None:
-    """The sanity grid's cells (grpo first), ``jobs`` at a time on the one device, until the budget: each a
-    ``suite run`` of its own (``overrides`` last: the caller's word wins); a finished cell's verdict and its median
-    step time, an unfinished one's steps."""
+    """The sanity grid's cells (grpo first), ``jobs`` at a time on the one device, until the budget:
+    each a ``suite run`` of its own (``overrides`` last: the caller's word wins); a finished cell's
+    verdict and its median step time, an unfinished one's steps."""
     from suite.experiments import grids
 
     t0 = time.monotonic()
@@ -372,25 +351,28 @@ def cells(st: Stage, overrides: list[str] = (), jobs: int | None = None) -> None
     while (todo or running) and st.left() > 5:
         while todo and len(running) < jobs:
             a, p = todo.pop(0)
-            cmd = [sys.executable, "-m", "suite", "run", f"algorithm={a}", f"precision={p}", "seed=0", "name=sanity",
-                   f"out={work}", *grid["overrides"], *overrides]
+            cmd = [sys.executable, "-m", "suite", "run", f"algorithm={a}", f"precision={p}",
+                   "seed=0", "name=sanity", f"out={work}", *grid["overrides"], *overrides]
             running[(a, p)] = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
                                                stderr=subprocess.DEVNULL, start_new_session=True)
         for key, proc in list(running.items()):
             if proc.poll() is not None:
                 running.pop(key)
         time.sleep(1)
-    for proc in running.values():  # the budget ran out: stop what is left (each cell keeps its last checkpoint)
+    # the budget ran out: stop what is left (each cell keeps its last checkpoint)
+    for proc in running.values():
         os.killpg(proc.pid, 9)
         proc.wait()
     rows = []
     for run_dir in sorted((work / "sanity").glob("*__s0")):
         rows.append(_cell_row(run_dir))
-    st.table("cells.json", {"jobs": jobs, "rows": rows, "not_started": [f"{a} x {p}" for a, p in todo]})
+    st.table("cells.json",
+             {"jobs": jobs, "rows": rows, "not_started": [f"{a} x {p}" for a, p in todo]})
     done = [r for r in rows if r["finished"]]
     st.add("cells", bool(done) and all(r["error"] is None for r in done),
-           f"{len(done)} of {len(rows) + len(todo)} cells finished, {sum(r['verdict'] == 'pass' for r in done)} pass"
-           "; median step " + ", ".join(f"{r['cell']} {r['step_s']} s" for r in done[:4]),
+           f"{len(done)} of {len(rows) + len(todo)} cells finished, "
+           f"{sum(r['verdict'] == 'pass' for r in done)} pass; median step "
+           + ", ".join(f"{r['cell']} {r['step_s']} s" for r in done[:4]),
            "finished cells ran without error", t0)
 
 
@@ -401,22 +383,26 @@ def _cell_row(run_dir: Path) -> dict:
 
     metrics, timing = run_file(run_dir, "metrics.jsonl"), run_file(run_dir, "timing.jsonl")
     steps = read_jsonl(metrics) if metrics else []
-    times = [r["time/step_s"] for r in (read_jsonl(timing) if timing else []) if isinstance(r.get("time/step_s"), float)]
+    times = [r["time/step_s"] for r in (read_jsonl(timing) if timing else [])
+             if isinstance(r.get("time/step_s"), float)]
     summary = run_dir / "summary.json"
     s = json.loads(summary.read_text()) if summary.is_file() else {}
-    return {"cell": run_dir.name, "finished": summary.is_file(), "steps": len(steps), "verdict": s.get("verdict"),
-            "accuracy_final": s.get("accuracy/final"), "step0_kl_k3": s.get("mismatch/step0/kl_k3"),
-            "error": s.get("error"), "step_s": round(statistics.median(times), 3) if times else None}
+    return {"cell": run_dir.name, "finished": summary.is_file(), "steps": len(steps),
+            "verdict": s.get("verdict"), "accuracy_final": s.get("accuracy/final"),
+            "step0_kl_k3": s.get("mismatch/step0/kl_k3"), "error": s.get("error"),
+            "step_s": round(statistics.median(times), 3) if times else None}
 
 
 STAGES = ("prepare", "numerics", "cells")
 
 
 def main(args: list[str]) -> int:
-    """``suite accept STAGE [out=DIR] [budget=SECONDS] [only=CHECK,...] [KEY=VALUE ...]``: ``only`` picks the
-    numerics stage's checks (doctor, mismatch, memory, gemm); other KEY=VALUE go to each cell's ``suite run``."""
+    """``suite accept STAGE [out=DIR] [budget=SECONDS] [only=CHECK,...] [KEY=VALUE ...]``: ``only``
+    picks the numerics stage's checks (doctor, mismatch, memory, gemm); other KEY=VALUE go to each
+    cell's ``suite run``."""
     if not args or args[0] not in STAGES:
-        raise ValueError(f"suite accept: name a stage first, one of {', '.join(STAGES)} (suite/experiments/accept.py)")
+        raise ValueError(f"suite accept: name a stage first, one of {', '.join(STAGES)} "
+                         "(suite/experiments/accept.py)")
     name, opts, runs = args[0], {}, []
     for a in args[1:]:
         key, eq, value = a.partition("=")
@@ -428,13 +414,17 @@ def main(args: list[str]) -> int:
             runs.append(a)
     only = opts.get("only", "").split(",") if opts.get("only") else []
     if (only and name != "numerics") or set(only) - set(NUMERICS) or (runs and name != "cells"):
-        raise ValueError(f"suite accept: only= takes the numerics checks ({', '.join(NUMERICS)}); run fields go to "
-                         "the cells stage")
-    st = Stage(name, Path(opts.get("out", DEFAULT_OUT)), float(opts.get("budget", DEFAULT_BUDGET[name])))
-    call = {"numerics": lambda: numerics(st, only), "cells": lambda: cells(st, runs), "prepare": lambda: prepare(st)}
+        raise ValueError(f"suite accept: only= takes the numerics checks ({', '.join(NUMERICS)}); "
+                         "run fields go to the cells stage")
+    st = Stage(name, Path(opts.get("out", DEFAULT_OUT)),
+               float(opts.get("budget", DEFAULT_BUDGET[name])))
+    call = {"numerics": lambda: numerics(st, only), "cells": lambda: cells(st, runs),
+            "prepare": lambda: prepare(st)}
     st.run(name, call[name])
     st.write()
     failed = [c.check for c in st.checks if not c.ok]
-    print(f"accept {name}: {len(st.checks) - len(failed)}/{len(st.checks)} checks pass in {time.monotonic() - st.t0:.0f} s"
-          + (f"; failed: {', '.join(failed)}" if failed else "") + f"; {st.dir / 'summary.json'}", flush=True)
+    print(f"accept {name}: {len(st.checks) - len(failed)}/{len(st.checks)} checks pass in "
+          f"{time.monotonic() - st.t0:.0f} s"
+          + (f"; failed: {', '.join(failed)}" if failed else "") + f"; {st.dir / 'summary.json'}",
+          flush=True)
     return 1 if failed or not st.checks else 0

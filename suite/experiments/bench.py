@@ -2,10 +2,11 @@
 
 Prints (1) the RL step time split (sampling / trainer log-probs / update / other) with sampler
 and trainer tokens per second, as medians over a short real run of the embedded default in
-every precision flow (the cost of ``exact`` and of FP8 relative to bf16 included), and (2) the same rollout batch sampled by the built-in engine and by
-Hugging Face ``generate`` (same weights, same dtype, same lengths), with the speed ratio; with
-``engine=vllm`` also by vLLM, with its start-up time (and (1) runs the flows vLLM supports here).
-Figures are measured on this machine each time; nothing here is asserted.
+every precision flow (the cost of ``exact`` and of FP8 relative to bf16 included), and (2) the same
+rollout batch sampled by the built-in engine and by Hugging Face ``generate`` (same weights, same
+dtype, same lengths), with the speed ratio; with ``engine=vllm`` also by vLLM, with its start-up
+time (and (1) runs the flows vLLM supports here). Figures are measured on this machine each time;
+nothing here is asserted.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from suite.tasks.registry import prompt_ids
 
 
 def median_time(fn, repeats: int, cuda: bool = False) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` runs after one warm-up; on a GPU (``cuda``) timed with CUDA
-    events, which measure the kernels queued between them rather than the host's return from an asynchronous launch."""
+    """Median seconds of ``fn()`` over ``repeats`` runs after one warm-up; on a GPU (``cuda``) timed
+    with CUDA events, which measure the kernels queued between them rather than the host's return
+    from an asynchronous launch."""
     fn()
     times = []
     for _ in range(repeats):
@@ -60,11 +62,13 @@ def step_split(cfg, console: Console) -> dict:
     return {k: statistics.median(r[k] for r in rows) for k in rows[0] if k != "step"}
 
 
-def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm_engines: dict | None = None) -> list[dict]:
+def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"),
+                        vllm_engines: dict | None = None) -> list[dict]:
     """Tokens/s of the built-in engine and of HF ``generate`` on one identical batch, and of vLLM
     (with its start-up time) when ``cfg.engine == "vllm"``. ``vllm_engines`` ({dtype name: engine})
-    reuses engines already started (tests); otherwise one is started, timed and closed per dtype. Both sides run
-    where a run computes on this host (suite/dist.py), so that the table's machine class is the one measured."""
+    reuses engines already started (tests); otherwise one is started, timed and closed per dtype.
+    Both sides run where a run computes on this host (suite/dist.py), so that the table's machine
+    class is the one measured."""
     from suite.rl.data import prepare_data
     from suite.rl.policy import load_policy
     from suite.tasks.registry import get_task
@@ -96,8 +100,9 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
         def theirs():
             with torch.no_grad():
                 torch.manual_seed(0)
-                o = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0,
-                                top_p=1.0, top_k=0, max_new_tokens=n_new, eos_token_id=tok.eos_token_id)
+                o = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
+                                temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=n_new,
+                                eos_token_id=tok.eos_token_id)
             resp = o[:, ids.shape[1]:]
             tokens["hf"] = int(((resp != tok.pad_token_id) | (resp == tok.eos_token_id)).sum())
 
@@ -106,9 +111,11 @@ def sampler_vs_generate(cfg, repeats: int, dtypes=("fp32", "bf16", "fp16"), vllm
         model.float()
         row = {"dtype": name, "engine_backend": backend, "batch": len(prompts),
                "ours_tok_s": tokens["ours"] / t_ours, "hf_tok_s": tokens["hf"] / t_hf,
-               "ours_s": t_ours, "hf_s": t_hf, "speedup": t_hf / t_ours * tokens["ours"] / max(tokens["hf"], 1)}
+               "ours_s": t_ours, "hf_s": t_hf,
+               "speedup": t_hf / t_ours * tokens["ours"] / max(tokens["hf"], 1)}
         if cfg.engine == "vllm":
-            row.update(_vllm_speed(cfg, name, model, prompts, n_new, repeats, (vllm_engines or {}).get(name)))
+            row.update(_vllm_speed(cfg, name, model, prompts, n_new, repeats,
+                                   (vllm_engines or {}).get(name)))
         out.append(row)
     return out
 
@@ -125,7 +132,8 @@ def _vllm_speed(cfg, name: str, model, prompts, n_new: int, repeats: int, engine
         tokens = {}
 
         def theirs():
-            tokens["vllm"] = engine.generate(prompts, n_new, 1.0, 1.0, torch.Generator().manual_seed(0)).n_tokens
+            tokens["vllm"] = engine.generate(prompts, n_new, 1.0, 1.0,
+                                             torch.Generator().manual_seed(0)).n_tokens
 
         t = median_time(theirs, repeats)
         return {"vllm_s": t, "vllm_tok_s": tokens["vllm"] / t, "vllm_startup_s": engine.startup_s}
@@ -137,14 +145,17 @@ def _vllm_speed(cfg, name: str, model, prompts, n_new: int, repeats: int, engine
 def sampler_table(rows: list[dict]) -> Table:
     """The rollout-speed table of ``suite bench`` (with vLLM columns when the rows have them)."""
     vllm = "vllm_tok_s" in rows[0]
-    t2 = Table(title="one rollout batch: built-in engine vs Hugging Face generate" + (" vs vLLM" if vllm else "")
+    t2 = Table(title="one rollout batch: built-in engine vs Hugging Face generate"
+               + (" vs vLLM" if vllm else "")
                      + " (same weights, dtype, batch)")
-    cols = ["dtype", "engine gemm", "batch", "engine s", "HF generate s", "engine tok/s", "HF tok/s", "speed-up"]
+    cols = ["dtype", "engine gemm", "batch", "engine s", "HF generate s", "engine tok/s",
+            "HF tok/s", "speed-up"]
     for col in cols + (["vLLM s", "vLLM tok/s", "vLLM start-up s"] if vllm else []):
         t2.add_column(col)
     for r in rows:
-        cells = [r["dtype"], r["engine_backend"], str(r["batch"]), f"{r['ours_s']:.3f}", f"{r['hf_s']:.3f}",
-                 f"{r['ours_tok_s']:.0f}", f"{r['hf_tok_s']:.0f}", f"{r['speedup']:.1f}x"]
+        cells = [r["dtype"], r["engine_backend"], str(r["batch"]), f"{r['ours_s']:.3f}",
+                 f"{r['hf_s']:.3f}", f"{r['ours_tok_s']:.0f}", f"{r['hf_tok_s']:.0f}",
+                 f"{r['speedup']:.1f}x"]
         if vllm:
             cells += [f"{r['vllm_s']:.3f}", f"{r['vllm_tok_s']:.0f}", f"{r['vllm_startup_s']:.1f}"]
         t2.add_row(*cells)
@@ -152,8 +163,9 @@ def sampler_table(rows: list[dict]) -> Table:
 
 
 def scaling_main(args: list[str], worlds: list[int], steps: int = 6) -> int:
-    """``suite bench nproc=1,2 ...``: the same run (same global batch) on 1, 2, ... ranks through torchrun;
-    median step time split, peak memory per rank, and the scaling efficiency t(1) / (N t(N))."""
+    """``suite bench nproc=1,2 ...``: the same run (same global batch) on 1, 2, ... ranks through
+    torchrun; median step time split, peak memory per rank, and the scaling efficiency t(1) / (N
+    t(N))."""
     import json
     import os
     import subprocess
@@ -164,8 +176,8 @@ def scaling_main(args: list[str], worlds: list[int], steps: int = 6) -> int:
     rows = {}
     for n in worlds:
         with tempfile.TemporaryDirectory() as tmp:
-            cmd = [sys.executable, "-m", "suite.cli", "run", *args, f"nproc={n}", f"steps={steps}", f"out={tmp}",
-                   "name=bench", f"ckpt_every={steps}"]
+            cmd = [sys.executable, "-m", "suite.cli", "run", *args, f"nproc={n}", f"steps={steps}",
+                   f"out={tmp}", "name=bench", f"ckpt_every={steps}"]
             console.print(f"bench: {n} rank(s): {' '.join(cmd[3:])}")
             p = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
             if p.returncode != 0:
@@ -177,16 +189,19 @@ def scaling_main(args: list[str], worlds: list[int], steps: int = 6) -> int:
         rows[n] = {k: statistics.median(r[k] for r in timing) for k in timing[0] if k != "step"}
         rows[n]["world"] = env["world"]
     t1 = rows[worlds[0]]["time/step_s"] * worlds[0]
-    table = Table(title=f"data-parallel scaling, {base.precision}, {base.tier} tier ({base.prompts_per_step}x"
-                        f"{base.samples_per_prompt} responses per step, the same for every world size), {base.threads} "
-                        f"thread(s) per rank, medians over {steps - 1} steps; machine class "
-                        f"{machine.describe(base.gemm, base.threads)['id']}, {os.cpu_count()} cores")
-    for col in ("ranks", "backend", "step s", "sampling s", "trainer log-probs s", "update s", "other s",
-                "peak RSS / rank MiB", "speed-up", "efficiency"):
+    table = Table(title=f"data-parallel scaling, {base.precision}, {base.tier} tier "
+                        f"({base.prompts_per_step}x{base.samples_per_prompt} responses per step, "
+                        f"the same for every world size), {base.threads} thread(s) per rank, "
+                        f"medians over {steps - 1} steps; machine class "
+                        f"{machine.describe(base.gemm, base.threads)['id']}, "
+                        f"{os.cpu_count()} cores")
+    for col in ("ranks", "backend", "step s", "sampling s", "trainer log-probs s", "update s",
+                "other s", "peak RSS / rank MiB", "speed-up", "efficiency"):
         table.add_column(col)
     for n, t in rows.items():
-        table.add_row(str(n), str(t["world"]["backend"]), f"{t['time/step_s']:.3f}", f"{t['time/sample_s']:.3f}",
-                      f"{t['time/logprob_s']:.3f}", f"{t['time/update_s']:.3f}", f"{t['time/other_s']:.3f}",
+        table.add_row(str(n), str(t["world"]["backend"]), f"{t['time/step_s']:.3f}",
+                      f"{t['time/sample_s']:.3f}", f"{t['time/logprob_s']:.3f}",
+                      f"{t['time/update_s']:.3f}", f"{t['time/other_s']:.3f}",
                       f"{t['memory/peak_rss_mb/max']:.0f}", f"{t1 / t['time/step_s']:.2f}x",
                       f"{t1 / (n * t['time/step_s']):.0%}")
     console.print(table)
@@ -195,45 +210,55 @@ def scaling_main(args: list[str], worlds: list[int], steps: int = 6) -> int:
 
 def main(args: list[str]) -> int:
     vs = [a for a in args if a == "--vs" or a.startswith("--vs=")]
-    if vs:  # suite bench --vs trl [overrides]: TRL's GRPOTrainer side by side (suite/experiments/bench_trl.py)
+    # suite bench --vs trl [overrides]: TRL's GRPOTrainer side by side
+    # (suite/experiments/bench_trl.py)
+    if vs:
         i = args.index(vs[0])
-        other = vs[0].split("=", 1)[1] if "=" in vs[0] else (args[i + 1] if i + 1 < len(args) else "")
+        other = vs[0].split("=",
+                            1)[1] if "=" in vs[0] else (args[i + 1] if i + 1 < len(args) else "")
         if other != "trl":
             raise ValueError(f"--vs: the one framework to compare with is trl (got {other!r})")
         from suite.experiments import bench_trl
 
-        return bench_trl.main([a for j, a in enumerate(args) if j != i and not (vs[0] == "--vs" and j == i + 1)])
+        return bench_trl.main([a for j, a in enumerate(args) if j != i
+                               and not (vs[0] == "--vs" and j == i + 1)])
     worlds = next((a.split("=", 1)[1] for a in args if a.startswith("nproc=") and "," in a), None)
     if worlds:  # a scaling measurement over world sizes
         try:
             sizes = [int(x) for x in worlds.split(",")]
         except ValueError:
-            raise ValueError(f"nproc: expected a list of rank counts like nproc=1,2 (got '{worlds}')") from None
+            raise ValueError("nproc: expected a list of rank counts like nproc=1,2 (got "
+                             f"'{worlds}')") from None
         return scaling_main([a for a in args if not a.startswith("nproc=")], sizes)
     console = make_console()
     steps = 11
     base = cfgmod.load(args)
     torch.set_num_threads(base.threads)
     table = Table(title=f"RL step time split, medians over {steps - 1} steps ({base.tier} tier, "
-                        f"{base.prompts_per_step}x{base.samples_per_prompt} responses, {base.threads} thread(s)); "
-                        f"machine class {machine.describe(base.gemm, base.threads)['id']}")
-    for col in ("precision", "gemm", "step s", "sampling s", "trainer log-probs s", "update s", "other s",
-                "sampler tok/s", "trainer tok/s"):
+                        f"{base.prompts_per_step}x{base.samples_per_prompt} responses, "
+                        f"{base.threads} thread(s)); machine class "
+                        f"{machine.describe(base.gemm, base.threads)['id']}")
+    for col in ("precision", "gemm", "step s", "sampling s", "trainer log-probs s", "update s",
+                "other s", "sampler tok/s", "trainer tok/s"):
         table.add_column(col)
     from suite.numerics.precision import FLOWS
 
     flows = list(FLOWS)
-    if base.engine == "vllm":  # the flows this device's vLLM can run (the others are refused in validate)
-        from suite.numerics.vllm_engine import supported_flows
+    # the flows this device's vLLM can run (the others are refused in validate)
+    if base.engine == "vllm":
+        from suite.numerics.vllm_support import supported_flows
 
         flows = supported_flows()
-    for name in flows:  # every flow: the cost of exact and of the FP8 emulation is part of the answer
+    # every flow: the cost of exact and of the FP8 emulation is part of the answer
+    for name in flows:
         cfg = cfgmod.load(args + [f"precision={name}", f"steps={steps}", "name=bench"])
         t = step_split(cfg, console)
-        table.add_row(name, gemm_backend(cfg.gemm, resolve(name).trainer_dtype, dist.World().device.split(":")[0]),
-                      f"{t['time/step_s']:.3f}",
-                      f"{t['time/sample_s']:.3f}", f"{t['time/logprob_s']:.3f}", f"{t['time/update_s']:.3f}",
-                      f"{t['time/other_s']:.3f}", f"{t['throughput/sampler_tok_s']:.0f}",
+        table.add_row(name,
+                      gemm_backend(cfg.gemm, resolve(name).trainer_dtype,
+                                   dist.World().device.split(":")[0]), f"{t['time/step_s']:.3f}",
+                      f"{t['time/sample_s']:.3f}", f"{t['time/logprob_s']:.3f}",
+                      f"{t['time/update_s']:.3f}", f"{t['time/other_s']:.3f}",
+                      f"{t['throughput/sampler_tok_s']:.0f}",
                       f"{t['throughput/trainer_tok_s']:.0f}")
     console.print(table)
     console.print(sampler_table(sampler_vs_generate(base, repeats=5)))
@@ -260,16 +285,19 @@ def mismatch_main(args: list[str]) -> int:
     model_dir, data_dir = prepare_data(base, console)
     items, _ = load(data_dir, base.perfectible.max_prompts)
     model, tok = load_policy(model_dir)
-    prompts = [prompt_ids(tok, it) for it in items[:base.prompts_per_step] for _ in range(base.samples_per_prompt)]
-    table = Table(title=f"step-0 mismatch, {len(prompts)} responses, same prompts and seed for every flow; machine class "
+    prompts = [prompt_ids(tok, it) for it in items[:base.prompts_per_step]
+               for _ in range(base.samples_per_prompt)]
+    table = Table(title=f"step-0 mismatch, {len(prompts)} responses, same prompts and seed for "
+                        "every flow; machine class "
                         f"{machine.label(machine.describe(base.gemm, base.threads))}")
-    for col in ("flow", "mean abs dp", "max abs dp", "k3 KL", "mean abs seq log-ratio", "max abs log-prob diff",
-                "k3 / bf16", "sample s", "score s"):
+    for col in ("flow", "mean abs dp", "max abs dp", "k3 KL", "mean abs seq log-ratio",
+                "max abs log-prob diff", "k3 / bf16", "sample s", "score s"):
         table.add_column(col)
     rows = {}
     flows = list(FLOWS)
-    if base.engine == "vllm":  # vLLM rows next to the built-in engine's, for the flows vLLM runs here
-        from suite.numerics.vllm_engine import supported_flows
+    # vLLM rows next to the built-in engine's, for the flows vLLM runs here
+    if base.engine == "vllm":
+        from suite.numerics.vllm_support import supported_flows
 
         flows = [f"{n} ({e})" for n in supported_flows() for e in ("torch", "vllm")]
     for label in flows:
@@ -283,10 +311,13 @@ def mismatch_main(args: list[str]) -> int:
                 engine.close()
     ref = rows.get("bf16", rows.get("bf16 (torch)", (None,)))[0]
     for name, (m, ts, tl) in rows.items():
-        ratio = m["mismatch/kl_k3"] / ref["mismatch/kl_k3"] if ref and ref["mismatch/kl_k3"] else float("nan")
-        table.add_row(name, f"{m['mismatch/prob_diff/mean']:.2e}", f"{m['mismatch/prob_diff/max']:.2e}",
-                      f"{m['mismatch/kl_k3']:.2e}", f"{m['mismatch/seq_log_ratio/mean_abs']:.2e}",
-                      f"{m['mismatch/logprob_diff/max']:.2e}", f"{ratio:.3g}", f"{ts:.2f}", f"{tl:.2f}")
+        ratio = (m["mismatch/kl_k3"] / ref["mismatch/kl_k3"] if ref and ref["mismatch/kl_k3"]
+                 else float("nan"))
+        table.add_row(name, f"{m['mismatch/prob_diff/mean']:.2e}",
+                      f"{m['mismatch/prob_diff/max']:.2e}", f"{m['mismatch/kl_k3']:.2e}",
+                      f"{m['mismatch/seq_log_ratio/mean_abs']:.2e}",
+                      f"{m['mismatch/logprob_diff/max']:.2e}", f"{ratio:.3g}", f"{ts:.2f}",
+                      f"{tl:.2f}")
     console.print(table)
     return 0
 
@@ -299,11 +330,12 @@ def step0_mismatch(cfg, trainer, engine, prompts) -> tuple[dict, float, float]:
 
     engine.sync(trainer.model.state_dict())
     t0 = time.perf_counter()
-    roll = engine.generate(prompts, cfg.sampling.max_new_tokens, cfg.sampling.temperature, cfg.sampling.top_p,
-                           torch.Generator().manual_seed(cfg.seed))
+    roll = engine.generate(prompts, cfg.sampling.max_new_tokens, cfg.sampling.temperature,
+                           cfg.sampling.top_p, torch.Generator().manual_seed(cfg.seed))
     t1 = time.perf_counter()
     ids, attn = batch_tensors(roll.prompt_ids, roll.tokens, roll.mask)
     with torch.no_grad():
         logp, _, _ = trainer.score(Batch(ids, attn, roll.tokens, cfg.sampling.temperature))
-    # rollouts come back on the CPU (suite/numerics/engine.py), the trainer's log-probs on its device
+    # rollouts come back on the CPU (suite/numerics/engine.py), the trainer's log-probs on its
+    # device
     return mismatch_metrics(logp.cpu(), roll.logprobs, roll.mask), t1 - t0, time.perf_counter() - t1

@@ -1,18 +1,21 @@
-"""``suite bench --vs trl``: the suite's RL step and TRL's GRPOTrainer round side by side, from one command.
+"""``suite bench --vs trl``: the suite's RL step and TRL's GRPOTrainer round side by side, from one
+command.
 
 Both sides train the same embedded policy on the same perfectible prompts with the same group size,
 response budget, precision, optimizer and number of updates per rollout batch (TRL's recipe is the
-suite config translated by ``suite.experiments.trl_bridge.grpo_args``, which refuses what it cannot map). A suite
-step and a TRL round are the same unit of work: sample prompts_per_step x samples_per_prompt responses,
-score them, then updates_per_step optimizer updates. Times are medians over the steps after the first.
+suite config translated by ``suite.experiments.trl_bridge.grpo_args``, which refuses what it cannot
+map). A suite step and a TRL round are the same unit of work: sample prompts_per_step x
+samples_per_prompt responses, score them, then updates_per_step optimizer updates. Times are medians
+over the steps after the first.
 
 What each side does per step:
-- suite: its own sampler (batched decode with a KV cache, ``suite/numerics/engine.py``), one no-grad forward of
+- suite: its own sampler (batched decode with a KV cache, ``suite/numerics/engine.py``), one no-grad
+forward of
   the trainer for the old log-probs and the mismatch, then the updates (forward + backward each);
 - TRL: ``model.generate`` (transformers) inside ``_generate_and_score_completions`` (which also
   computes the old log-probs when it needs them), then the updates. The bridge that records TRL's
-  bundle adds one no-grad trainer forward per round (``time/logprob_s``); it is subtracted, so the TRL
-  column is what TRL alone does.
+  bundle adds one no-grad trainer forward per round (``time/logprob_s``); it is subtracted, so the
+  TRL column is what TRL alone does.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from suite.results import read_jsonl
 
 
 def _medians(run_dir: Path, drop_last: bool = False) -> dict:
-    """Medians of timing.jsonl without the first step (start-up); ``drop_last`` also drops the last row, which in a
-    bundle written by an outside loop runs from the last round's sampling to the end (no sampling in it)."""
+    """Medians of timing.jsonl without the first step (start-up); ``drop_last`` also drops the last
+    row, which in a bundle written by an outside loop runs from the last round's sampling to the end
+    (no sampling in it)."""
     rows = read_jsonl(run_dir / "timing.jsonl")
     rows = rows[1:-1] if drop_last else rows[1:]
     keys = set.intersection(*(set(r) for r in rows)) - {"step"}
@@ -57,7 +61,8 @@ def compare(cfg, console) -> dict:
                "trl_completions": _completions(theirs, cfg.samples_per_prompt)}
     s, t = out["suite"], out["trl"]
     out["suite_step_s"] = s["time/step_s"]
-    out["trl_step_s"] = t["time/step_s"] - t["time/logprob_s"]  # the bridge's own recording forward removed
+    # the bridge's own recording forward removed
+    out["trl_step_s"] = t["time/step_s"] - t["time/logprob_s"]
     out["ratio"] = out["trl_step_s"] / out["suite_step_s"]
     return out
 
@@ -79,12 +84,14 @@ def main(args: list[str]) -> int:
     s, t = r["suite"], r["trl"]
     n = len(r["suite_completions"]) - 1
     table = Table("", "suite", "TRL GRPOTrainer", title=(
-        f"{cfg.precision}, {cfg.tier} tier: {cfg.prompts_per_step} prompts x {cfg.samples_per_prompt} samples, "
-        f"{cfg.sampling.max_new_tokens} new tokens max, {cfg.updates_per_step} updates per step; medians over the "
-        f"suite's {n} steps after the first and TRL's {n - 1} rounds after the first (its last round has no "
-        f"sampling); machine class {machine.describe(cfg.gemm, cfg.threads)['id']}"))
+        f"{cfg.precision}, {cfg.tier} tier: {cfg.prompts_per_step} prompts x "
+        f"{cfg.samples_per_prompt} samples, {cfg.sampling.max_new_tokens} new tokens max, "
+        f"{cfg.updates_per_step} updates per step; medians over the suite's {n} steps after the "
+        f"first and TRL's {n - 1} rounds after the first (its last round has no sampling); machine "
+        f"class {machine.describe(cfg.gemm, cfg.threads)['id']}"))
     table.add_row("step (s)", f"{r['suite_step_s']:.3f}", f"{r['trl_step_s']:.3f}")
-    table.add_row("sampling (s)", f"{s['time/sample_s']:.3f}", f"{t['time/sample_s']:.3f} (with TRL's scoring)")
+    table.add_row("sampling (s)", f"{s['time/sample_s']:.3f}",
+                  f"{t['time/sample_s']:.3f} (with TRL's scoring)")
     table.add_row("old log-probs (s)", f"{s['time/logprob_s']:.3f}", "in sampling")
     table.add_row("updates and the rest (s)", f"{s['time/update_s'] + s['time/other_s']:.3f}",
                   f"{r['trl_step_s'] - t['time/sample_s']:.3f}")

@@ -1,5 +1,6 @@
-"""Figures of any committed grid, by cell, for the documents' generated spans (suite/experiments/docfigures.py):
-final accuracies, gaps to a reference cell, seeds, step-0 mismatch over seeds, clipping and IS diagnostics.
+"""Figures of any committed grid, by cell, for the documents' generated spans
+(suite/experiments/docfigures.py): final accuracies, gaps to a reference cell, seeds, step-0
+mismatch over seeds, clipping and IS diagnostics.
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ def span(lo: float, hi: float, spec: str) -> str:
 
 
 # A cell is named by its grid's folder under results/reference/ and a filter on the run's config:
-# "cpu-avx2-emulated/collapse-search" and "regime=stress,precision=bf16_fp8rollout" (dotted fields, e.g.
-# algo.ppo_ref=sampler; a run without the field counts as regime=base, like suite/analysis/collapse.py).
+# "cpu-avx2-emulated/collapse-search" and "regime=stress,precision=bf16_fp8rollout" (dotted fields,
+# e.g. algo.ppo_ref=sampler; a run without the field counts as regime=base, like
+# suite/analysis/collapse.py).
 @cache
 def _grid(path: str) -> tuple:
     from suite.analysis.runs import load_runs
@@ -36,7 +38,8 @@ def _field(run, dotted: str):
 
 
 def cell(path: str, filt: str) -> list:
-    """The complete runs of a committed grid whose config matches every ``field=value`` of ``filt``."""
+    """The complete runs of a committed grid whose config matches every ``field=value`` of
+    ``filt``."""
     want = dict(kv.split("=", 1) for kv in filt.split(",") if kv)
     runs = [r for r in _grid(path) if all(str(_field(r, k)) == v for k, v in want.items())]
     if not runs:
@@ -49,9 +52,11 @@ def _finals(path: str, filt: str) -> list[float]:
 
 
 def f_step0_cell(path: str, filt: str, key: str = "kl_k3") -> str:
-    """A cell's step-0 mismatch over its seeds: "6.9e-05 [4.3e-05, 8.8e-05] (3 runs)", one run its value."""
+    """A cell's step-0 mismatch over its seeds: "6.9e-05 [4.3e-05, 8.8e-05] (3 runs)", one run its
+    value."""
     v = [r.summary[STEP0 + key] for r in cell(path, filt)]
-    return f"{v[0]:.1e}" if len(v) == 1 else f"{statistics.fmean(v):.1e} [{min(v):.1e}, {max(v):.1e}] ({len(v)} runs)"
+    return (f"{v[0]:.1e}" if len(v) == 1
+            else f"{statistics.fmean(v):.1e} [{min(v):.1e}, {max(v):.1e}] ({len(v)} runs)")
 
 
 def f_final(path: str, filt: str, spec: str = ".3f") -> str:
@@ -61,7 +66,8 @@ def f_final(path: str, filt: str, spec: str = ".3f") -> str:
 
 
 def f_final_range(path: str, filt: str, field: str, values: str) -> str:
-    """The range of the cells' mean final accuracies over ``field`` = each of ``values``, in percent: "44-54%"."""
+    """The range of the cells' mean final accuracies over ``field`` = each of ``values``, in
+    percent: "44-54%"."""
     v = [statistics.fmean(_finals(path, f"{filt},{field}={x}")) * 100 for x in values.split("+")]
     return span(min(v), max(v), ".0f") + "%"
 
@@ -72,8 +78,8 @@ def f_seeds(path: str, filt: str) -> str:
 
 
 def f_gap(path: str, filt: str, ref: str, spec: str = ".3f") -> str:
-    """Mean final accuracy of a cell minus a reference cell's, with its 95% percentile-bootstrap CI over seeds
-    (suite/analysis/collapse.py ``gap_ci``, the estimator of the reports)."""
+    """Mean final accuracy of a cell minus a reference cell's, with its 95% percentile-bootstrap CI
+    over seeds (suite/analysis/collapse.py ``gap_ci``, the estimator of the reports)."""
     from suite.analysis import collapse
 
     gap = collapse.gap_ci(_finals(path, filt), _finals(path, ref))
@@ -89,11 +95,13 @@ def f_runs(paths: str) -> str:
 
 def f_gap_clipped(path: str, filt: str) -> str:
     """Mean over seeds of the share of tokens PPO's clip zeroes at step 1 on the precision gap alone
-    (hypothesis H1; suite/analysis/hypotheses.py ``mechanism_table``), in percent."""
-    from suite.analysis.hypotheses import _mech
+    (hypothesis H1; suite/analysis/hypothesis_tables.py ``mechanism_table``), in percent."""
+    from suite.analysis.hypothesis_tables import _mech
 
-    # runs older than mechanism.jsonl logged it in metrics.jsonl (ppo/clip_frac_gap), as the report reads it
-    fr = [_mech(r)[0]["mech/gap_clip_frac"] if _mech(r) else (r.metrics[0] if r.metrics else {}).get("ppo/clip_frac_gap")
+    # runs older than mechanism.jsonl logged it in metrics.jsonl (ppo/clip_frac_gap), as the report
+    # reads it
+    fr = [_mech(r)[0]["mech/gap_clip_frac"] if _mech(r)
+          else (r.metrics[0] if r.metrics else {}).get("ppo/clip_frac_gap")
           for r in cell(path, filt)]
     fr = [x for x in fr if x is not None]
     if not fr:
@@ -102,11 +110,12 @@ def f_gap_clipped(path: str, filt: str) -> str:
 
 
 def f_half_ess(path: str, filt: str) -> str:
-    """Response length at which the sequence IS weights' ESS would halve, ln 2 / ln(1 + chi2_tok) from the step-1
-    token chi2 (hypothesis H2; suite/analysis/hypotheses.py ``length_table``), mean over seeds, 2 significant digits."""
+    """Response length at which the sequence IS weights' ESS would halve, ln 2 / ln(1 + chi2_tok)
+    from the step-1 token chi2 (hypothesis H2; suite/analysis/hypothesis_tables.py
+    ``length_table``), mean over seeds, 2 significant digits."""
     import math
 
-    from suite.analysis.hypotheses import step1
+    from suite.analysis.hypothesis_tables import step1
 
     t = [math.log(2.0) / math.log1p(x["tok"]) for x in map(step1, cell(path, filt)) if x["tok"]]
     if not t:
@@ -114,14 +123,17 @@ def f_half_ess(path: str, filt: str) -> str:
     return f"{float(f'{statistics.fmean(t):.2g}'):,.0f}"
 
 
-# ---- the collapse report's mechanism figures (suite/analysis/collapse.py), over a grid's flows -----------------
+# ---- the collapse report's mechanism figures (suite/analysis/collapse.py), over a grid's flows
+# -----------------
 def _pct_or(x: float, spec: str) -> str:
-    return f"{x * 100:.0f}%" if spec == "%" else (f"{x * 100:.1f}%" if spec == "%.1" else format(x, spec))
+    return f"{x * 100:.0f}%" if spec == "%" else (f"{x * 100:.1f}%" if spec == "%.1"
+                                                  else format(x, spec))
 
 
 def f_anatomy(path: str, flows: str, key: str, spec: str = "%") -> str:
-    """The range over ``flows`` ("fp32+bf16+fp16") of each flow's ``anatomy/<key>``, pooled over its runs and
-    steps as in the collapse report's anatomy table: "51-52%" (spec "%"), "0.5%" ("%.1") or "0.53-0.54"."""
+    """The range over ``flows`` ("fp32+bf16+fp16") of each flow's ``anatomy/<key>``, pooled over its
+    runs and steps as in the collapse report's anatomy table: "51-52%" (spec "%"), "0.5%" ("%.1") or
+    "0.53-0.54"."""
     from suite.analysis.collapse import anatomy_mean
 
     v = [anatomy_mean(_grid(path), f, key) for f in flows.split("+")]
@@ -130,8 +142,9 @@ def f_anatomy(path: str, flows: str, key: str, spec: str = "%") -> str:
 
 
 def f_growth(path: str, filt: str, spec: str = ".1f") -> str:
-    """The range over the matching cells (regime x algorithm x flow; "+" in a value: any of them) of each cell's
-    mean k3 growth, last LEAD steps over first LEAD (the collapse report's growth table): "0.4-0.8"."""
+    """The range over the matching cells (regime x algorithm x flow; "+" in a value: any of them) of
+    each cell's mean k3 growth, last LEAD steps over first LEAD (the collapse report's growth
+    table): "0.4-0.8"."""
     from suite.analysis.collapse import cell_stats, cells
 
     want = {k: v.split("+") for k, v in (kv.split("=", 1) for kv in filt.split(",") if kv)}
@@ -144,8 +157,9 @@ def f_growth(path: str, filt: str, spec: str = ".1f") -> str:
 
 
 def f_fell(path: str, part: str = "runs") -> str:
-    """The runs whose smoothed accuracy fell by >= DROP (the collapse report's lead table): their number
-    ("runs"), or the range of the k3 of the steps before the fall over the first steps' ("ratio")."""
+    """The runs whose smoothed accuracy fell by >= DROP (the collapse report's lead table): their
+    number ("runs"), or the range of the k3 of the steps before the fall over the first steps'
+    ("ratio")."""
     from suite.analysis.collapse import fell
 
     runs = fell(_grid(path))
@@ -155,9 +169,11 @@ def f_fell(path: str, part: str = "runs") -> str:
     return span(min(ratios), max(ratios), ".1f")
 
 
-# ---- held-out accuracy of the policy itself (the dose-response grid with eval.every; step.evaluate) -----------
+# ---- held-out accuracy of the policy itself (the dose-response grid with eval.every;
+# step.evaluate) -----------
 def _heldout(run) -> float:
-    """The run's last held-out accuracy (eval/<split>/mean@<n>, sampled without the injected perturbation)."""
+    """The run's last held-out accuracy (eval/<split>/mean@<n>, sampled without the injected
+    perturbation)."""
     rows = [m for m in run.metrics if any(k.startswith("eval/") for k in m)]
     if not rows:
         raise ValueError(f"{run.dir}: no held-out evaluation in metrics.jsonl (eval.every)")
@@ -169,18 +185,20 @@ def _spread(v: list[float], spec: str = ".3f") -> str:
 
 
 def f_heldout(path: str, part: str = "table") -> str:
-    """Markdown: each arm of a dose-response grid (inject.kind x inject.scale; "none" the clean control) with its
-    step-0 mismatch, training verdicts and final training accuracy (on the perturbed rollouts), and the policy's
-    own held-out accuracy at the last step, mean [min, max] over seeds, and its difference to the clean arm's with
-    the exact one-sided permutation p that the clean policy scores higher (3 seeds against 3: p >= 0.05). Part
-    "outcome": the sentence that says which arms failing in training held-out accuracy separates from the clean."""
+    """Markdown: each arm of a dose-response grid (inject.kind x inject.scale; "none" the clean
+    control) with its step-0 mismatch, training verdicts and final training accuracy (on the
+    perturbed rollouts), and the policy's own held-out accuracy at the last step, mean [min, max]
+    over seeds, and its difference to the clean arm's with the exact one-sided permutation p that
+    the clean policy scores higher (3 seeds against 3: p >= 0.05). Part "outcome": the sentence that
+    says which arms failing in training held-out accuracy separates from the clean."""
     from suite.analysis.stats import ALPHA, permutation_test
 
-    arms = sorted({(str(_field(r, "inject.kind")), float(_field(r, "inject.scale"))) for r in _grid(path)})
+    arms = sorted({(str(_field(r, "inject.kind")), float(_field(r, "inject.scale")))
+                   for r in _grid(path)})
     clean = [_heldout(r) for r in cell(path, "inject.kind=none")]
     failing, below = [], []
-    lines = ["| injected mismatch | step-0 k3 | pass | final training accuracy | held-out accuracy of the policy "
-             "| held-out minus clean (p) |", "|---|---|---|---|---|---|"]
+    lines = ["| injected mismatch | step-0 k3 | pass | final training accuracy | held-out accuracy "
+             "of the policy | held-out minus clean (p) |", "|---|---|---|---|---|---|"]
     for kind, scale in sorted(arms, key=lambda a: (a[0] != "none", a[0], a[1])):
         runs = cell(path, f"inject.kind={kind},inject.scale={scale}")
         held = [_heldout(r) for r in runs]
@@ -192,11 +210,13 @@ def f_heldout(path: str, part: str = "table") -> str:
                      f"{f_step0_cell(path, f'inject.kind={kind},inject.scale={scale}')} | "
                      f"{sum(r.verdict == 'pass' for r in runs)}/{len(runs)} | "
                      f"{_spread([r.summary['accuracy/final'] for r in runs])} | {_spread(held)} | "
-                     + ("-" if p is None else f"{statistics.fmean(held) - statistics.fmean(clean):+.3f} (p {p:.2f})")
+                     + ("-" if p is None
+                        else f"{statistics.fmean(held) - statistics.fmean(clean):+.3f} (p {p:.2f})")
                      + " |")
     if part == "table":
         return "\n".join(lines)
     kept = [a for a in failing if a not in below]
-    return (f"No seed passes in training in {len(failing)} arm(s) ({', '.join(failing) or 'none'}); the policy's "
-            f"held-out accuracy is below the clean policy's by the exact test in {', '.join(below) or 'none'}, and "
-            f"not separated from it in {', '.join(kept) or 'none'}")
+    return (f"No seed passes in training in {len(failing)} arm(s) "
+            f"({', '.join(failing) or 'none'}); the policy's held-out accuracy is below the clean "
+            f"policy's by the exact test in {', '.join(below) or 'none'}, and not separated from "
+            f"it in {', '.join(kept) or 'none'}")

@@ -1,6 +1,7 @@
-"""The cells of a sweep: one resolved run config each, expanded from ``key=a,b`` overrides by Hydra's
-override parser (the product Hydra's basic sweeper builds), with their run directories checked before
-any compute: no two cells share one, and a directory holding another config is refused.
+"""The cells of a sweep: one resolved run config each, expanded from ``key=a,b`` overrides by
+Hydra's override parser (the product Hydra's basic sweeper builds), with their run directories
+checked before any compute: no two cells share one, and a directory holding another config is
+refused.
 """
 
 from __future__ import annotations
@@ -37,22 +38,25 @@ def override_key(override: str) -> str:
 
 
 def expand(overrides: list[str]) -> list[Cell]:
-    """The product of the sweeps in ``overrides`` (``k=a,b``, ``k=range(0,3)``, ``k=glob(...)``), in Hydra's
-    order (the first sweep varies slowest, as Hydra's basic sweeper), each cell validated. Hydra's public
-    override parser reads them; each sweep's values come from its own iterator."""
+    """The product of the sweeps in ``overrides`` (``k=a,b``, ``k=range(0,3)``, ``k=glob(...)``), in
+    Hydra's order (the first sweep varies slowest, as Hydra's basic sweeper), each cell validated.
+    Hydra's public override parser reads them; each sweep's values come from its own iterator."""
     import itertools
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        choices: dict[str, list[str]] = {}  # a key given twice: the last value, at the first one's place
+        # a key given twice: the last value, at the first one's place
+        choices: dict[str, list[str]] = {}
         parsed = OverridesParser.create().parse_overrides(list(overrides))
         for o in parsed:
             key = o.get_key_element()
             if o.is_sweep_override() and not o.is_discrete_sweep():
-                raise ValueError(f"{key}: an interval sweep has no list of values to run (use choices or range)")
-            choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                raise ValueError(f"{key}: an interval sweep has no list of values to run (use "
+                                 "choices or range)")
+            choices[key] = ([f"{key}={v}" for v in o.sweep_string_iterator()]
+                            if o.is_sweep_override()
                             else [f"{key}={o.get_value_element_as_str()}"])
         jobs = [list(job) for job in itertools.product(*choices.values())]
     except HydraException as e:
@@ -75,7 +79,8 @@ def plan(base: list[str], axes: dict[str, list]) -> list[Cell]:
 
 
 def state(cell: Cell) -> str:
-    """complete | failed (an incomplete summary with an error) | partial (steps done, no verdict) | new."""
+    """complete | failed (an incomplete summary with an error) | partial (steps done, no verdict) |
+    new."""
     s = read_summary(cell)
     if s and s.get("verdict") != "incomplete":
         return "complete"
@@ -85,20 +90,24 @@ def state(cell: Cell) -> str:
 
 
 def check_run_dirs(cells: list[Cell]) -> None:
-    """Refuse, before compute, two cells sharing a run directory or a directory of another config."""
+    """Refuse, before compute, two cells sharing a run directory or a directory of another
+    config."""
     from suite.rl.train import _diff
 
     seen: dict[Path, Cell] = {}
     for cell in cells:
         other = seen.setdefault(cell.run_dir, cell)
         if other is not cell:
-            a, b = (" ".join(sorted(set(c.overrides) - set(d.overrides))) for c, d in ((other, cell), (cell, other)))
-            raise ValueError(f"cells '{a}' and '{b}' would share the run directory {cell.run_dir}: a swept field "
-                             f"that is not in the run name (task, algorithm, precision, seed) needs a name=... per value")
+            a, b = (" ".join(sorted(set(c.overrides) - set(d.overrides)))
+                    for c, d in ((other, cell), (cell, other)))
+            raise ValueError(f"cells '{a}' and '{b}' would share the run directory {cell.run_dir}: "
+                             "a swept field that is not in the run name (task, algorithm, "
+                             "precision, seed) needs a name=... per value")
         path = cell.run_dir / "config.json"
         if path.exists():
             old = json.loads(path.read_text())
             new = cfgmod.to_dict(cell.cfg)
             if not same_experiment(old, new):
-                raise ValueError(f"{cell.run_dir} holds a run of a different config ({_diff(old.get('config', {}), new)}); "
-                                 f"choose another name=..., or delete that directory")
+                raise ValueError(f"{cell.run_dir} holds a run of a different config "
+                                 f"({_diff(old.get('config', {}), new)}); choose another name=..., "
+                                 "or delete that directory")

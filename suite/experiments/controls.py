@@ -1,16 +1,18 @@
-"""The sanity test's controls: recipes known to fail at the embedded scale, each beside its corrections.
+"""The sanity test's controls: recipes known to fail at the embedded scale, each beside its
+corrections.
 
-A test that cannot fail a known-bad recipe is not a test. Each control is rows of the ``controls`` grid
-(``suite/experiments/grids.py``), the known-bad recipe and its corrections, run over the same seeds as the main
-flows; ``judge`` says whether they behaved as the committed evidence says they do, and ``suite main`` exits
-non-zero, naming the control, when one did not.
+A test that cannot fail a known-bad recipe is not a test. Each control is rows of the ``controls``
+grid (``suite/experiments/grids.py``), the known-bad recipe and its corrections, run over the same
+seeds as the main flows; ``judge`` says whether they behaved as the committed evidence says they do,
+and ``suite main`` exits non-zero, naming the control, when one did not.
 
-Expected behaviour (each ``Row``'s ``expect``): the known-bad recipe fails (unstable or collapse) in a majority of
-its seeds and each judged fix passes in a majority of them; a correction whose committed seeds split is run
-and shown beside them but not judged. A majority, not every seed: the evidence is three seeds on
-one machine class, and one seed of another class landing a few samples on the other side of the line is what
-three runs cannot rule out; the pass counts and the one-sided Fisher exact test of fix against known-bad are
-printed beside the judgement, so the strength of the separation is never hidden behind it.
+Expected behaviour (each ``Row``'s ``expect``): the known-bad recipe fails (unstable or collapse) in
+a majority of its seeds and each judged fix passes in a majority of them; a correction whose
+committed seeds split is run and shown beside them but not judged. A majority, not every seed: the
+evidence is three seeds on one machine class, and one seed of another class landing a few samples on
+the other side of the line is what three runs cannot rule out; the pass counts and the one-sided
+Fisher exact test of fix against known-bad are printed beside the judgement, so the strength of the
+separation is never hidden behind it.
 """
 
 from __future__ import annotations
@@ -25,16 +27,19 @@ from suite.results import atomic_write_json, display_path, find_run_dirs
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a control: a recipe, the committed runs that say how it behaves, and what is expected of it."""
+    """One row of a control: a recipe, the committed runs that say how it behaves, and what is
+    expected of it."""
 
-    role: str  # its folder under the control's (controls/<control>/<role>/): bad, fix, mis, centering, qat
+    # its folder under the control's (controls/<control>/<role>/): bad, fix, mis, centering, qat
+    role: str
     label: str  # the recipe in words: "plain GRPO", "token TIS", ...
     overrides: tuple[str, ...]
-    # Where the committed grids hold its runs (relative to results/reference/<class>/, with the runs' algorithm):
-    # the evidence ``evidence`` re-judges at the main job's line.
+    # Where the committed grids hold its runs (relative to results/reference/<class>/, with the
+    # runs' algorithm): the evidence ``evidence`` re-judges at the main job's line.
     evidence: tuple[str, str]
-    # "fail" (the known-bad recipe), "pass" (a fix), or None: a correction shown beside them but not judged,
-    # because its committed runs split between pass and fail (a majority of 2 of 3 is what one seed can flip).
+    # "fail" (the known-bad recipe), "pass" (a fix), or None: a correction shown beside them but not
+    # judged, because its committed runs split between pass and fail (a majority of 2 of 3 is what
+    # one seed can flip).
     expect: str | None
 
 
@@ -48,34 +53,42 @@ class Control:
 
 _STALE = ("precision=fp32", "staleness=4")
 _FP4 = ("precision=bf16_nvfp4a4rollout",)
-# Each known-bad recipe fails, and each judged fix passes, in 3 of 3 committed seeds on cpu-avx512bf16-mixed at
-# the calibrated line (docs/calibration.md); the corrections whose seeds split are shown beside them, unjudged.
+# Each known-bad recipe fails, and each judged fix passes, in 3 of 3 committed seeds on
+# cpu-avx512bf16-mixed at the calibrated line (docs/calibration.md); the corrections whose seeds
+# split are shown beside them, unjudged.
 CONTROLS = (
-    # Asynchronous RL samples with old weights; plain GRPO's ratio is taken against the trainer's current
-    # policy, so the rollouts are silently off-policy (the staleness source, docs/attribution.md).
+    # Asynchronous RL samples with old weights; plain GRPO's ratio is taken against the trainer's
+    # current policy, so the rollouts are silently off-policy (the staleness source,
+    # docs/attribution.md).
     Control("stale-k4", "fp32, rollouts sampled with weights 4 RL steps old", rows=(
-        Row("bad", "plain GRPO", (*_STALE, "algorithm=grpo"), ("src-staleness/base/k4", "grpo"), "fail"),
+        Row("bad", "plain GRPO", (*_STALE, "algorithm=grpo"), ("src-staleness/base/k4", "grpo"),
+            "fail"),
         Row("fix", "token TIS", (*_STALE, "algorithm=grpo_token_tis"),
             ("src-staleness/base/k4", "grpo_token_tis"), "pass"),
         Row("mis", "sequence MIS", (*_STALE, "algorithm=grpo_seq_mis"),
             ("src-staleness/base/k4", "grpo_seq_mis"), None),
-        # Score centering (arXiv 2609.20807) removes the drift a sampler-trainer mismatch adds at every prefix;
-        # its committed runs are the controls grid's own (no other grid ran it with stale rollouts).
-        Row("centering", "score centering", (*_STALE, "algorithm=grpo", "algo.score_centering=true"),
+        # Score centering (arXiv 2609.20807) removes the drift a sampler-trainer mismatch adds at
+        # every prefix; its committed runs are the controls grid's own (no other grid ran it with
+        # stale rollouts).
+        Row("centering", "score centering",
+            (*_STALE, "algorithm=grpo", "algo.score_centering=true"),
             ("controls/stale-k4/centering", "grpo"), None),
     )),
-    # SkyRL v0.5.0's headline run: NVFP4 W4A4 rollouts with a BF16 trainer collapsed without a correction.
-    Control("nvfp4a4-rollout", "bf16 trainer, NVFP4 W4A4 rollouts (4-bit weights and activations)", rows=(
+    # SkyRL v0.5.0's headline run: NVFP4 W4A4 rollouts with a BF16 trainer collapsed without a
+    # correction.
+    Control("nvfp4a4-rollout", "bf16 trainer, NVFP4 W4A4 rollouts (4-bit weights and activations)",
+            rows=(
         Row("bad", "plain GRPO", (*_FP4, "algorithm=grpo"), ("fp4", "grpo"), "fail"),
         Row("fix", "score centering", (*_FP4, "algorithm=grpo", "algo.score_centering=true"),
             ("fp4-centering", "grpo"), "pass"),
-        # Jet-RL (arXiv 2601.14243) and NeMo-RL's QARL: the trainer's forward quantised as the sampler's is, so
-        # both compute the same log-probs and nothing is off-policy to correct.
-        Row("qat", "quantisation-aware flow (nvfp4a4)", ("precision=nvfp4a4", "algorithm=grpo"), ("fp4", "grpo"),
-            "pass"),
+        # Jet-RL (arXiv 2601.14243) and NeMo-RL's QARL: the trainer's forward quantised as the
+        # sampler's is, so both compute the same log-probs and nothing is off-policy to correct.
+        Row("qat", "quantisation-aware flow (nvfp4a4)", ("precision=nvfp4a4", "algorithm=grpo"),
+            ("fp4", "grpo"), "pass"),
     )),
 )
-# Verdicts of a complete run long enough to judge (suite/results.py); at_line counts as neither a pass nor a fail.
+# Verdicts of a complete run long enough to judge (suite/results.py); at_line counts as neither a
+# pass nor a fail.
 JUDGED = ("pass", "at_line", "unstable", "collapse")
 
 
@@ -89,13 +102,15 @@ def _verdicts(root: Path, control: Control, row: Row) -> list[str]:
     out = []
     for d in find_run_dirs(Path(root) / control.name / row.role):
         path = d / "summary.json"
-        out.append(json.loads(path.read_text()).get("verdict", "missing") if path.exists() else "missing")
+        out.append(json.loads(path.read_text()).get("verdict", "missing") if path.exists()
+                   else "missing")
     return out
 
 
 def _as_run(c: Control, overrides: tuple[str, ...]) -> str:
-    """The setting of ``c`` in words, with the command-line values that replaced a value of one of its rows
-    (the user's word is final: ``suite main staleness=0`` runs stale-k4 without staleness, and says so)."""
+    """The setting of ``c`` in words, with the command-line values that replaced a value of one of
+    its rows (the user's word is final: ``suite main staleness=0`` runs stale-k4 without staleness,
+    and says so)."""
     mine = {o for r in c.rows for o in r.overrides}
     keys = {o.split("=", 1)[0] for o in mine}
     changed = [a for a in overrides if a.split("=", 1)[0] in keys and a not in mine]
@@ -103,29 +118,33 @@ def _as_run(c: Control, overrides: tuple[str, ...]) -> str:
 
 
 def judge(root: Path, overrides: tuple[str, ...] = ()) -> list[dict]:
-    """One record per control of the ``controls`` grid in ``root``: per row its verdicts, whether it behaved as
-    expected, and (for a correction) the one-sided Fisher exact p that it passes more often than the known-bad.
-    ``overrides``: the main job's ``key=value`` arguments, named in the setting where they replaced a row's."""
+    """One record per control of the ``controls`` grid in ``root``: per row its verdicts, whether it
+    behaved as expected, and (for a correction) the one-sided Fisher exact p that it passes more
+    often than the known-bad. ``overrides``: the main job's ``key=value`` arguments, named in the
+    setting where they replaced a row's."""
     out = []
     for c in CONTROLS:
         found = []
         for r in c.rows:
             v = _verdicts(root, c, r)
-            found.append({"role": r.role, "label": r.label, "expect": r.expect, "kind": kind(r.expect), "verdicts": v,
-                          "runs": len(v), "passes": sum(x == "pass" for x in v), "ok": _behaved(r.expect, v)})
+            found.append({"role": r.role, "label": r.label, "expect": r.expect,
+                          "kind": kind(r.expect), "verdicts": v, "runs": len(v),
+                          "passes": sum(x == "pass" for x in v), "ok": _behaved(r.expect, v)})
         bad = found[0]
         for f in found[1:]:
             f["fisher_p"] = (fisher_exact(f["passes"], f["runs"], bad["passes"], bad["runs"])
                              if f["runs"] and bad["runs"] else None)
         judged = [f["ok"] for f in found if f["expect"]]
-        out.append({"control": c.name, "what": _as_run(c, tuple(overrides)), "evidence": evidence_text(c),
-                    "rows": found, "behaved": None if None in judged else all(judged)})
+        out.append({"control": c.name, "what": _as_run(c, tuple(overrides)),
+                    "evidence": evidence_text(c), "rows": found, "behaved": None if None in judged
+                    else all(judged)})
     return out
 
 
 def _behaved(expect: str | None, verdicts: list[str]) -> bool | None:
-    """Whether a row's runs behaved as expected in a majority of its seeds; None when nothing is expected of it,
-    or a run has no verdict to judge by (too short, incomplete, missing): a smoke run neither catches nor misses."""
+    """Whether a row's runs behaved as expected in a majority of its seeds; None when nothing is
+    expected of it, or a run has no verdict to judge by (too short, incomplete, missing): a smoke
+    run neither catches nor misses."""
     if expect is None or not verdicts or any(v not in JUDGED for v in verdicts):
         return None
     hits = sum(v == "pass" if expect == "pass" else v in ("unstable", "collapse") for v in verdicts)
@@ -134,7 +153,8 @@ def _behaved(expect: str | None, verdicts: list[str]) -> bool | None:
 
 def evidence_text(c: Control) -> str:
     """Where the committed evidence of a control lies, in words."""
-    return f"{c.evidence_class}: " + ", ".join(f"{r.role} {r.evidence[0]} ({r.evidence[1]})" for r in c.rows)
+    return f"{c.evidence_class}: " + ", ".join(f"{r.role} {r.evidence[0]} ({r.evidence[1]})"
+                                               for r in c.rows)
 
 
 def _flow(row: Row) -> str:
@@ -142,8 +162,8 @@ def _flow(row: Row) -> str:
 
 
 def evidence(c: Control, row: Row, line: float, budget: int) -> list[dict]:
-    """The committed runs of one row, re-judged at the main job's line and budget (their summaries hold the
-    line they ran with): a summary per seed."""
+    """The committed runs of one row, re-judged at the main job's line and budget (their summaries
+    hold the line they ran with): a summary per seed."""
     from suite.results import REFERENCE_ROOT, read_log, samples_per_step, summarize
 
     path, algo = row.evidence
@@ -152,13 +172,15 @@ def evidence(c: Control, row: Row, line: float, budget: int) -> list[dict]:
         cfg = json.loads((d / "config.json").read_text())["config"]
         if cfg["precision"] == _flow(row) and cfg["algorithm"] == algo:
             rows = [r for r in read_log(d, "metrics.jsonl") if r["step"] <= budget]
-            out.append(summarize(rows, total_steps=budget, threshold=line, samples_per_step=samples_per_step(cfg)))
+            out.append(summarize(rows, total_steps=budget, threshold=line,
+                                 samples_per_step=samples_per_step(cfg)))
     return out
 
 
 def kind(expect: str | None) -> str:
-    """What a row is, by what is expected of it: "known-bad" (fails), "fix" (passes) or "shown" (not judged);
-    each record of ``judge`` carries it, so that the report and the figures name rows as the table does."""
+    """What a row is, by what is expected of it: "known-bad" (fails), "fix" (passes) or "shown" (not
+    judged); each record of ``judge`` carries it, so that the report and the figures name rows as
+    the table does."""
     return {"fail": "known-bad", "pass": "fix"}.get(expect, "shown")
 
 
@@ -178,55 +200,64 @@ def f_evidence() -> str:
             lines.append(f"| {c.name} | {kind(row.expect)}: {row.label} | "
                          f"{c.evidence_class}/{row.evidence[0]} | "
                          f"{passes}/{len(sums)}{f' ({at} at the line)' if at else ''} | "
-                         f"{min(peaks):.3f}-{max(peaks):.3f} | {min(finals):.3f}-{max(finals):.3f} |")
+                         f"{min(peaks):.3f}-{max(peaks):.3f} | {min(finals):.3f}-{max(finals):.3f} "
+                         "|")
     return "\n".join(lines)
 
 
 def first_line(records: list[dict], references: list[str], machine_class: str) -> str:
-    """The main job's first line: the known-bad recipes caught, the references and fixes passed, on this class."""
+    """The main job's first line: the known-bad recipes caught, the references and fixes passed, on
+    this class."""
     rows = [r for rec in records for r in rec["rows"]]
     bad, fixes = ([r for r in rows if r["expect"] == e] for e in ("fail", "pass"))
     shown = [r for r in rows if r["expect"] is None]
     ref_pass = sum(v == "pass" for v in references)
-    line = (f"sanity test on {machine_class}: failed {sum(r['ok'] is True for r in bad)} of {len(bad)} known-bad "
-            f"recipes; passed {sum(r['ok'] is True for r in fixes)} of {len(fixes)} fixes and {ref_pass} of "
-            f"{len(references)} reference runs (fp32)")
+    line = (f"sanity test on {machine_class}: failed {sum(r['ok'] is True for r in bad)} of "
+            f"{len(bad)} known-bad recipes; passed {sum(r['ok'] is True for r in fixes)} of "
+            f"{len(fixes)} fixes and {ref_pass} of {len(references)} reference runs (fp32)")
     if shown:
         line += f"; {len(shown)} more corrections shown beside them, not judged"
     unjudged = [r["control"] for r in records if r["behaved"] is None]
     if unjudged:
-        line += (f"; not judged: {', '.join(unjudged)} (a run too short to judge, or incomplete: the controls need "
-                 "the full budget)")
+        line += (f"; not judged: {', '.join(unjudged)} (a run too short to judge, or incomplete: "
+                 "the controls need the full budget)")
     wrong = misbehaved(records)
     return line + (f"; CONTROLS DID NOT BEHAVE: {', '.join(wrong)}" if wrong else "")
 
 
 def misbehaved(records: list[dict]) -> list[str]:
-    """'<control> (<row> should <expected> ..., got ...)' for each row that did not behave as its evidence says."""
-    return [f"{rec['control']} ({'the known-bad recipe' if r['expect'] == 'fail' else r['label']} should "
-            f"{r['expect']} in a majority of seeds; {r['passes']} of {r['runs']} passed)"
+    """'<control> (<row> should <expected> ..., got ...)' for each row that did not behave as its
+    evidence says."""
+    return [f"{rec['control']} ({'the known-bad recipe' if r['expect'] == 'fail' else r['label']} "
+            f"should {r['expect']} in a majority of seeds; {r['passes']} of {r['runs']} passed)"
             for rec in records for r in rec["rows"] if r["ok"] is False]
 
 
 def table(records: list[dict]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the controls table (report, outcomes.md and the console): one line per recipe."""
-    head = ["control", "setting", "recipe", "passes", "Fisher p (> known-bad)", "expected", "behaved"]
+    """Header and rows of the controls table (report, outcomes.md and the console): one line per
+    recipe."""
+    head = ["control", "setting", "recipe", "passes", "Fisher p (> known-bad)", "expected",
+            "behaved"]
     out = []
     for rec in records:
         for i, r in enumerate(rec["rows"]):
             p = r.get("fisher_p")
             ok = {True: "yes", None: "not judged"}.get(r["ok"]) or "NO: " + "; ".join(
                 misbehaved([{**rec, "rows": [r]}]))
-            out.append([rec["control"] if i == 0 else "", rec["what"] if i == 0 else "", f"{r['kind']}: {r['label']}",
-                        f"{r['passes']}/{r['runs']} pass", "-" if p is None else f"{p:.2f}",
-                        {"fail": "fails", "pass": "passes"}.get(r["expect"], "(evidence splits)"), ok])
+            out.append([rec["control"] if i == 0 else "", rec["what"] if i == 0 else "",
+                        f"{r['kind']}: {r['label']}", f"{r['passes']}/{r['runs']} pass", "-"
+                        if p is None else f"{p:.2f}",
+                        {"fail": "fails", "pass": "passes"}.get(r["expect"], "(evidence splits)"),
+                        ok])
     return head, out
 
 
 def write(root: Path, out: Path, records: list[dict], line: str) -> None:
-    """``controls.json`` next to the main runs: what the report and the leaderboard show of the controls."""
+    """``controls.json`` next to the main runs: what the report and the leaderboard show of the
+    controls."""
     head, body = table(records)
-    atomic_write_json(Path(out) / "controls.json", {"first_line": line, "root": display_path(root), "records": records,
+    atomic_write_json(Path(out) / "controls.json",
+                      {"first_line": line, "root": display_path(root), "records": records,
                                                     "head": head, "rows": body})
 
 
@@ -235,7 +266,8 @@ def f_first_line(cls: str) -> str:
     from suite.analysis.runs import load_summaries
     from suite.results import REFERENCE_ROOT
 
-    refs = [s["verdict"] for s in load_summaries(REFERENCE_ROOT / cls / "main") if s["precision"] == "fp32"]
+    refs = [s["verdict"] for s in load_summaries(REFERENCE_ROOT / cls / "main")
+            if s["precision"] == "fp32"]
     return first_line(judge(REFERENCE_ROOT / cls / "controls"), refs, cls)
 
 
@@ -246,14 +278,17 @@ def f_flows(cls: str) -> str:
     from suite.results import REFERENCE_ROOT
 
     sums = load_summaries(REFERENCE_ROOT / cls / "main")
-    by = {f: [s["verdict"] for s in sums if s["precision"] == f] for f in flow_order(s["precision"] for s in sums)}
+    by = {f: [s["verdict"] for s in sums if s["precision"] == f]
+          for f in flow_order(s["precision"] for s in sums)}
     return ", ".join(f"{f} {v.count('pass')}/{len(v)}" for f, v in by.items())
 
 
 def f_pairs(cls: str) -> str:
-    """Each committed control of a class as "stale-k4 0/3 pass beside token TIS 3/3, sequence MIS 2/3"."""
+    """Each committed control of a class as "stale-k4 0/3 pass beside token TIS 3/3, sequence MIS
+    2/3"."""
     from suite.results import REFERENCE_ROOT
 
-    return "; ".join(f"{rec['control']} {rec['rows'][0]['passes']}/{rec['rows'][0]['runs']} pass beside "
+    return "; ".join(f"{rec['control']} {rec['rows'][0]['passes']}/{rec['rows'][0]['runs']} pass "
+                     "beside "
                      + ", ".join(f"{r['label']} {r['passes']}/{r['runs']}" for r in rec["rows"][1:])
                      for rec in judge(REFERENCE_ROOT / cls / "controls"))

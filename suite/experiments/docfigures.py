@@ -1,19 +1,21 @@
-"""Figures the documents quote, generated from the committed results and the code, so that they cannot go stale.
+"""Figures the documents quote, generated from the committed results and the code, so that they
+cannot go stale.
 
 README.md, results/README.md and docs/*.md hold spans
 
     <!-- generated:NAME:ARG:... -->text<!-- /generated -->
 
-(inline in a sentence, or around a whole table) whose text is ``figure("NAME:ARG:...")``: a pure function of the
-files under results/reference/ (summary.json, metrics.jsonl, timing.jsonl, env.json of each run) or of the code (the
-tiers' policy sizes, the named grids). Markdown renders the comments as nothing.
+(inline in a sentence, or around a whole table) whose text is ``figure("NAME:ARG:...")``: a pure
+function of the files under results/reference/ (summary.json, metrics.jsonl, timing.jsonl, env.json
+of each run) or of the code (the tiers' policy sizes, the named grids). Markdown renders the
+comments as nothing.
 
     python -m suite.experiments.docfigures --write    # refill every span from the data
-    python -m suite.experiments.docfigures            # check: exit 1, naming each span that disagrees
+    python -m suite.experiments.docfigures # check: exit 1, naming each span that disagrees
 
-tests/test_docs_figures.py runs the check, so a regenerated reference or a changed tier fails CI until the documents
-say what the data say. Figures are formatted once here (``_num``, ``_ratio``), so one number is written the same way
-everywhere it is quoted.
+tests/test_docs_figures.py runs the check, so a regenerated reference or a changed tier fails CI
+until the documents say what the data say. Figures are formatted once here (``_num``, ``_ratio``),
+so one number is written the same way everywhere it is quoted.
 """
 
 from __future__ import annotations
@@ -51,18 +53,22 @@ from suite.rl.plan import markdown as plan_table
 
 REPO = REFERENCE_ROOT.parents[1]
 # A span: the name (with its arguments) and the text between the markers, shortest match.
-SPAN = re.compile(r"<!-- generated:(?P<name>[^\s>]+) -->(?P<text>.*?)<!-- /generated -->", re.DOTALL)
+SPAN = re.compile(r"<!-- generated:(?P<name>[^\s>]+) -->(?P<text>.*?)<!-- /generated -->",
+                  re.DOTALL)
 STEP0 = "mismatch/step0/"
 
 
 def documents(repo: Path = REPO) -> list[Path]:
-    """The documents whose spans are checked: README.md, results/README.md and every page of docs/."""
-    return [repo / "README.md", repo / "results" / "README.md", *sorted((repo / "docs").glob("*.md"))]
+    """The documents whose spans are checked: README.md, results/README.md and every page of
+    docs/."""
+    return [repo / "README.md", repo / "results" / "README.md",
+            *sorted((repo / "docs").glob("*.md"))]
 
 
 # ---------------------------------------------------------------------------- number formats
 def _num(x: float) -> str:
-    """A mismatch value: 0 stays "0" (exactly zero is the point of the exact and unified flows), else 3 digits."""
+    """A mismatch value: 0 stays "0" (exactly zero is the point of the exact and unified flows),
+    else 3 digits."""
     return "0" if x == 0 else f"{x:.2e}"
 
 
@@ -76,7 +82,8 @@ def _count(n: int) -> str:
     return f"{n / 1e3:.0f}k" if n < 1e6 else f"{n / 1e6:.2f}M"
 
 
-# ---------------------------------------------------------------------------- the committed sanity grids
+# ---------------------------------------------------------------------------- the committed sanity
+# grids
 def classes() -> list[str]:
     """Machine classes with a committed `sanity` reference, sorted by name."""
     return sorted(p.parent.name for p in REFERENCE_ROOT.glob("*/sanity") if p.is_dir())
@@ -104,7 +111,8 @@ def _flow_runs(cls: str, flow: str) -> list[tuple[Path, dict]]:
 
 
 def step0(cls: str, flow: str, key: str) -> float:
-    """Mean over the flow's runs (one per algorithm) of the step-0 mismatch ``key``; step 0 precedes any update."""
+    """Mean over the flow's runs (one per algorithm) of the step-0 mismatch ``key``; step 0 precedes
+    any update."""
     vals = [s[STEP0 + key] for _, s in _flow_runs(cls, flow)]
     return sum(vals) / len(vals)
 
@@ -120,12 +128,14 @@ def misses(cls: str) -> list[dict]:
     return [s for _, s in _runs(cls) if s["verdict"] not in ("pass", "at_line", "too_short")]
 
 
-# ---------------------------------------------------------------------------- figures: one function per name
+# ---------------------------------------------------------------------------- figures: one function
+# per name
 def f_verdicts(cls: str) -> str:
     """Runs passing the sanity threshold, and those at the line: "9 of 24 (15 at the line)"."""
     runs = _runs(cls)
     at = sum(s["verdict"] == "at_line" for _, s in runs)
-    return f"{sum(s['verdict'] == 'pass' for _, s in runs)} of {len(runs)}" + (f" ({at} at the line)" if at else "")
+    return f"{sum(s['verdict'] == 'pass' for _, s in runs)} of {len(runs)}" + (
+        f" ({at} at the line)" if at else "")
 
 
 def f_misses(cls: str) -> str:
@@ -133,13 +143,15 @@ def f_misses(cls: str) -> str:
     bad = misses(cls)
     if not bad:
         return "none"
-    cells = ", ".join(f"`{s['algorithm']}` x {s['precision']} {s['accuracy/final']:.3f}" for s in bad)
+    cells = ", ".join(f"`{s['algorithm']}` x {s['precision']} {s['accuracy/final']:.3f}"
+                      for s in bad)
     verdicts = sorted({s["verdict"] for s in bad})
     return cells + (f", all `{verdicts[0]}`" if len(verdicts) == 1 else "")
 
 
 def f_miss_flows() -> str:
-    """The flows of every cell that missed, over all classes, with counts: "fp8 (2), bf16_fp8rollout (3)"."""
+    """The flows of every cell that missed, over all classes, with counts: "fp8 (2), bf16_fp8rollout
+    (3)"."""
     n: dict[str, int] = {}
     for cls in classes():
         for s in misses(cls):
@@ -150,7 +162,8 @@ def f_miss_flows() -> str:
 
 
 def f_miss_margin() -> str:
-    """How far below the threshold the worst miss ended, over all classes (threshold - final accuracy)."""
+    """How far below the threshold the worst miss ended, over all classes (threshold - final
+    accuracy)."""
     gaps = [s["threshold"] - s["accuracy/final"] for c in classes() for s in misses(c)]
     return f"{max(gaps):.3f}" if gaps else "0"
 
@@ -159,7 +172,8 @@ def f_flows_failing_everywhere() -> str:
     """"no flow fails in every run", or the flows that do (on some class)."""
     bad = sorted({(c, f) for c in classes() for f in flows(c)
                   if all(s["verdict"] in ("unstable", "collapse") for _, s in _flow_runs(c, f))})
-    return "no flow fails in every run" if not bad else "every run fails for " + ", ".join(f"{f} on {c}" for c, f in bad)
+    return "no flow fails in every run" if not bad else "every run fails for " + ", ".join(
+        f"{f} on {c}" for c, f in bad)
 
 
 def f_step0(cls: str, flow: str, key: str) -> str:
@@ -178,8 +192,9 @@ def f_ratio_range(num: str, den: str, key: str) -> str:
 
 
 def f_order(chain: str) -> str:
-    """"exact = 0 < fp32 < ..." when the step-0 k3 KL (and mean |dp|) of the listed flows rise in that order on
-    every class, with the first exactly 0 if it is; otherwise the classes where the order breaks."""
+    """"exact = 0 < fp32 < ..." when the step-0 k3 KL (and mean |dp|) of the listed flows rise in
+    that order on every class, with the first exactly 0 if it is; otherwise the classes where the
+    order breaks."""
     names = chain.split(",")
     broken = []
     for c in classes():
@@ -194,7 +209,8 @@ def f_order(chain: str) -> str:
 
 
 def f_zero_steps(cls: str, flow: str) -> str:
-    """On how many steps the flow's k3 KL is exactly 0, per run: "72-78 of 100" (range over its runs)."""
+    """On how many steps the flow's k3 KL is exactly 0, per run: "72-78 of 100" (range over its
+    runs)."""
     counts, total = [], set()
     for d, _ in _flow_runs(cls, flow):
         rows = _rows(d, "metrics.jsonl")
@@ -204,24 +220,30 @@ def f_zero_steps(cls: str, flow: str) -> str:
 
 
 def f_zero_classes(flow: str, zero: str) -> str:
-    """The classes where the flow's step-0 k3 KL is exactly 0 (zero=yes) or not (zero=no), comma-separated."""
+    """The classes where the flow's step-0 k3 KL is exactly 0 (zero=yes) or not (zero=no),
+    comma-separated."""
     want = zero == "yes"
-    return ", ".join(f"`{c}`" for c in classes() if (step0(c, flow, "kl_k3") == 0) == want) or "none"
+    return ", ".join(f"`{c}`" for c in classes()
+                     if (step0(c, flow, "kl_k3") == 0) == want) or "none"
 
 
 def f_perfectible(cls: str) -> str:
-    """Prompts the perfectible filter kept of the pool, as env.json of the class's runs records it."""
+    """Prompts the perfectible filter kept of the pool, as env.json of the class's runs records
+    it."""
     kept = {(json.loads((d / "env.json").read_text())["dataset"]["provenance"]["count_after"],
-             json.loads((d / "env.json").read_text())["dataset"]["provenance"]["count_before"]) for d, _ in _runs(cls)}
+             json.loads((d / "env.json").read_text())["dataset"]["provenance"]["count_before"])
+            for d, _ in _runs(cls)}
     if len(kept) != 1:
-        raise ValueError(f"{cls}: the runs of the sanity reference record different perfectible sets {sorted(kept)}")
+        raise ValueError(f"{cls}: the runs of the sanity reference record different perfectible "
+                         f"sets {sorted(kept)}")
     after, before = kept.pop()
     return f"{after} of {before:,}"
 
 
 def step_time(cls: str, flow: str) -> tuple[float, float]:
     """Range over the flow's runs of each run's median step time (timing.jsonl ``time/step_s``)."""
-    meds = [statistics.median(r["time/step_s"] for r in _rows(d, "timing.jsonl")) for d, _ in _flow_runs(cls, flow)]
+    meds = [statistics.median(r["time/step_s"] for r in _rows(d, "timing.jsonl"))
+            for d, _ in _flow_runs(cls, flow)]
     return min(meds), max(meds)
 
 
@@ -234,7 +256,8 @@ def f_step0_table() -> str:
         for c in cs:
             runs = _flow_runs(c, f)
             ok = sum(s["verdict"] == "pass" for _, s in runs)
-            cells.append(f"{_num(step0(c, f, 'kl_k3'))} / {_num(step0(c, f, 'prob_diff/mean'))} / {ok} of {len(runs)}")
+            cells.append(f"{_num(step0(c, f, 'kl_k3'))} / {_num(step0(c, f, 'prob_diff/mean'))} / "
+                         f"{ok} of {len(runs)}")
         lines.append(f"| {f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -244,11 +267,13 @@ def f_cost_table() -> str:
     cs = classes()
     lines = ["| flow | " + " | ".join(cs) + " |", "|---|" + "---|" * len(cs)]
     for f in flows(cs[0]):
-        lines.append(f"| {f} | " + " | ".join(span(*step_time(c, f), ".2f") + " s" for c in cs) + " |")
+        lines.append(f"| {f} | " + " | ".join(span(*step_time(c, f), ".2f") + " s" for c in cs)
+                     + " |")
     return "\n".join(lines)
 
 
-# ---------------------------------------------------------------------------- what reference.json records
+# ---------------------------------------------------------------------------- what reference.json
+# records
 def _reference(cls: str) -> dict:
     path = REFERENCE_ROOT / cls / "reference.json"
     if not path.is_file():
@@ -257,8 +282,8 @@ def _reference(cls: str) -> dict:
 
 
 def f_wall(cls: str, grid: str, key: str = "wall_time_s") -> str:
-    """The recorded wall time of the job that made a committed grid: "22 min 29 s" (``key`` another time it
-    records, e.g. the README's first command on a fresh clone, set-up included)."""
+    """The recorded wall time of the job that made a committed grid: "22 min 29 s" (``key`` another
+    time it records, e.g. the README's first command on a fresh clone, set-up included)."""
     t = (_reference(cls).get("jobs") or {}).get(grid, {}).get(key)
     if t is None:
         raise ValueError(f"{cls}/reference.json records no wall time for {grid}")
@@ -271,11 +296,12 @@ def f_made_at(cls: str) -> str:
     return _reference(cls)["git_sha"][:7]
 
 
-# ---------------------------------------------------------------------------- the code: tiers and grids
+# ---------------------------------------------------------------------------- the code: tiers and
+# grids
 @cache
 def policy_parameters(tier: str) -> int:
-    """Parameters of the embedded policy a tier builds: the model suite/rl/policy.py builds for the tier's
-    task and architecture (built here, untrained, and counted)."""
+    """Parameters of the embedded policy a tier builds: the model suite/rl/policy.py builds for the
+    tier's task and architecture (built here, untrained, and counted)."""
     from suite.rl import config
     from suite.rl.data import policy_spec
     from suite.rl.policy import build_model, build_tokenizer, build_word_tokenizer, max_positions
@@ -286,7 +312,9 @@ def policy_parameters(tier: str) -> int:
     n_pos = max_positions(task)
     tok = (build_word_tokenizer(task.vocab, max(256, n_pos)) if hasattr(task, "vocab")
            else build_tokenizer(task.alphabet, max_len=max(256, n_pos)))
-    return sum(p.numel() for p in build_model(policy_spec(cfg), vocab_size=len(tok), max_len=n_pos).parameters())
+    return sum(p.numel()
+               for p in build_model(policy_spec(cfg), vocab_size=len(tok),
+                                    max_len=n_pos).parameters())
 
 
 def f_params(tier: str) -> str:
@@ -305,13 +333,15 @@ def f_grid_count() -> str:
 
 
 def f_grids_table() -> str:
-    """One row per grid: runs with today's flows and algorithms, its axes, its fixed overrides, its doc."""
+    """One row per grid: runs with today's flows and algorithms, its axes, its fixed overrides, its
+    doc."""
     from suite.experiments import grids
     lines = ["| grid | runs | axes | fixed | what |", "|---|---|---|---|---|"]
     for name in grids.GRIDS:
         g = grids.get(name)
         n = len(g["rows"]) * len(list(itertools.product(*g["axes"].values())))
-        rows = [f"rows {'; '.join(' '.join(f'`{o}`' for o in r) for r in g['rows'])}"] if len(g["rows"]) > 1 else []
+        rows = ([f"rows {'; '.join(' '.join(f'`{o}`' for o in r) for r in g['rows'])}"]
+                if len(g["rows"]) > 1 else [])
         axes = " x ".join(rows + [f"`{k}` {', '.join(map(str, v))}" for k, v in g["axes"].items()])
         fixed = " ".join(f"`{o}`" for o in g["overrides"])
         doc = g["doc"].replace("|", "\\|")  # a bar in a doc would end the table cell
@@ -320,24 +350,30 @@ def f_grids_table() -> str:
 
 
 def f_attribution(cls: str, stack: str, source: str = "", metric: str = "k3") -> str:
-    """The attribution table of a committed ``suite attribute`` output (results/reference/<class>/attribute/<stack>/
-    attribution.json) as the command prints it, or, given a source, its one-on effect on ``metric`` with its interval."""
+    """The attribution table of a committed ``suite attribute`` output
+    (results/reference/<class>/attribute/<stack>/ attribution.json) as the command prints it, or,
+    given a source, its one-on effect on ``metric`` with its interval."""
     from suite.analysis.attribution import _fmt, table_markdown, title_of
-    summary = json.loads((REFERENCE_ROOT / cls / "attribute" / stack / "attribution.json").read_text())
-    return _fmt(summary["metrics"][metric]["on"][source]) if source else table_markdown(summary, title_of(summary))
+    path = REFERENCE_ROOT / cls / "attribute" / stack / "attribution.json"
+    summary = json.loads(path.read_text())
+    return (_fmt(summary["metrics"][metric]["on"][source]) if source
+            else table_markdown(summary, title_of(summary)))
 
 
 def f_plan(*overrides: str) -> str:
-    """The memory plan of a run config on 1 and 8 H100s, itemised (suite/rl/plan.py ``markdown``)."""
+    """The memory plan of a run config on 1 and 8 H100s, itemised (suite/rl/plan.py
+    ``markdown``)."""
     return plan_table(list(overrides))
 
 
 def f_memplan(cls: str, part: str = "table") -> str:
-    """The plan against measured peaks on a class (``suite bench-memory --plan --write``): table, range or under."""
+    """The plan against measured peaks on a class (``suite bench-memory --plan --write``): table,
+    range or under."""
     return plan_markdown(REFERENCE_ROOT / cls / "memory_plan.json", part)
 
 
-# ---------------------------------------------------------------------------- names, filling, checking
+# ---------------------------------------------------------------------------- names, filling,
+# checking
 def f_early_warnings() -> str:
     """The early-warning signals' table over every committed reference run (``suite warnings
     results/reference/*/*``; suite/analysis/early_warnings.py)."""
@@ -347,24 +383,27 @@ def f_early_warnings() -> str:
 
 
 FIGURES = {
-    "verdicts": f_verdicts, "misses": f_misses, "miss-flows": f_miss_flows, "miss-margin": f_miss_margin,
-    "flows-failing-everywhere": f_flows_failing_everywhere, "step0": f_step0, "ratio": f_ratio,
-    "ratio-range": f_ratio_range, "order": f_order, "zero-steps": f_zero_steps, "zero-classes": f_zero_classes,
-    "perfectible": f_perfectible, "step0-table": f_step0_table, "cost-table": f_cost_table, "final": f_final,
-    "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs, "gap-clipped": f_gap_clipped,
-    "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess, "params": f_params, "grids": f_grids,
-    "grid-count": f_grid_count, "grids-table": f_grids_table, "attribution": f_attribution,
-    "attribution-on": f_attribution, "source": f_source, "plan": f_plan, "memplan": f_memplan, "accept": f_accept,
-    "matrix": f_matrix, "centering": f_centering, "calibration": calibration.f_table, "calibrated": calibration.f_choice,
-    "calibration-lr": calibration.f_lr, "control-evidence": controls.f_evidence,
-    "main-line": controls.f_first_line, "main-flows": controls.f_flows, "main-pairs": controls.f_pairs,
-    "step0-cell": f_step0_cell, "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell,
-    "early-warnings": f_early_warnings, "heldout": f_heldout,
-    "centering-dose": f_centering_dose}
+    "verdicts": f_verdicts, "misses": f_misses, "miss-flows": f_miss_flows,
+    "miss-margin": f_miss_margin, "flows-failing-everywhere": f_flows_failing_everywhere,
+    "step0": f_step0, "ratio": f_ratio, "ratio-range": f_ratio_range, "order": f_order,
+    "zero-steps": f_zero_steps, "zero-classes": f_zero_classes, "perfectible": f_perfectible,
+    "step0-table": f_step0_table, "cost-table": f_cost_table, "final": f_final,
+    "final-range": f_final_range, "seeds": f_seeds, "gap": f_gap, "runs": f_runs,
+    "gap-clipped": f_gap_clipped, "wall": f_wall, "made-at": f_made_at, "half-ess": f_half_ess,
+    "params": f_params, "grids": f_grids, "grid-count": f_grid_count, "grids-table": f_grids_table,
+    "attribution": f_attribution, "attribution-on": f_attribution, "source": f_source,
+    "plan": f_plan, "memplan": f_memplan, "accept": f_accept, "matrix": f_matrix,
+    "centering": f_centering, "calibration": calibration.f_table,
+    "calibrated": calibration.f_choice, "calibration-lr": calibration.f_lr,
+    "control-evidence": controls.f_evidence, "main-line": controls.f_first_line,
+    "main-flows": controls.f_flows, "main-pairs": controls.f_pairs, "step0-cell": f_step0_cell,
+    "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell, "early-warnings": f_early_warnings,
+    "heldout": f_heldout, "centering-dose": f_centering_dose}
 
 
 def figure(name: str) -> str:
-    """The text of span ``NAME:ARG:...``; ValueError naming the span when the name or its arguments are wrong."""
+    """The text of span ``NAME:ARG:...``; ValueError naming the span when the name or its arguments
+    are wrong."""
     head, *args = name.split(":")
     fn = FIGURES.get(head)
     if fn is None:
@@ -385,11 +424,13 @@ def _render(name: str) -> str:
 
 def fill(text: str) -> str:
     """``text`` with every span's content replaced by what the data give."""
-    return SPAN.sub(lambda m: f"<!-- generated:{m['name']} -->{_render(m['name'])}<!-- /generated -->", text)
+    return SPAN.sub(lambda m: f"<!-- generated:{m['name']} -->{_render(m['name'])}<!-- /generated "
+                              "-->", text)
 
 
 def disagreements(path: Path, text: str | None = None) -> list[str]:
-    """One line per span of the document whose text differs from the data's: where, what it says, what is true."""
+    """One line per span of the document whose text differs from the data's: where, what it says,
+    what is true."""
     text = path.read_text(encoding="utf-8") if text is None else text
     out = []
     for m in SPAN.finditer(text):
@@ -403,7 +444,8 @@ def disagreements(path: Path, text: str | None = None) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """``--write``: refill every document; no argument: check them (exit 1 and one line per disagreement)."""
+    """``--write``: refill every document; no argument: check them (exit 1 and one line per
+    disagreement)."""
     if argv not in ([], ["--write"]):
         print("usage: python -m suite.experiments.docfigures [--write]", file=sys.stderr)
         return 2

@@ -1,24 +1,32 @@
 """``suite doctor``: the machine acceptance table, the first command to run on a new machine.
 
-In a few minutes on the device it runs on (the first CUDA GPU, else the CPU), it checks what every figure the
-suite reports depends on, each row measured here and now:
+In a few minutes on the device it runs on (the first CUDA GPU, else the CPU), it checks what every
+figure the suite reports depends on, each row measured here and now:
 
-- **placement**: every flow's trainer and sampler live on the device and one sampling + scoring pass runs there
+- **placement**: every flow's trainer and sampler live on the device and one sampling + scoring pass
+runs there
   (a tensor left on the CPU fails the way it would in a run);
-- **dtypes**: the trainer's observed GEMM output and logits and the sampler's dtype are the precision table's;
-- **mismatch order**: the step-0 k3 KL of one rollout batch per flow orders as the mantissa bits predict,
-  exact = 0 < fp32 < fp16 < bf16 < bf16_fp8rollout, and the unified FP8 flow below the FP8-rollout baseline;
-- **fp8 gemm**: which FP8 GEMM path this device runs (``torch._scaled_mm`` on FP8 tensor cores, else the
+- **dtypes**: the trainer's observed GEMM output and logits and the sampler's dtype are the
+precision table's;
+- **mismatch order**: the step-0 k3 KL of one rollout batch per flow orders as the mantissa bits
+predict,
+  exact = 0 < fp32 < fp16 < bf16 < bf16_fp8rollout, and the unified FP8 flow below the FP8-rollout
+  baseline;
+- **fp8 gemm**: which FP8 GEMM path this device runs (``torch._scaled_mm`` on FP8 tensor cores, else
+the
   emulation) and that it agrees with the emulation up to the FP8 accumulator's rounding;
 - **fp4 quantisers**: NVFP4 and MXFP4 round trips on this device against hand-computed codes, and
   the FP4 GEMM path (the emulation on every GPU before Blackwell); W4A16 rollouts' k3 above FP8's;
-- **fp16 overflow**: an overflowing fp16 backward skips the step, halves the loss scale, keeps the weights;
-- **fsdp2 = plain**: a 1-rank FSDP2 run under torchrun writes the metrics of a plain process, value for value;
+- **fp16 overflow**: an overflowing fp16 backward skips the step, halves the loss scale, keeps the
+weights;
+- **fsdp2 = plain**: a 1-rank FSDP2 run under torchrun writes the metrics of a plain process, value
+for value;
 - **kill + resume**: a run SIGKILLed mid-way and rerun ends with the uninterrupted run's metrics,
   byte for byte (on a GPU, these runs and fsdp2's take ``deterministic=true``, its condition).
 
-Each check is a function returning rows; one failing check never stops the others. The table is printed and
-written to ``<out>/doctor.json`` (default ``runs/doctor/``, beside the runs); the exit code is 1 when any row fails.
+Each check is a function returning rows; one failing check never stops the others. The table is
+printed and written to ``<out>/doctor.json`` (default ``runs/doctor/``, beside the runs); the exit
+code is 1 when any row fails.
 """
 
 from __future__ import annotations
@@ -45,8 +53,8 @@ from suite.rl.schema import RunConfig
 # FP8 flow below the FP8-rollout baseline (Jet-RL, arXiv 2601.14243).
 ORDER = ("exact", "fp32", "fp16", "bf16", "bf16_fp8rollout")
 RUN_ARGS = ["tier=smoke", "steps=4", "ckpt_every=2", "precision=fp16"]
-# Scratch runs and doctor.json go where runs go by default (the config's out, git-ignored), not into results/: the
-# doctor is run in a checkout, and its work is no result to commit.
+# Scratch runs and doctor.json go where runs go by default (the config's out, git-ignored), not into
+# results/: the doctor is run in a checkout, and its work is no result to commit.
 DEFAULT_OUT = Path(RunConfig.out) / "doctor"
 
 
@@ -59,7 +67,8 @@ class Row:
 
 
 def _device() -> str:
-    """Where a run computes on this host: suite/dist.py decides it, for the doctor as for every tool."""
+    """Where a run computes on this host: suite/dist.py decides it, for the doctor as for every
+    tool."""
     from suite import dist
 
     return dist.World().device
@@ -77,7 +86,8 @@ def _setup(out: Path, console: Console):
     model_dir, data_dir = prepare_data(base, console)
     items, _ = load(data_dir, base.perfectible.max_prompts)
     model, tok = load_policy(model_dir)
-    prompts = [prompt_ids(tok, it) for it in items[:base.prompts_per_step] for _ in range(base.samples_per_prompt)]
+    prompts = [prompt_ids(tok, it) for it in items[:base.prompts_per_step]
+               for _ in range(base.samples_per_prompt)]
     return base, model, prompts
 
 
@@ -103,32 +113,42 @@ def check_flows(out: Path, model, prompts) -> list[Row]:
         try:
             m, _, _ = step0_mismatch(cfg, trainer, engine, prompts)
             k3[name] = m["mismatch/kl_k3"]
-            if refit.checkable(engine):  # every quantised weight against a fresh quantisation, bit for bit
+            # every quantised weight against a fresh quantisation, bit for bit
+            if refit.checkable(engine):
                 try:
-                    got = f"{len(refit.check(engine, trainer.model.state_dict()))} {engine.quant} weights equal"
+                    got = (f"{len(refit.check(engine, trainer.model.state_dict()))} "
+                           f"{engine.quant} weights equal")
                 except refit.StaleWeights as e:
                     got = str(e)[:200]
-                rows.append(Row(f"refit {name}", got.endswith("equal"), got, "a fresh quantisation, bit for bit"))
-            stray = sorted({str(t.device) for t in [*trainer.model.parameters(), *trainer.model.buffers()]
+                rows.append(
+                    Row(f"refit {name}", got.endswith("equal"), got,
+                        "a fresh quantisation, bit for bit"))
+            stray = sorted({str(t.device)
+                            for t in [*trainer.model.parameters(), *trainer.model.buffers()]
                             if t.device.type != dev.type})
             rows.append(Row(f"placement {name}", not stray and math.isfinite(k3[name]),
-                            f"trainer on {trainer.device}; sampled and scored" + (f"; stray {stray}" if stray else ""),
+                            f"trainer on {trainer.device}; sampled and scored"
+                            + (f"; stray {stray}" if stray else ""),
                             f"everything on {dev.type}"))
             seen = trainer.observe()
             want = "torch.bfloat16" if flow.trainer_quant == "fp8" else str(flow.trainer_dtype)
             sampler = str(getattr(engine, "dtype", flow.sampler_dtype))
-            rows.append(Row(f"dtypes {name}", seen["gemm_output"] == want and sampler == str(flow.sampler_dtype),
-                            f"trainer GEMM {seen['gemm_output']}, logits {seen['logits']}; sampler {sampler}",
+            rows.append(Row(f"dtypes {name}", seen["gemm_output"] == want
+                            and sampler == str(flow.sampler_dtype),
+                            f"trainer GEMM {seen['gemm_output']}, logits {seen['logits']}; sampler "
+                            f"{sampler}",
                             f"trainer GEMM {want}; sampler {flow.sampler_dtype}"))
         except Exception as e:  # one flow's failure is a failing row, never the end of the table
-            rows.append(Row(f"placement {name}", False, f"{type(e).__name__}: {str(e)[:160]}", f"runs on {dev.type}"))
+            rows.append(Row(f"placement {name}", False, f"{type(e).__name__}: {str(e)[:160]}",
+                            f"runs on {dev.type}"))
         finally:
             if hasattr(engine, "close"):
                 engine.close()
     have = [n for n in ORDER if n in k3]
     ordered = k3.get("exact") == 0.0 and all(k3[a] < k3[b] for a, b in zip(have[1:], have[2:]))
     rows.append(Row("mismatch order", ordered and len(have) == len(ORDER),
-                    " < ".join(f"{n} {k3[n]:.2e}" for n in have), "exact = 0 < fp32 < fp16 < bf16 < bf16_fp8rollout"))
+                    " < ".join(f"{n} {k3[n]:.2e}" for n in have), "exact = 0 < fp32 < fp16 < bf16 "
+                                                                  "< bf16_fp8rollout"))
     if "fp8" in k3 and "bf16_fp8rollout" in k3:
         rows.append(Row("mismatch fp8 unified", k3["fp8"] < k3["bf16_fp8rollout"],
                         f"fp8 {k3['fp8']:.2e} vs bf16_fp8rollout {k3['bf16_fp8rollout']:.2e} "
@@ -140,13 +160,15 @@ def check_flows(out: Path, model, prompts) -> list[Row]:
                         ", ".join(f"{n} {k3[n]:.2e}" for n in w4) + f" vs fp8 rollout {fp8:.2e}",
                         "W4A16 rollouts > bf16_fp8rollout"))
     if k3.get("fp16"):
-        rows.append(Row("mismatch bf16 / fp16", k3["bf16"] > k3["fp16"], f"{k3['bf16'] / k3['fp16']:.1f}x in k3",
-                        "> 1 (bf16 keeps 3 fewer mantissa bits)"))
+        rows.append(
+            Row("mismatch bf16 / fp16", k3["bf16"] > k3["fp16"],
+                f"{k3['bf16'] / k3['fp16']:.1f}x in k3", "> 1 (bf16 keeps 3 fewer mantissa bits)"))
     return rows
 
 
 def check_fp8_gemm() -> list[Row]:
-    """The FP8 GEMM path of this device against the emulation (exact products, fp32 sums) on one problem."""
+    """The FP8 GEMM path of this device against the emulation (exact products, fp32 sums) on one
+    problem."""
     from suite.numerics import fp8
 
     dev = _device()
@@ -157,7 +179,8 @@ def check_fp8_gemm() -> list[Row]:
     p = fp8.gemm_path(dev)
     path = f"{p['path']} ({p['reason']})"
     ok = fp8.agrees(got, qa, sa, qb, sb)  # the same exact products, summed otherwise
-    return [Row("fp8 gemm", ok, f"{path}; max |diff| {float((got - want).abs().max()):.1e} vs emulation",
+    return [Row("fp8 gemm", ok, f"{path}; max |diff| {float((got - want).abs().max()):.1e} vs "
+                                "emulation",
                 f"agrees with the emulation up to a {fp8.ACC_BITS}-bit accumulator's rounding")]
 
 
@@ -186,19 +209,22 @@ def check_fp4() -> list[Row]:
 
 
 def check_fp16_overflow(model) -> list[Row]:
-    """An overflowing fp16 backward: the step is skipped, the scale halves, the weights stay (arXiv 1710.03740)."""
+    """An overflowing fp16 backward: the step is skipped, the scale halves, the weights stay (arXiv
+    1710.03740)."""
     from suite import dist
     from suite.numerics.precision import resolve
     from suite.numerics.trainer import Trainer
     from suite.rl import config
 
     cfg = config.load(["tier=smoke", "precision=fp16"])
-    trainer = Trainer(copy.deepcopy(model), resolve("fp16"), "native", cfg.optim, world=dist.World(device=_device()))
+    trainer = Trainer(copy.deepcopy(model), resolve("fp16"), "native", cfg.optim,
+                      world=dist.World(device=_device()))
     before = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
     scale = trainer.scaler.scale
     ids = torch.full((2, 6), int(model.config.bos_token_id or 0))
 
-    def loss_fn():  # a finite loss whose scaled gradient overflows: 1e35 x scale 65536 > fp32's 3.4e38
+    # a finite loss whose scaled gradient overflows: 1e35 x scale 65536 > fp32's 3.4e38
+    def loss_fn():
         logp, _, _ = trainer.score(Batch(ids, torch.ones_like(ids), ids[:, -3:], 1.0))
         return logp.sum() * 1e35, {}
 
@@ -220,7 +246,8 @@ def _run_args() -> list[str]:
 
 def _run(out: Path, *extra: str, torchrun: bool = False, wait: bool = True):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    head = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"] if torchrun
+    head = ([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+            if torchrun
             else [sys.executable])
     cmd = [*head, "-m", "suite.cli", "run", *_run_args(), f"out={out}", *extra]
     if not wait:
@@ -237,14 +264,16 @@ def _metrics(out: Path) -> Path:
 
 
 def _values(path: Path) -> list[dict]:
-    """The metrics of every step without the wall-clock ones (the only values two processes may not share)."""
+    """The metrics of every step without the wall-clock ones (the only values two processes may not
+    share)."""
     from suite.results import read_jsonl
 
     return [{k: v for k, v in r.items() if not k.startswith("time/")} for r in read_jsonl(path)]
 
 
 def check_fsdp_and_resume(out: Path) -> list[Row]:
-    """FSDP2 at world size 1 against a plain process; a SIGKILL mid-run, then a rerun, against the plain run."""
+    """FSDP2 at world size 1 against a plain process; a SIGKILL mid-run, then a rerun, against the
+    plain run."""
     rows = []
     _run(out / "plain")
     ref = _metrics(out / "plain")
@@ -258,13 +287,16 @@ def check_fsdp_and_resume(out: Path) -> list[Row]:
                         + ("every metric equal" if same else f"differ in {sorted(set(diff))[:4]}"),
                         "every metric of every step equal"))
     except Exception as e:
-        rows.append(Row("fsdp2 = plain", False, f"{type(e).__name__}: {str(e)[:160]}", "every metric equal"))
+        rows.append(
+            Row("fsdp2 = plain", False, f"{type(e).__name__}: {str(e)[:160]}",
+                "every metric equal"))
     proc = _run(out / "kill", wait=False)
     deadline = time.time() + 600
     path = None
     while time.time() < deadline and proc.poll() is None:
         path = next((out / "kill").rglob("metrics.jsonl"), None)
-        if path and path.exists() and len(path.read_text().splitlines()) >= 3:  # after the step-2 checkpoint
+        # after the step-2 checkpoint
+        if path and path.exists() and len(path.read_text().splitlines()) >= 3:
             break
         time.sleep(0.01)
     killed = proc.poll() is None
@@ -273,47 +305,59 @@ def check_fsdp_and_resume(out: Path) -> list[Row]:
     proc.wait()
     _run(out / "kill")
     same = _metrics(out / "kill").read_bytes() == ref.read_bytes()
-    rows.append(Row("kill + resume", same and killed,
-                    ("SIGKILL after step 3, rerun: " if killed else "finished before the kill (inconclusive): ")
-                    + ("metrics.jsonl byte-identical" if same else "metrics.jsonl DIFFERS"),
-                    f"byte-identical to the uninterrupted run ({' '.join(_run_args())})"))
+    rows.append(
+        Row("kill + resume", same and killed,
+            ("SIGKILL after step 3, rerun: " if killed
+             else "finished before the kill (inconclusive): ")
+            + ("metrics.jsonl byte-identical" if same else "metrics.jsonl DIFFERS"),
+            f"byte-identical to the uninterrupted run ({' '.join(_run_args())})"))
     return rows
 
 
-# One update of a small policy with a large head, the shape where an RL update peaks: the plan against the peak.
-PLAN_PROBE = dict(vocab=32768, batch=4, prompt=32, response=256, steps=2, precision="bf16", hidden=0)
-PLAN_ACCURACY = 0.25  # the plan's error at the seven sizes of docs/tasks.md stays inside it on CPU; beyond it, say so
+# One update of a small policy with a large head, the shape where an RL update peaks: the plan
+# against the peak.
+PLAN_PROBE = dict(vocab=32768, batch=4, prompt=32, response=256, steps=2, precision="bf16",
+                  hidden=0)
+# the plan's error at the seven sizes of docs/tasks.md stays inside it on CPU; beyond it, say so
+PLAN_ACCURACY = 0.25
 
 
 def check_memory_plan() -> list[Row]:
-    """The memory plan's predicted peak of one update against the peak measured on this device (its own process)."""
+    """The memory plan's predicted peak of one update against the peak measured on this device (its
+    own process)."""
     from suite.experiments import bench_memory as bm
 
     dev = _device()
     got = bm._measure("baseline", {**PLAN_PROBE, "device": dev}, env=bm.LIVE_BYTES)["peak_mb"]
     want = bm.predicted_mb("baseline", **PLAN_PROBE)
-    how = "torch.cuda.max_memory_allocated" if dev.startswith("cuda") else "peak RSS, 64 KiB mmap threshold"
+    how = ("torch.cuda.max_memory_allocated" if dev.startswith("cuda")
+           else "peak RSS, 64 KiB mmap threshold")
     err = (want - got) / got
-    return [Row("memory plan", abs(err) <= PLAN_ACCURACY, f"predicted {want:.0f} MiB, measured {got:.0f} MiB ({how}) "
-                f"for one update, {err:+.0%}", f"within {PLAN_ACCURACY:.0%} (suite plan; docs/tasks.md)")]
+    return [Row("memory plan", abs(err) <= PLAN_ACCURACY, f"predicted {want:.0f} MiB, measured "
+                                                          f"{got:.0f} MiB ({how}) "
+                f"for one update, {err:+.0%}", f"within {PLAN_ACCURACY:.0%} (suite plan; "
+                                               "docs/tasks.md)")]
 
 
 def run_doctor(out: Path, console: Console) -> list[Row]:
     out.mkdir(parents=True, exist_ok=True)
-    console.print(f"suite doctor on {_device()} ({torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}), "
+    console.print(f"suite doctor on {_device()} "
+                  f"({torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'cpu'}), "
                   f"torch {torch.__version__}; work in {out}")
     _, model, prompts = _setup(out, console)
     rows: list[Row] = []
-    checks = [("flows", lambda: check_flows(out / "flows", model, prompts)), ("fp8 gemm", check_fp8_gemm),
-              ("fp4 quantisers", check_fp4),
-              ("fp16 overflow", lambda: check_fp16_overflow(model)), ("runs", lambda: check_fsdp_and_resume(out)), ("memory plan", check_memory_plan)]
+    checks = [("flows", lambda: check_flows(out / "flows", model, prompts)),
+              ("fp8 gemm", check_fp8_gemm), ("fp4 quantisers", check_fp4),
+              ("fp16 overflow", lambda: check_fp16_overflow(model)),
+              ("runs", lambda: check_fsdp_and_resume(out)), ("memory plan", check_memory_plan)]
     for name, fn in checks:
         console.print(f"[dim]doctor: {name} ...[/]")
         try:
             rows += fn()
         except Exception as e:
             rows.append(Row(name, False, f"{type(e).__name__}: {str(e)[:200]}", "runs"))
-        _write(out, rows)  # after every check: a doctor stopped at a time limit keeps the rows it measured
+        # after every check: a doctor stopped at a time limit keeps the rows it measured
+        _write(out, rows)
     return rows
 
 
@@ -325,8 +369,8 @@ def _write(out: Path, rows: list[Row]) -> None:
 
 
 def main(args: list[str]) -> int:
-    """``suite doctor [out=DIR]``: the machine acceptance table (every row measured here; exit 1 if one fails),
-    written to DIR/doctor.json (default runs/doctor)."""
+    """``suite doctor [out=DIR]``: the machine acceptance table (every row measured here; exit 1 if
+    one fails), written to DIR/doctor.json (default runs/doctor)."""
     from suite.console import make_console
     from suite.numerics import machine
 

@@ -1,6 +1,7 @@
 """A grid's outcome as the documents quote it (the ``matrix``, ``centering`` and ``source`` spans of
-suite/experiments/docfigures.py): final accuracy per flow x correction with its spread over seeds, what an exact
-test on those seeds can and cannot say, and a source grid's table against its control."""
+suite/experiments/docfigures.py): final accuracy per flow x correction with its spread over seeds,
+what an exact test on those seeds can and cannot say, and a source grid's table against its
+control."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def _finals(runs) -> list[float]:
 
 
 def _show(runs) -> str:
-    """One run: its final accuracy and verdict; several: mean [min, max] and how many passed, with the rest named."""
+    """One run: its final accuracy and verdict; several: mean [min, max] and how many passed, with
+    the rest named."""
     if not runs:
         return "-"
     finals = _finals(runs)
@@ -38,8 +40,9 @@ def _extra_column(more: dict, flow: str) -> list:
 
 
 def f_matrix(path: str, extra: str = "", label: str = "") -> str:
-    """A grid's outcome as flow x algorithm: each cell's final accuracy over its seeds and its verdicts; ``extra``:
-    another grid of one algorithm (the fp4 grid's centering runs) as one more column, headed ``label``."""
+    """A grid's outcome as flow x algorithm: each cell's final accuracy over its seeds and its
+    verdicts; ``extra``: another grid of one algorithm (the fp4 grid's centering runs) as one more
+    column, headed ``label``."""
     from suite.analysis.render import flow_order
     from suite.rl.algo_table import ALGORITHMS
 
@@ -49,24 +52,28 @@ def f_matrix(path: str, extra: str = "", label: str = "") -> str:
     lines = ["| flow | " + " | ".join([*algos, *([label or extra] if extra else [])]) + " |",
              "|---|" + "---|" * (len(algos) + bool(extra))]
     for f in flows:
-        row = [_show(main.get((f, a))) for a in algos] + ([_show(_extra_column(more, f))] if extra else [])
+        row = [_show(main.get((f, a)))
+               for a in algos] + ([_show(_extra_column(more, f))] if extra else [])
         lines.append(f"| {f} | " + " | ".join(row) + " |")
     return "\n".join(lines)
 
 
 def f_centering(path: str, extra: str, baseline: str = "grpo") -> str:
-    """Score centering (``extra``, one algorithm) against ``baseline`` and against each IS correction of ``path``,
-    flow by flow, with the one-sided exact permutation test on final accuracy: which differences the seeds separate
-    at 0.05, and the smallest p the number of seeds allows."""
+    """Score centering (``extra``, one algorithm) against ``baseline`` and against each IS
+    correction of ``path``, flow by flow, with the one-sided exact permutation test on final
+    accuracy: which differences the seeds separate at 0.05, and the smallest p the number of seeds
+    allows."""
     import math
 
     from suite.analysis import stats
     from suite.analysis.render import flow_order
 
     main, more = _cells(path), _cells(extra)
-    flows = [f for f in flow_order({p for p, _ in more}) if _extra_column(more, f) and main.get((f, baseline))]
+    flows = [f for f in flow_order({p for p, _ in more}) if _extra_column(more, f)
+             and main.get((f, baseline))]
     if not flows:
-        raise ValueError(f"{extra}: no flow has both score-centering runs and {baseline} runs in {path}")
+        raise ValueError(f"{extra}: no flow has both score-centering runs and {baseline} runs in "
+                         f"{path}")
     algos = sorted({a for _, a in main} - {baseline})
     above, separated, against = [], [], {a: [] for a in algos}
     for f in flows:
@@ -84,15 +91,17 @@ def f_centering(path: str, extra: str, baseline: str = "grpo") -> str:
 
     def names(xs):
         return ", ".join(xs) if xs else "none"
-    return (f"Over {n} seeds per cell: score centering's mean final accuracy is above plain {baseline}'s in "
-            f"{len(above)} of {len(flows)} flows ({names(above)}); the exact one-sided permutation test on final "
-            f"accuracy separates it (p <= 0.05; the smallest p {n} against {n} seeds can give is {floor:.2f}) in "
-            f"{names(separated)}. Against each IS correction it is separated in: "
+    return (f"Over {n} seeds per cell: score centering's mean final accuracy is above plain "
+            f"{baseline}'s in {len(above)} of {len(flows)} flows ({names(above)}); the exact "
+            "one-sided permutation test on final accuracy separates it (p <= 0.05; the smallest p "
+            f"{n} against {n} seeds can give is {floor:.2f}) in {names(separated)}. Against each "
+            "IS correction it is separated in: "
             + "; ".join(f"{a} {names(v)}" for a, v in against.items()) + ".")
 
 
 def _dose_cells(path: str) -> dict[str, list]:
-    """A dose-response grid's runs by injected mismatch, "fp32 + noise 0.3" (the clean arm left out)."""
+    """A dose-response grid's runs by injected mismatch, "fp32 + noise 0.3" (the clean arm left
+    out)."""
     from suite.analysis.runs import load_runs
 
     cells: dict[str, list] = {}
@@ -103,35 +112,44 @@ def _dose_cells(path: str) -> dict[str, list]:
     return cells
 
 
-def _by_mismatch(flows: str, flows_centred: str, dose: str, dose_centred: str) -> list[tuple[float, str, list, list]]:
-    """(step-0 k3 of the plain runs, setting, plain GRPO runs, centred runs) for every setting run both ways: the
-    precision flows of ``flows`` (plain) and ``flows_centred`` (their trainer is bf16) and the injected mismatches
-    of the dose grids (an fp32 trainer), in order of the mismatch."""
+def _by_mismatch(flows: str, flows_centred: str, dose: str,
+                 dose_centred: str) -> list[tuple[float, str, list, list]]:
+    """(step-0 k3 of the plain runs, setting, plain GRPO runs, centred runs) for every setting run
+    both ways: the precision flows of ``flows`` (plain) and ``flows_centred`` (their trainer is
+    bf16) and the injected mismatches of the dose grids (an fp32 trainer), in order of the
+    mismatch."""
     import statistics
 
     plain = {p: runs for (p, a), runs in _cells(flows).items() if a == "grpo"} | _dose_cells(dose)
-    centred = {p: runs for (p, _), runs in _cells(flows_centred).items()} | _dose_cells(dose_centred)
-    rows = [(statistics.fmean(r.summary["mismatch/step0/kl_k3"] for r in plain[s]), s, plain[s], centred[s])
+    centred = {p: runs for (p, _),
+               runs in _cells(flows_centred).items()} | _dose_cells(dose_centred)
+    rows = [(statistics.fmean(r.summary["mismatch/step0/kl_k3"] for r in plain[s]), s, plain[s],
+             centred[s])
             for s in plain.keys() & centred.keys()]
     if not rows:
-        raise ValueError(f"no setting has runs both in {flows}/{dose} and in {flows_centred}/{dose_centred}")
+        raise ValueError(f"no setting has runs both in {flows}/{dose} and in "
+                         f"{flows_centred}/{dose_centred}")
     return sorted(rows)
 
 
-def f_centering_dose(flows: str, flows_centred: str, dose: str, dose_centred: str, part: str = "table") -> str:
-    """Where score centering starts to pay (arXiv 2609.20807; issue: nobody measured it): every setting run with plain
-    GRPO and with centering, ordered by its step-0 k3, each with both outcomes over seeds and the exact one-sided
-    permutation p that centering ends higher (part "table"), or the sentence that sums the table up (part "outcome")."""
+def f_centering_dose(flows: str, flows_centred: str, dose: str, dose_centred: str,
+                     part: str = "table") -> str:
+    """Where score centering starts to pay (arXiv 2609.20807; issue: nobody measured it): every
+    setting run with plain GRPO and with centering, ordered by its step-0 k3, each with both
+    outcomes over seeds and the exact one-sided permutation p that centering ends higher (part
+    "table"), or the sentence that sums the table up (part "outcome")."""
     import statistics
 
     from suite.analysis import stats
 
-    # (step-0 k3, setting, plain runs, centred runs, centred minus plain mean final accuracy, exact p)
+    # (step-0 k3, setting, plain runs, centred runs, centred minus plain mean final accuracy, exact
+    # p)
     rows = [(k3, s, b, c, statistics.fmean(_finals(c)) - statistics.fmean(_finals(b)),
              stats.permutation_test(_finals(c), _finals(b))["p"])
             for k3, s, b, c in _by_mismatch(flows, flows_centred, dose, dose_centred)]
     if part == "table":
-        lines = ["| setting | step-0 k3 (plain runs) | plain GRPO | score centering | centering minus plain (p) |",
+        lines = ["| setting | step-0 k3 (plain runs) | plain GRPO | score centering | centering "
+                 "minus plain (p) |",
                  "|---|---|---|---|---|"]
         lines += [f"| {s} | {k3:.1e} | {_show(b)} | {_show(c)} | {gap:+.3f} (p {p:.2f}) |"
                   for k3, s, b, c, gap, p in rows]
@@ -140,14 +158,16 @@ def f_centering_dose(flows: str, flows_centred: str, dose: str, dose_centred: st
     sep = [f"{s} ({k3:.1e}, {gap:+.3f})" for k3, s, _, _, gap, p in rows if p <= stats.ALPHA]
     injected = [p <= stats.ALPHA for _, s, *_, p in rows if s.startswith("fp32 + ")]
     flows = [p <= stats.ALPHA for _, s, *_, p in rows if not s.startswith("fp32 + ")]
-    return (f"Score centering's mean final accuracy is above plain GRPO's in {len(above)} of {len(rows)} settings; "
-            f"the exact test separates it (p <= {stats.ALPHA}) in {len(sep)}, in order of step-0 k3: "
-            f"{', '.join(sep) or 'none'}: {sum(flows)} of {len(flows)} precision flows and {sum(injected)} of "
-            f"{len(injected)} injected mismatches.")
+    return (f"Score centering's mean final accuracy is above plain GRPO's in {len(above)} of "
+            f"{len(rows)} settings; the exact test separates it (p <= {stats.ALPHA}) in "
+            f"{len(sep)}, in order of step-0 k3: {', '.join(sep) or 'none'}: {sum(flows)} of "
+            f"{len(flows)} precision flows and {sum(injected)} of {len(injected)} injected "
+            "mismatches.")
 
 
 def f_source(path: str, part: str) -> str:
-    """A committed source grid (suite/analysis/sources.py): its outcome sentence (part=outcome) or table (part=table)."""
+    """A committed source grid (suite/analysis/sources.py): its outcome sentence (part=outcome) or
+    table (part=table)."""
     from suite.analysis import sources
     from suite.analysis.runs import load_runs
 
@@ -157,4 +177,5 @@ def f_source(path: str, part: str) -> str:
     if part == "outcome":
         return sources.outcome(records, axis)
     head, body = sources.table(records, axis)
-    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head), *("| " + " | ".join(r) + " |" for r in body)])
+    return "\n".join(["| " + " | ".join(head) + " |", "|" + "---|" * len(head),
+                      *("| " + " | ".join(r) + " |" for r in body)])

@@ -1,8 +1,8 @@
-"""What ``suite ls`` and the ``--help`` pages say about the registries: one line per entry, read from the
-tables themselves (the precision flows, the algorithm table, the task files, the grids, the regimes and tiers,
-the model presets, the recipe files), so that a listing cannot drift from what the code runs; and the
-``--help`` of the commands that take config fields (every field, its default, docstring and allowed values).
-No torch is imported: ``suite ls`` and ``--help`` answer at once.
+"""What ``suite ls`` and the ``--help`` pages say about the registries: one line per entry, read
+from the tables themselves (the precision flows, the algorithm table, the task files, the grids, the
+regimes and tiers, the model presets, the recipe files), so that a listing cannot drift from what
+the code runs; and the ``--help`` of the commands that take config fields (every field, its default,
+docstring and allowed values). No torch is imported: ``suite ls`` and ``--help`` answer at once.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 
 def _first_sentence(text: str) -> str:
-    """The first sentence of ``text`` (whitespace collapsed): up to the first period followed by a space
-    ("arXiv 2510.26788", "et al.," and "e.g. " do not end one)."""
+    """The first sentence of ``text`` (whitespace collapsed): up to the first period followed by a
+    space ("arXiv 2510.26788", "et al.," and "e.g. " do not end one)."""
     text = " ".join(text.split())
     m = re.search(r"(?<!\be\.g)(?<!\bi\.e)\.(?=\s)", text)
     return text[:m.end()] if m else text
@@ -33,7 +33,8 @@ def _header_comment(path: Path) -> str:
 def flows() -> list[tuple[str, str]]:
     from suite.numerics.flows import FLOWS
 
-    return [(n, f"trainer {f.trainer}, sampler {f.sampler}{', loss scaling' if f.loss_scaling else ''}: {f.note}")
+    return [(n, f"trainer {f.trainer}, sampler "
+                f"{f.sampler}{', loss scaling' if f.loss_scaling else ''}: {f.note}")
             for n, f in FLOWS.items()]
 
 
@@ -44,9 +45,9 @@ def algorithms() -> list[tuple[str, str]]:
 
 
 def tasks(include: str | None = None) -> list[tuple[str, str]]:
-    """Each task on the task path (the suite's tasks/, then the folders of ``include`` and $SUITE_TASKS_PATH): its
-    kind, the first sentence of its task file's header (else of its summary or description), and where a task of
-    the user's own lives."""
+    """Each task on the task path (the suite's tasks/, then the folders of ``include`` and
+    $SUITE_TASKS_PATH): its kind, the first sentence of its task file's header (else of its summary
+    or description), and where a task of the user's own lives."""
     from suite.tasks.registry import list_tasks
 
     out = []
@@ -54,7 +55,8 @@ def tasks(include: str | None = None) -> list[tuple[str, str]]:
         path = Path(row["file"])
         about = _header_comment(path) or _first_sentence(row["summary"])
         where = "" if row["builtin"] else f" [{path}]"
-        out.append((row["name"], f"{'dataset' if row['kind'] == 'dataset' else 'generated'}: {about}{where}"))
+        out.append((row["name"], f"{'dataset' if row['kind'] == 'dataset' else 'generated'}: "
+                                 f"{about}{where}"))
     return out
 
 
@@ -73,7 +75,8 @@ def grids() -> list[tuple[str, str]]:
 def regimes() -> list[tuple[str, str]]:
     from suite.rl.schema import REGIMES
 
-    return [(n, r["doc"] + (f" ({' '.join(f'{k}={v}' for k, v in r['set'].items())})" if r["set"] else ""))
+    return [(n, r["doc"]
+             + (f" ({' '.join(f'{k}={v}' for k, v in r['set'].items())})" if r["set"] else ""))
             for n, r in REGIMES.items()]
 
 
@@ -81,7 +84,8 @@ def tiers() -> list[tuple[str, str]]:
     from suite.rl.schema import TIERS
 
     def values(t: dict) -> str:
-        flat = {**{k: v for k, v in t.items() if k != "policy"}, **{f"policy.{k}": v for k, v in t["policy"].items()}}
+        flat = {**{k: v for k, v in t.items() if k != "policy"},
+                **{f"policy.{k}": v for k, v in t["policy"].items()}}
         return " ".join(f"{k}={v}" for k, v in flat.items())
 
     return [(n, values(t)) for n, t in TIERS.items()]
@@ -91,7 +95,8 @@ def models() -> list[tuple[str, str]]:
     from suite.rl.models import EMBEDDED, PRESETS
 
     return [(EMBEDDED, "the tiny Llama the suite builds (its size: the tier's policy.* values)"),
-            *[(n, f"{p.hub} ({p.params_b:g}B parameters, {p.arch}): {p.note}") for n, p in PRESETS.items()]]
+            *[(n, f"{p.hub} ({p.params_b:g}B parameters, {p.arch}): {p.note}")
+              for n, p in PRESETS.items()]]
 
 
 def recipes() -> list[tuple[str, str]]:
@@ -101,32 +106,36 @@ def recipes() -> list[tuple[str, str]]:
     return [(p.stem, _header_comment(p)) for p in sorted(shipped_dir("recipes").glob("*.yaml"))]
 
 
-LISTS = {"tasks": tasks, "flows": flows, "algorithms": algorithms, "grids": grids, "regimes": regimes,
-         "tiers": tiers, "models": models, "recipes": recipes}
+LISTS = {"tasks": tasks, "flows": flows, "algorithms": algorithms, "grids": grids,
+         "regimes": regimes, "tiers": tiers, "models": models, "recipes": recipes}
 # What each list is, and the field or command that takes its names.
-ABOUT = {"tasks": "tasks (task=NAME; your own: include_path=DIR or $SUITE_TASKS_PATH, docs/own_task.md)", "flows": "precision flows (precision=NAME)",
-         "algorithms": "algorithms (algorithm=NAME): the loss each name computes (suite/rl/algo_table.py)",
+ABOUT = {"tasks": "tasks (task=NAME; your own: include_path=DIR or $SUITE_TASKS_PATH, "
+                  "docs/own_task.md)", "flows": "precision flows (precision=NAME)",
+         "algorithms": "algorithms (algorithm=NAME): the loss each name computes "
+                       "(suite/rl/algo_table.py)",
          "grids": "grids (suite sweep grid=NAME; suite grids adds wall times)",
-         "regimes": "regimes (regime=NAME, on top of the tier)", "tiers": "tiers (tier=NAME: the scale dial)",
+         "regimes": "regimes (regime=NAME, on top of the tier)",
+         "tiers": "tiers (tier=NAME: the scale dial)",
          "models": "base models (model=NAME, or a local HF model directory)",
-         "recipes": "the suite's recipe files (recipe=NAME, or recipe=PATH for your own: config fields applied first, "
-                    "the command line wins)"}
+         "recipes": "the suite's recipe files (recipe=NAME, or recipe=PATH for your own: config "
+                    "fields applied first, the command line wins)"}
 
 
 def lines(what: str, include: str | None = None) -> list[str]:
-    """``suite ls WHAT``: a title line, then one line per entry, names aligned (``include``: task folders of the
-    user's own, for the task list)."""
+    """``suite ls WHAT``: a title line, then one line per entry, names aligned (``include``: task
+    folders of the user's own, for the task list)."""
     from suite.names import lookup
 
-    rows = lookup("ls", what, LISTS)(include) if what == "tasks" and include else lookup("ls", what, LISTS)()
+    rows = lookup("ls", what,
+                  LISTS)(include) if what == "tasks" and include else lookup("ls", what, LISTS)()
     width = max((len(n) for n, _ in rows), default=0)
     return [f"{ABOUT[what]}:", *(f"  {n:<{width}}  {d}" for n, d in rows)]
 
 
 # ---- --help of the commands that take config fields -------------------------------------------
 # The listing (suite ls NAME) that explains the values of a field.
-LS_OF_FIELD = {"task": "tasks", "precision": "flows", "algorithm": "algorithms", "tier": "tiers", "regime": "regimes",
-               "model": "models"}
+LS_OF_FIELD = {"task": "tasks", "precision": "flows", "algorithm": "algorithms", "tier": "tiers",
+               "regime": "regimes", "model": "models"}
 
 
 def _field_docs(cls) -> dict[str, str]:
@@ -136,13 +145,14 @@ def _field_docs(cls) -> dict[str, str]:
 
     body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
     return {a.target.id: " ".join(b.value.value.split()) for a, b in zip(body, body[1:])
-            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+            if isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name)
+            and isinstance(b, ast.Expr)
             and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)}
 
 
 def field_help(cls, prefix: str = "", choices: dict[str, list[str]] | None = None) -> list[str]:
-    """Every field as ``name=default``, its docstring and, for a field that names registry entries, the
-    allowed values; nested configs as ``section.name``."""
+    """Every field as ``name=default``, its docstring and, for a field that names registry entries,
+    the allowed values; nested configs as ``section.name``."""
     import dataclasses
     import textwrap
 
@@ -157,18 +167,20 @@ def field_help(cls, prefix: str = "", choices: dict[str, list[str]] | None = Non
             continue
         key = f"{prefix}{f.name}"
         lines.append(f"  {key}={default}")
-        lines += textwrap.wrap(docs.get(f.name, ""), 96, initial_indent=" " * 6, subsequent_indent=" " * 6)
+        lines += textwrap.wrap(docs.get(f.name, ""), 96, initial_indent=" " * 6,
+                               subsequent_indent=" " * 6)
         if key in choices:
             more = [cmdline.OPEN_CHOICES[key]] if key in cmdline.OPEN_CHOICES else []
             see = f" (suite ls {LS_OF_FIELD[key]})" if key in LS_OF_FIELD else ""
-            lines += textwrap.wrap(f"values: {', '.join(choices[key] + more)}{see}", 96, initial_indent=" " * 6,
-                                   subsequent_indent=" " * 8)
+            lines += textwrap.wrap(f"values: {', '.join(choices[key] + more)}{see}", 96,
+                                   initial_indent=" " * 6, subsequent_indent=" " * 8)
     return lines
 
 
 def config_help(command: str, doc: str) -> str:
-    """``suite COMMAND --help`` for a command that takes config fields (``doc``: its docstring): usage, every
-    field with its default, docstring and allowed values, then the regimes and tiers."""
+    """``suite COMMAND --help`` for a command that takes config fields (``doc``: its docstring):
+    usage, every field with its default, docstring and allowed values, then the regimes and
+    tiers."""
     from suite.rl.schema import RunConfig
 
     def section(title: str, what: str) -> list[str]:
@@ -179,13 +191,16 @@ def config_help(command: str, doc: str) -> str:
     return "\n".join([
         f"usage: suite {command} [key=value ...] [recipe=FILE.yaml] [--cfg job]", "",
         inspect.cleandoc(doc), "",
-        "Fields are key=value (Hydra's override syntax), never --key value; a list field takes [a,b], and one",
-        "name alone is a one-element list. recipe=FILE.yaml applies a YAML mapping of fields first and the",
+        "Fields are key=value (Hydra's override syntax), never --key value; a list field takes "
+        "[a,b], and one",
+        "name alone is a one-element list. recipe=FILE.yaml applies a YAML mapping of fields first "
+        "and the",
         "command line wins (suite ls recipes; docs/recipes.md). --cfg job prints the resolved",
         "config, each value's layer in a comment (suite/rl/layers.py).", "",
         "Config fields (key=default; the tier fills what is not given):",
         *field_help(RunConfig),
-        *section("Algorithms (algorithm=NAME: what each name computes; the kernels: suite/rl/algos.py):", "algorithms"),
+        *section("Algorithms (algorithm=NAME: what each name computes; the kernels: "
+                 "suite/rl/algos.py):", "algorithms"),
         *section("Regimes (regime=NAME: over the tier, task file and preset, under what you set):",
                  "regimes"),
         *section("Tiers (tier=NAME: the values it gives every field left at None):", "tiers")])

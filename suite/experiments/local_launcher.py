@@ -14,17 +14,18 @@ own, handed to it as ``CUDA_VISIBLE_DEVICES`` (every rank of a cell otherwise la
 beside the other cells' models), cells start while enough GPUs are free (and, with ``jobs=N``, at
 most N at a time), and a cell needing more GPUs than the machine has is refused before compute.
 
-A cell needing more than the (core) capacity runs alone (it is not refused: a slower run beats none).
-The queue is widest first, then longest (exact and unified FP8 cost ~2x a step), so wide cells
-start on an empty machine; when the head of the queue does not fit, the first smaller cell that
-fits starts (first fit). Multi-node cells cannot run here and are refused before any compute.
+A cell needing more than the (core) capacity runs alone (it is not refused: a slower run beats
+none). The queue is widest first, then longest (exact and unified FP8 cost ~2x a step), so wide
+cells start on an empty machine; when the head of the queue does not fit, the first smaller cell
+that fits starts (first fit). Multi-node cells cannot run here and are refused before any compute.
 
 A cell killed outright (OOM killer, segfault) still gets an ``incomplete`` summary and the others
-go on. A sweep killed outright (SIGKILL included) ends its cells and their ranks (``suite.lifetime``). Each cell's ``log.txt`` records when the sweep started and reaped it (``sweep: cell started
-at <unix time>`` / ``finished at``), the same lines ``sweep.run_cell`` writes.
+go on. A sweep killed outright (SIGKILL included) ends its cells and their ranks
+(``suite.lifetime``). Each cell's ``log.txt`` records when the sweep started and reaped it (``sweep:
+cell started at <unix time>`` / ``finished at``), the same lines ``sweep.run_cell`` writes.
 
-Cells are duck-typed (``.cfg``, ``.overrides``, ``.run_dir``): ``suite.experiments.sweep`` imports this
-module, never the other way round.
+Cells are duck-typed (``.cfg``, ``.overrides``, ``.run_dir``): ``suite.experiments.sweep`` imports
+this module, never the other way round.
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def cores(cell) -> int:
 
 
 def capacity(cells, jobs: int | None) -> int:
-    """Cores the sweep may fill: ``jobs x threads`` (largest threads of the cells), else every core."""
+    """Cores the sweep may fill: ``jobs x threads`` (largest threads of the cells), else every
+    core."""
     if jobs is None:
         return os.cpu_count() or 1
     return jobs * max((c.cfg.threads for c in cells), default=1)
@@ -87,8 +89,9 @@ def capacity(cells, jobs: int | None) -> int:
 
 # ---- GPUs ----------------------------------------------------------------------------------------
 def visible_gpus() -> list[str]:
-    """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES's entries when it is set (indices or UUIDs,
-    as the user restricted them), else every device torch sees; [] on a machine without CUDA."""
+    """The GPUs this process may hand out: CUDA_VISIBLE_DEVICES's entries when it is set (indices or
+    UUIDs, as the user restricted them), else every device torch sees; [] on a machine without
+    CUDA."""
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         ids = [x.strip() for x in env.split(",") if x.strip()]
@@ -99,30 +102,35 @@ def visible_gpus() -> list[str]:
 
 
 def check_gpus(cells, gpus: list[str]) -> None:
-    """Refuse, before compute, a cell with more ranks than the machine has GPUs (each rank owns one)."""
+    """Refuse, before compute, a cell with more ranks than the machine has GPUs (each rank owns
+    one)."""
     for c in cells:
         if c.cfg.nproc > len(gpus):
-            raise ValueError(f"nproc: the cell {c.run_dir.name} has nproc={c.cfg.nproc}, but this machine has "
-                             f"{len(gpus)} GPU(s) ({','.join(gpus)}); one rank per GPU")
+            raise ValueError(f"nproc: the cell {c.run_dir.name} has nproc={c.cfg.nproc}, but this "
+                             f"machine has {len(gpus)} GPU(s) ({','.join(gpus)}); one rank per GPU")
 
 
 def next_gpu_fit(pending: list, free: list[str], running: int, jobs: int | None) -> int | None:
-    """Index of the first queued cell whose ranks fit on the free GPUs (and within ``jobs`` cells at a time)."""
+    """Index of the first queued cell whose ranks fit on the free GPUs (and within ``jobs`` cells at
+    a time)."""
     if jobs is not None and running >= jobs:
         return None
     return next((i for i, cell in enumerate(pending) if cell.cfg.nproc <= len(free)), None)
 
 
 def check_one_node(cells, launcher: str) -> None:
-    """Refuse, before compute, a cell spanning several nodes: a local launcher starts ranks on this machine only."""
+    """Refuse, before compute, a cell spanning several nodes: a local launcher starts ranks on this
+    machine only."""
     for c in cells:
         if c.cfg.nnodes > 1:
-            raise ValueError(f"nnodes: the cell {c.run_dir.name} has nnodes={c.cfg.nnodes}, but launcher {launcher} "
-                             "runs cells on this machine only; use hydra/launcher=submitit_slurm (docs/sweeps.md)")
+            raise ValueError(f"nnodes: the cell {c.run_dir.name} has nnodes={c.cfg.nnodes}, but "
+                             f"launcher {launcher} runs cells on this machine only; use "
+                             "hydra/launcher=submitit_slurm (docs/sweeps.md)")
 
 
 def next_fit(pending: list, in_use: int, cap: int) -> int | None:
-    """Index of the first queued cell that fits beside the running ones; an idle machine takes any cell."""
+    """Index of the first queued cell that fits beside the running ones; an idle machine takes any
+    cell."""
     for i, cell in enumerate(pending):
         if in_use == 0 or in_use + cores(cell) <= cap:
             return i
@@ -130,20 +138,24 @@ def next_fit(pending: list, in_use: int, cap: int) -> int | None:
 
 
 def relative_cost(cell) -> float:
-    """Rough cost of a cell for scheduling (the longest first shortens the queue's tail): steps x samples,
-    doubled where the trainer runs heavier kernels (exact replay, a quantised forward), x1.5 where only the
-    sampler does (FP8 or 4-bit rollouts), as the committed step times order them (results/README.md)."""
+    """Rough cost of a cell for scheduling (the longest first shortens the queue's tail): steps x
+    samples, doubled where the trainer runs heavier kernels (exact replay, a quantised forward),
+    x1.5 where only the sampler does (FP8 or 4-bit rollouts), as the committed step times order them
+    (results/README.md)."""
     from suite.numerics.precision import resolve
 
     flow = resolve(cell.cfg.precision)
-    factor = 2.0 if flow.exact or flow.trainer_quant else 1.5 if flow.sampler_quant else 1.0  # unified bf16/fp16: 1
+    # unified bf16/fp16: 1
+    factor = 2.0 if flow.exact or flow.trainer_quant else 1.5 if flow.sampler_quant else 1.0
     return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * factor
 
 
 # ---- the launcher --------------------------------------------------------------------------------
-def launch_local(cells: list, jobs: int | None, console: Console, gpus: list[str] | None = None) -> dict[str, int]:
-    """Run cells as ``suite run`` subprocesses within the core capacity, or on GPUs of their own where the
-    machine has CUDA GPUs (``gpus``: default ``visible_gpus()``); return each run dir's exit code."""
+def launch_local(cells: list, jobs: int | None, console: Console,
+                 gpus: list[str] | None = None) -> dict[str, int]:
+    """Run cells as ``suite run`` subprocesses within the core capacity, or on GPUs of their own
+    where the machine has CUDA GPUs (``gpus``: default ``visible_gpus()``); return each run dir's
+    exit code."""
     check_one_node(cells, "local")
     gpus = visible_gpus() if gpus is None else gpus
     if gpus:
@@ -151,16 +163,18 @@ def launch_local(cells: list, jobs: int | None, console: Console, gpus: list[str
     cap = capacity(cells, jobs)
     pending = sorted(cells, key=lambda c: (cores(c), relative_cost(c)), reverse=True)
     running, codes, owned = {}, {}, {}  # owned: process -> the GPUs it holds
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the user's hub settings pass through to every cell
+    # the user's hub settings pass through to every cell
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if gpus:
-        console.print(f"local launcher: {len(cells)} cell(s) queued; {len(gpus)} GPU(s) ({','.join(gpus)}), "
-                      f"a cell takes nproc GPUs of its own{f', at most {jobs} cells at a time' if jobs else ''}")
+        console.print(f"local launcher: {len(cells)} cell(s) queued; {len(gpus)} GPU(s) "
+                      f"({','.join(gpus)}), a cell takes nproc GPUs of its "
+                      f"own{f', at most {jobs} cells at a time' if jobs else ''}")
     else:
         why = f"jobs={jobs} x threads" if jobs else "every core of this machine"
         console.print(f"local launcher: {len(cells)} cell(s) queued; capacity {cap} cores ({why}); "
                       "a cell takes nproc x threads cores")
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as progress:
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as progress:
         bars = {str(c.run_dir): progress.add_task(f"{c.run_dir.name} queued", total=c.cfg.steps,
                                                   completed=steps_done(c)) for c in cells}
         while pending or running:
@@ -194,20 +208,23 @@ def launch_local(cells: list, jobs: int | None, console: Console, gpus: list[str
                 codes[str(cell.run_dir)] = proc.returncode
                 _finish(cell, proc, console)
                 progress.update(bars[str(cell.run_dir)],
-                                description=f"{cell.run_dir.name} {'done' if proc.returncode == 0 else 'failed'}")
+                                description=f"{cell.run_dir.name} "
+                                            f"{'done' if proc.returncode == 0 else 'failed'}")
     return codes
 
 
 def _start(cell, env: dict) -> subprocess.Popen:
     cell.run_dir.mkdir(parents=True, exist_ok=True)
     with (cell.run_dir / "log.txt").open("a") as logf:  # the child keeps its own descriptor
-        gpus = f", CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}" if "CUDA_VISIBLE_DEVICES" in env else ""
-        logf.write(f"sweep: cell started at {time.time():.3f} ({cell.cfg.nproc} rank(s) x {cell.cfg.threads} "
-                   f"thread(s), launcher local{gpus})\n")
+        gpus = (f", CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']}"
+                if "CUDA_VISIBLE_DEVICES" in env else "")
+        logf.write(f"sweep: cell started at {time.time():.3f} ({cell.cfg.nproc} rank(s) x "
+                   f"{cell.cfg.threads} thread(s), launcher local{gpus})\n")
         logf.flush()
         # tied: a killed sweep ends its cells, and they their ranks (suite/lifetime.py)
         return subprocess.Popen([sys.executable, "-m", "suite.cli", "run", *cell.overrides],
-                                stdout=logf, stderr=subprocess.STDOUT, env=lifetime.tied_env(env, signal.SIGTERM))
+                                stdout=logf, stderr=subprocess.STDOUT,
+                                env=lifetime.tied_env(env, signal.SIGTERM))
 
 
 def _finish(cell, proc: subprocess.Popen, console: Console) -> None:
@@ -215,7 +232,8 @@ def _finish(cell, proc: subprocess.Popen, console: Console) -> None:
     with (cell.run_dir / "log.txt").open("a") as logf:
         logf.write(f"sweep: cell finished at {time.time():.3f} (exit code {code})\n")
     if code != 0:
-        console.print(f"[red]{cell.run_dir.name} failed (exit {code}); see {cell.run_dir / 'log.txt'}[/]")
+        console.print(f"[red]{cell.run_dir.name} failed (exit {code}); see "
+                      f"{cell.run_dir / 'log.txt'}[/]")
         record_failure(cell, code)
     else:
         s = read_summary(cell) or {}

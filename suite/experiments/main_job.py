@@ -1,7 +1,8 @@
-"""The main job (``suite main``, ``bash scripts/main.sh``): the main flows and the controls (known-bad recipes
-beside their corrections), three seeds each, then the table, the controls' judgement, the reproduction checks, the
-report and the leaderboard, all under ``runs/`` (``runs/main``, ``runs/controls``); nothing tracked by git is
-written. Exits non-zero when a cell failed or a control did not behave as its committed evidence says."""
+"""The main job (``suite main``, ``bash scripts/main.sh``): the main flows and the controls
+(known-bad recipes beside their corrections), three seeds each, then the table, the controls'
+judgement, the reproduction checks, the report and the leaderboard, all under ``runs/``
+(``runs/main``, ``runs/controls``); nothing tracked by git is written. Exits non-zero when a cell
+failed or a control did not behave as its committed evidence says."""
 
 from __future__ import annotations
 
@@ -14,8 +15,9 @@ GRIDS = ("main", "controls")
 
 
 def _train(args: list[str], console: Console) -> tuple[list, list, int]:
-    """Plan both grids (every cell validated before any compute), run what is missing in one queue on the local
-    cores (the longest cells first), print the outcome tables; (cells, cells trained, number failed)."""
+    """Plan both grids (every cell validated before any compute), run what is missing in one queue
+    on the local cores (the longest cells first), print the outcome tables; (cells, cells trained,
+    number failed)."""
     from suite.experiments import sweep
     from suite.experiments.local_launcher import launch_local
 
@@ -36,18 +38,20 @@ def _train(args: list[str], console: Console) -> tuple[list, list, int]:
 
 
 def run(args: list[str], console: Console) -> int:
-    """Train the ``main`` and ``controls`` grids (extra ``key=value`` go to every cell: the user's word is final,
-    so ``staleness=0`` plants a control that must then be caught), then write and print the controls' judgement
-    (its first line: the known-bad recipes failed, the fixes and references passed), the mismatch table, the
-    reproduction checks against this class's references, the report and the leaderboard; ``job.json`` records the
-    command and wall time that ``suite reference`` keeps as provenance."""
+    """Train the ``main`` and ``controls`` grids (extra ``key=value`` go to every cell: the user's
+    word is final, so ``staleness=0`` plants a control that must then be caught), then write and
+    print the controls' judgement (its first line: the known-bad recipes failed, the fixes and
+    references passed), the mismatch table, the reproduction checks against this class's references,
+    the report and the leaderboard; ``job.json`` records the command and wall time that ``suite
+    reference`` keeps as provenance."""
     from rich.table import Table
 
     from suite.analysis import leaderboard, outcomes, report, reproduce
     from suite.analysis.runs import load_summaries
     from suite.experiments import controls
     from suite.numerics import machine
-    from suite.results import atomic_write_json, atomic_write_text, env_info
+    from suite.results import atomic_write_json, atomic_write_text
+    from suite.rl.env_record import env_info
 
     t0 = time.time()
     # The embedded grid needs no hub: say so to every library (a user's explicit setting wins).
@@ -55,7 +59,8 @@ def run(args: list[str], console: Console) -> int:
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     cells, todo, failed = _train(["launcher=local", *args], console)
     root = next(c.root for c in cells if c.cfg.name == "main")
-    ctl_root = root.parent / "controls"  # each control row's cells lie below it (controls/<control>/<bad|fix>)
+    # each control row's cells lie below it (controls/<control>/<bad|fix>)
+    ctl_root = root.parent / "controls"
     roots = {"main": root, "controls": ctl_root}
 
     docs = {g: reproduce.check(r, g) for g, r in roots.items()}
@@ -80,7 +85,8 @@ def run(args: list[str], console: Console) -> int:
     console.print(ctl)
     for g, doc in docs.items():
         reproduce.write(roots[g], doc)
-        table = Table(*reproduce.HEAD, title=f"reproduction of {g} on machine class {(cls or {}).get('id')}")
+        table = Table(*reproduce.HEAD, title=f"reproduction of {g} on machine class "
+                                             f"{(cls or {}).get('id')}")
         for row in reproduce.table_rows(doc):
             table.add_row(*row)
         console.print(table)
@@ -88,19 +94,22 @@ def run(args: list[str], console: Console) -> int:
 
     out = report.write_report(root)
     site = leaderboard.build([root], root / "leaderboard")
-    atomic_write_json(root / "job.json", {  # what `suite reference` records as the reference's provenance
+    # what `suite reference` records as the reference's provenance
+    atomic_write_json(root / "job.json", {
         "command": " ".join(["suite", "main", *args]), "wall_time_s": round(time.time() - t0, 1),
-        "cells": len(cells), "cells_trained": len(todo), "machine_class": cls, "git_sha": env_info()["git_sha"],
-        "first_line": line})
+        "cells": len(cells), "cells_trained": len(todo), "machine_class": cls,
+        "git_sha": env_info()["git_sha"], "first_line": line})
     trained = (f"trained {len(todo)} of {len(cells)} cells" if todo else
-               f"trained nothing: all {len(cells)} cells were already complete under {root.parent} (delete "
-               "runs/main and runs/controls, or pass out=DIR, to compute them again)")
-    console.print(f"{line}\nmain job: {trained}; wall time {time.time() - t0:.0f} s.\n  results      {root}, "
-                  f"{ctl_root}\n  table        {root / 'outcomes.md'}\n  reproduction {root / 'reproduction.md'}, "
-                  f"{ctl_root / 'reproduction.md'}\n  report       {out / 'index.html'}\n  leaderboard  {site}",
+               f"trained nothing: all {len(cells)} cells were already complete under {root.parent} "
+               "(delete runs/main and runs/controls, or pass out=DIR, to compute them again)")
+    console.print(f"{line}\nmain job: {trained}; wall time {time.time() - t0:.0f} s.\n  results    "
+                  f"  {root}, {ctl_root}\n  table        {root / 'outcomes.md'}\n  reproduction "
+                  f"{root / 'reproduction.md'}, {ctl_root / 'reproduction.md'}\n  report       "
+                  f"{out / 'index.html'}\n  leaderboard  {site}",
                   highlight=False)
     wrong = controls.misbehaved(records)
     for w in wrong:
-        console.print(f"[red]control did not behave as its committed evidence says: {w}[/]", soft_wrap=True)
+        console.print(f"[red]control did not behave as its committed evidence says: {w}[/]",
+                      soft_wrap=True)
     return 1 if failed else 3 if wrong else 0
 

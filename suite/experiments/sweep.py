@@ -18,8 +18,8 @@
    A cell of several ranks (``nproc``/``nnodes``) is started through torchrun by ``run_cell``
    on a local launcher, or runs in every task of a submitit Slurm job whose shape (tasks and
    GPUs per node, nodes) the sweep sets from the cells. ``launcher=local``
-   (``suite/experiments/local_launcher.py``) instead runs each cell as its own ``suite run`` process, as
-   many as fit in the core capacity: a cell killed outright (OOM killer, segfault) is
+   (``suite/experiments/local_launcher.py``) instead runs each cell as its own ``suite run``
+   process, as many as fit in the core capacity: a cell killed outright (OOM killer, segfault) is
    recorded too, which a joblib worker cannot promise, so it is the local-parallel choice.
 4. **Report.** The outcome table of the grid, then one line per failed cell with its error.
 
@@ -64,10 +64,13 @@ from suite.rl.recipe import hydra_value
 
 log = logging.getLogger(__name__)
 
-CONFIG_NAME = "suite_run"  # the RunConfig node in Hydra's ConfigStore (as in config.from_overrides)
-SWEEP_OPTIONS = ("grid", "launcher", "jobs", "dry_run")  # ours; everything else is Hydra's or RunConfig's
-LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")  # run on this machine: shared data is built first
-USAGE = """usage: suite sweep grid=NAME [key=value ...] [hydra/launcher=NAME hydra.launcher.KEY=VALUE ...]
+CONFIG_NAME = "suite_run"  # the RunConfig node in Hydra's ConfigStore (as in suite/rl/compose.py)
+# ours; everything else is Hydra's or RunConfig's
+SWEEP_OPTIONS = ("grid", "launcher", "jobs", "dry_run")
+# run on this machine: shared data is built first
+LOCAL_LAUNCHERS = ("basic", "joblib", "submitit_local")
+USAGE = """usage: suite sweep grid=NAME [key=value ...] \
+[hydra/launcher=NAME hydra.launcher.KEY=VALUE ...]
                    [launcher=local jobs=N] [dry_run=true]
 
 Any config field can be set or swept with Hydra syntax (seed=0,1,2 precision=bf16,fp16 tier=smoke);
@@ -85,10 +88,12 @@ def _register_config() -> None:
     ConfigStore.instance().store(name=CONFIG_NAME, node=cfgmod.RunConfig)
     # Job directories are named like run directories; an unset task is the tier's (config.TIERS).
     OmegaConf.register_new_resolver(
-        "suite_task", lambda task, tier: cfgmod.TIERS[tier]["task"] if task is None else task, replace=True)
+        "suite_task", lambda task, tier: cfgmod.TIERS[tier]["task"] if task is None else task,
+        replace=True)
 
 
-_register_config()  # at import: a Hydra job process (joblib, submitit) unpickles run_cell, imports this
+# at import: a Hydra job process (joblib, submitit) unpickles run_cell, imports this
+_register_config()
 
 
 # ---- the grid and the command line -------------------------------------------------------------
@@ -101,19 +106,22 @@ class Sweep:
 
     @property
     def ranks(self) -> tuple[int, int]:
-        """(nproc, nnodes) of the cells: the widest (one value for a submitit sweep, check_one_shape)."""
+        """(nproc, nnodes) of the cells: the widest (one value for a submitit sweep,
+        check_one_shape)."""
         return max(((c.cfg.nproc, c.cfg.nnodes) for c in self.cells), key=lambda r: r[0] * r[1])
 
     @property
     def launcher(self) -> str:
         if self.options.get("launcher"):
             return self.options["launcher"]
-        chosen = [o.split("=", 1)[1] for o in self.hydra_overrides if override_key(o) == "hydra/launcher"]
+        chosen = [o.split("=", 1)[1] for o in self.hydra_overrides
+                  if override_key(o) == "hydra/launcher"]
         return chosen[-1] if chosen else "basic"
 
 
 def plan_grid(args: list[str]) -> Sweep:
-    """``grid=NAME`` plus command-line overrides -> validated cells (nothing runs, nothing is written)."""
+    """``grid=NAME`` plus command-line overrides -> validated cells (nothing runs, nothing is
+    written)."""
     from suite.experiments import grids
     from suite.rl import recipe
 
@@ -122,7 +130,8 @@ def plan_grid(args: list[str]) -> Sweep:
         if a in ("-m", "--multirun"):  # a sweep is always a multirun
             continue
         if "=" not in a:
-            raise ValueError(f"'{a}': expected key=value (grid=NAME, a config field, or hydra/...).")
+            raise ValueError(f"'{a}': expected key=value (grid=NAME, a config field, or "
+                             "hydra/...).")
         k = override_key(a)
         if k in SWEEP_OPTIONS:
             options[k] = a.split("=", 1)[1]
@@ -133,11 +142,12 @@ def plan_grid(args: list[str]) -> Sweep:
     if "grid" not in options:
         raise ValueError(f"grid: required (grid=NAME). Grids: {', '.join(grids.GRIDS)}.")
     if options.get("launcher") not in (None, "local"):
-        raise ValueError(f"launcher: unknown value '{options['launcher']}'. Allowed: local (our subprocess "
-                         f"launcher); for Hydra's launchers use hydra/launcher=NAME.")
-    if options.get("launcher") == "local" and any(override_key(o).startswith(("hydra/launcher", "hydra.launcher")) for o in hydra_ovs):
-        raise ValueError("launcher=local runs its own processes: drop hydra/launcher=... and hydra.launcher.*, "
-                         "or drop launcher=local")
+        raise ValueError(f"launcher: unknown value '{options['launcher']}'. Allowed: local (our "
+                         f"subprocess launcher); for Hydra's launchers use hydra/launcher=NAME.")
+    if options.get("launcher") == "local" and any(
+            override_key(o).startswith(("hydra/launcher", "hydra.launcher")) for o in hydra_ovs):
+        raise ValueError("launcher=local runs its own processes: drop hydra/launcher=... and "
+                         "hydra.launcher.*, or drop launcher=local")
     if not re.fullmatch(r"[1-9]\d*", options.get("jobs", "1")):
         raise ValueError(f"jobs: must be a whole number >= 1, got '{options['jobs']}'.")
     grid = grids.get(options["grid"])
@@ -149,25 +159,29 @@ def plan_grid(args: list[str]) -> Sweep:
         check_one_node(cells, sweep.launcher)  # a local launcher starts ranks on this machine only
     check_one_shape(cells, sweep.launcher)
     if sweep.launcher != "local":
-        hcfg = hydra_config(sweep)  # an unknown launcher or launcher field is refused here, before compute
+        # an unknown launcher or launcher field is refused here, before compute
+        hcfg = hydra_config(sweep)
         check_job_shape(sweep.launcher, sweep.ranks, hcfg.hydra.launcher)
     return sweep
 
 
 def _row_overrides(grid: dict, row: list[str], fields: list[str]) -> list[str]:
-    """One row of the grid (most grids have one, empty) as overrides: its settings, the grid's, the axes as
-    sweeps in place; the command line replaces any of them, and any field (the user's word is final)."""
+    """One row of the grid (most grids have one, empty) as overrides: its settings, the grid's, the
+    axes as sweeps in place; the command line replaces any of them, and any field (the user's word
+    is final)."""
     given = {override_key(o): o for o in fields}
     overrides = [o for o in [*grid["overrides"], *row] if override_key(o) not in given]
     if "name" not in given and not any(override_key(o) == "name" for o in overrides):
         overrides.append(f"name={grid['name']}")
     for k, values in grid["axes"].items():
-        overrides.append(given.pop(k) if k in given else f"{k}={','.join(hydra_value(v) for v in values)}")
+        overrides.append(given.pop(k) if k in given
+                         else f"{k}={','.join(hydra_value(v) for v in values)}")
     return overrides + [o for o in fields if override_key(o) in given]
 
 
 def hydra_config(sweep: Sweep, sweep_dir: Path | None = None):
-    """Hydra's multirun config (hydra node included) for this sweep's launcher; ValueError if it does not compose."""
+    """Hydra's multirun config (hydra node included) for this sweep's launcher; ValueError if it
+    does not compose."""
     from hydra import initialize
 
     with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)):
@@ -175,7 +189,8 @@ def hydra_config(sweep: Sweep, sweep_dir: Path | None = None):
 
 
 def _compose(sweep: Sweep, sweep_dir: Path | None):
-    """Compose through Hydra's public Compose API, in multirun mode as ``--multirun`` sets it (inside ``initialize``)."""
+    """Compose through Hydra's public Compose API, in multirun mode as ``--multirun`` sets it
+    (inside ``initialize``)."""
     from hydra import compose
     from hydra.errors import HydraException
 
@@ -186,9 +201,11 @@ def _compose(sweep: Sweep, sweep_dir: Path | None):
 
 
 def _hydra_overrides(sweep: Sweep, sweep_dir: Path | None) -> list[str]:
-    """Hydra's outputs under <out>/<name>/.hydra/<time>/<cell>/, no chdir; the user's settings win."""
-    ours = {"hydra.sweep.dir": hydra_value(str(sweep_dir or sweep.cells[0].root / ".hydra" / "plan")),
-            "hydra.sweep.subdir": "'${suite_task:${task},${tier}}__${algorithm}__${precision}__s${seed}'",
+    """Hydra's outputs under <out>/<name>/.hydra/<time>/<cell>/, no chdir; the user's settings
+    win."""
+    plan = sweep_dir or sweep.cells[0].root / ".hydra" / "plan"
+    subdir = "'${suite_task:${task},${tier}}__${algorithm}__${precision}__s${seed}'"
+    ours = {"hydra.sweep.dir": hydra_value(str(plan)), "hydra.sweep.subdir": subdir,
             "hydra.job.chdir": "false", "hydra.mode": "MULTIRUN",
             **job_shape(sweep.launcher, sweep.ranks, sweep.hydra_overrides)}
     given = {override_key(o) for o in sweep.hydra_overrides}
@@ -236,20 +253,22 @@ def run_cell(job_cfg) -> dict:
     with (cell.run_dir / "log.txt").open("a") as f:
         console = make_console(f)
         where = f"{world['size']} ranks from {world['launcher']}" if world else f"pid {os.getpid()}"
-        console.print(f"sweep: cell started at {time.time():.3f} ({where}, hydra job {HydraConfig.get().job.num}, "
-                      f"{HydraConfig.get().runtime.output_dir})")
+        console.print(f"sweep: cell started at {time.time():.3f} ({where}, hydra job "
+                      f"{HydraConfig.get().job.num}, {HydraConfig.get().runtime.output_dir})")
         if world is None and cfg.nproc * cfg.nnodes > 1:
             code = _launch_ranks(cell, f)
             if code != 0:  # a rank that raised has written the summary; a killed one has not
                 record_failure(cell, code)
-                error = (read_summary(cell) or {}).get("error") or f"process exited with code {code}"
+                error = (read_summary(cell)
+                         or {}).get("error") or f"process exited with code {code}"
         else:
             try:
                 run(cfg, console, origins=origins)
             except Exception as e:  # train.run has written error.txt and an incomplete summary
                 error = f"{type(e).__name__}: {e}"
                 console.print(traceback.format_exc())
-        console.print(f"sweep: cell finished at {time.time():.3f}" + (f" with {error}" if error else ""))
+        console.print(f"sweep: cell finished at {time.time():.3f}"
+                      + (f" with {error}" if error else ""))
     s = read_summary(cell) or {}
     result = {"run": str(cell.run_dir), "verdict": s.get("verdict"), "error": error}
     (log.error if error else log.info)(f"{cell.run_dir.name}: {error or s.get('verdict')}")
@@ -257,10 +276,11 @@ def run_cell(job_cfg) -> dict:
 
 
 def _launch_ranks(cell: Cell, logf) -> int:
-    """``suite run <overrides>`` as the cell's ranks through torchrun; its output goes to the cell's log.
+    """``suite run <overrides>`` as the cell's ranks through torchrun; its output goes to the cell's
+    log.
 
-    ``dist.launch`` lets the child inherit this process's stdout and stderr, so both descriptors point
-    at ``log.txt`` for the call (not the sweep's terminal) and are put back after it."""
+    ``dist.launch`` lets the child inherit this process's stdout and stderr, so both descriptors
+    point at ``log.txt`` for the call (not the sweep's terminal) and are put back after it."""
     from suite import dist
 
     logf.flush()
@@ -289,7 +309,8 @@ def _launch_ranks(cell: Cell, logf) -> int:
 
 
 def _run_other_rank(cell: Cell, world: dict) -> dict:
-    """A rank other than 0 inside a launcher's world: compute, write nothing; output to this task's log."""
+    """A rank other than 0 inside a launcher's world: compute, write nothing; output to this task's
+    log."""
     from suite.rl.train import run
 
     error = None
@@ -302,10 +323,11 @@ def _run_other_rank(cell: Cell, world: dict) -> dict:
 
 
 class HydraCallbacks:
-    """The user's ``hydra.callbacks`` (``hydra.experimental.callback.Callback`` subclasses), built with
-    ``hydra.utils.instantiate`` and called as Hydra calls them: in order, and in reverse order for the
-    ``*_end`` events. A launcher calls ``on_job_start``/``on_job_end`` around each cell, in its own process
-    for joblib, submitit and Ray (so this object is pickled with the launcher's context)."""
+    """The user's ``hydra.callbacks`` (``hydra.experimental.callback.Callback`` subclasses), built
+    with ``hydra.utils.instantiate`` and called as Hydra calls them: in order, and in reverse order
+    for the ``*_end`` events. A launcher calls ``on_job_start``/``on_job_end`` around each cell, in
+    its own process for joblib, submitit and Ray (so this object is pickled with the launcher's
+    context)."""
 
     def __init__(self, cfg) -> None:
         from hydra.utils import instantiate
@@ -321,8 +343,8 @@ class HydraCallbacks:
 
 @contextlib.contextmanager
 def _restore_logging():
-    """Give the root logger back its handlers and level: a sweep started from Python (a notebook, a test)
-    leaves logging as it found it, with no handler bound to a stream that has since closed."""
+    """Give the root logger back its handlers and level: a sweep started from Python (a notebook, a
+    test) leaves logging as it found it, with no handler bound to a stream that has since closed."""
     root = logging.getLogger()
     handlers, level = root.handlers[:], root.level
     try:
@@ -337,8 +359,8 @@ def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
 
     This is ``Hydra.multirun`` with the sweeper's expansion done (and filtered) beforehand:
     compose the multirun config, instantiate the launcher, launch one job per cell, with the user's
-    ``hydra.callbacks`` around them. Public API only: Hydra's Compose API, its plugin registry (the one
-    launcher plugins use), ``hydra.core.utils.configure_log``."""
+    ``hydra.callbacks`` around them. Public API only: Hydra's Compose API, its plugin registry (the
+    one launcher plugins use), ``hydra.core.utils.configure_log``."""
     from hydra import initialize
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.plugins import Plugins
@@ -346,15 +368,18 @@ def launch_hydra(sweep: Sweep, cells: list[Cell], sweep_dir: Path) -> list:
     from hydra.types import HydraContext
     from omegaconf import OmegaConf
 
-    # Hydra configures logging for the sweep and for each in-process job; _restore_logging undoes it.
-    with initialize(version_base=None, config_path=None, job_name=_job_name(sweep)), _restore_logging():
+    # Hydra configures logging for the sweep and for each in-process job; _restore_logging undoes
+    # it.
+    with initialize(version_base=None, config_path=None,
+                    job_name=_job_name(sweep)), _restore_logging():
         cfg = _compose(sweep, sweep_dir)
         configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
         callbacks = HydraCallbacks(cfg)
         callbacks.on_multirun_start(config=cfg, config_name=CONFIG_NAME)
         launcher = Plugins.instance().instantiate_launcher(
-            config=cfg, hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
-                                                   callbacks=callbacks),
+            config=cfg,
+            hydra_context=HydraContext(config_loader=GlobalHydra.instance().config_loader(),
+                                       callbacks=callbacks),
             task_function=run_cell)
         out = Path(str(cfg.hydra.sweep.dir))
         out.mkdir(parents=True, exist_ok=True)
@@ -376,12 +401,13 @@ def prebuild(cells: list[Cell], console: Console) -> None:
         try:
             prepare_data(cell.cfg, console)
         except Exception as e:
-            console.print(f"[yellow]could not prepare the data of {cell.run_dir.name}: {type(e).__name__}: {e}[/]")
+            console.print(f"[yellow]could not prepare the data of {cell.run_dir.name}: "
+                          f"{type(e).__name__}: {e}[/]")
 
 
 def report_sweep(cells: list[Cell], console: Console, tables: bool = True) -> list[Cell]:
-    """The outcome table of each result root (``tables``), then one line per cell that is not complete; returns
-    those."""
+    """The outcome table of each result root (``tables``), then one line per cell that is not
+    complete; returns those."""
     from suite.analysis import outcomes
 
     for root in dict.fromkeys(c.root for c in cells) if tables else ():
@@ -391,7 +417,8 @@ def report_sweep(cells: list[Cell], console: Console, tables: bool = True) -> li
         s = read_summary(c) or {}
         why = s.get("error") or "no result (the job did not run, or was killed before writing one)"
         err = c.run_dir / "error.txt"
-        console.print(f"[red]FAILED[/] {c.run_dir}: {why}" + (f" (traceback: {err})" if err.exists() else ""),
+        console.print(f"[red]FAILED[/] {c.run_dir}: {why}"
+                      + (f" (traceback: {err})" if err.exists() else ""),
                       soft_wrap=True)
     return failed
 
@@ -411,29 +438,32 @@ def main(args: list[str]) -> int:
     cells = sweep.cells
     states = {c.run_dir: state(c) for c in cells}
     todo = [c for c in cells if states[c.run_dir] != "complete"]
-    counts = ", ".join(f"{sum(s == k for s in states.values())} {k}" for k in ("complete", "partial", "failed", "new"))
-    console.print(f"sweep {sweep.grid['name']}: {len(cells)} cells ({counts}); {len(todo)} to run with "
-                  f"launcher {sweep.launcher}; results in {cells[0].root}")
+    counts = ", ".join(f"{sum(s == k for s in states.values())} {k}"
+                       for k in ("complete", "partial", "failed", "new"))
+    console.print(f"sweep {sweep.grid['name']}: {len(cells)} cells ({counts}); {len(todo)} to run "
+                  f"with launcher {sweep.launcher}; results in {cells[0].root}")
 
     if sweep.options.get("dry_run", "false").lower() in ("1", "true", "yes"):
         for c in cells:
-            console.print(f"  {states[c.run_dir]:<8} {c.run_dir}  {' '.join(c.overrides)}", markup=False,
-                          highlight=False, soft_wrap=True)
+            console.print(f"  {states[c.run_dir]:<8} {c.run_dir}  {' '.join(c.overrides)}",
+                          markup=False, highlight=False, soft_wrap=True)
         if sweep.launcher == "local":
             jobs = int(sweep.options["jobs"]) if sweep.options.get("jobs") else None
             console.print(f"local launcher: capacity {capacity(todo or cells, jobs)} cores "
-                          f"({f'jobs={jobs} x threads' if jobs else 'every core'}); a cell takes nproc x threads = "
-                          f"{', '.join(sorted({str(cores(c)) for c in cells}))} cores; a wider cell runs alone",
+                          f"({f'jobs={jobs} x threads' if jobs else 'every core'}); a cell takes "
+                          f"nproc x threads = {', '.join(sorted({str(cores(c)) for c in cells}))} "
+                          "cores; a wider cell runs alone",
                           highlight=False)
         else:
             from omegaconf import OmegaConf
 
             hcfg = hydra_config(sweep, _new_sweep_dir(cells[0].root))
             launcher = OmegaConf.to_container(hcfg.hydra.launcher, resolve=True)
-            console.print(f"hydra launcher config:\n{OmegaConf.to_yaml(launcher)}", markup=False, highlight=False,
-                          soft_wrap=True)
+            console.print(f"hydra launcher config:\n{OmegaConf.to_yaml(launcher)}", markup=False,
+                          highlight=False, soft_wrap=True)
             if str(launcher.get("_target_", "")).endswith("SlurmLauncher"):
-                console.print(f"sbatch script (dry run, not submitted):\n{sbatch_script(launcher, len(todo) or 1)}",
+                console.print("sbatch script (dry run, not "
+                              f"submitted):\n{sbatch_script(launcher, len(todo) or 1)}",
                               markup=False, highlight=False, soft_wrap=True)
         return 0
 
@@ -446,14 +476,17 @@ def main(args: list[str]) -> int:
         if sweep.launcher == "local" or sweep.launcher in LOCAL_LAUNCHERS:
             prebuild(todo, console)
         if sweep.launcher == "local":
-            launch_local(todo, int(sweep.options["jobs"]) if sweep.options.get("jobs") else None, console)
+            launch_local(todo, int(sweep.options["jobs"]) if sweep.options.get("jobs") else None,
+                         console)
         else:
             try:
                 launch_hydra(sweep, todo, _new_sweep_dir(cells[0].root))
-            except Exception as e:  # e.g. a Slurm job killed, a joblib worker lost: report what finished
+            # e.g. a Slurm job killed, a joblib worker lost: report what finished
+            except Exception as e:
                 console.print(f"[red]the launcher stopped: {type(e).__name__}: {e}[/]")
     failed = report_sweep(cells, console)
-    console.print(f"{len(cells) - len(failed)}/{len(cells)} cells complete; wall time {time.time() - t0:.0f} s")
+    console.print(f"{len(cells) - len(failed)}/{len(cells)} cells complete; wall time "
+                  f"{time.time() - t0:.0f} s")
     return 1 if failed else 0
 
 

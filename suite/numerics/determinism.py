@@ -1,20 +1,23 @@
-"""Deterministic GPU kernels on request (config ``deterministic``), and which equality claims hold where.
+"""Deterministic GPU kernels on request (config ``deterministic``), and which equality claims hold
+where.
 
-The suite makes two equality claims (README, docs/distributed.md): a run killed and resumed ends with a
-``metrics.jsonl`` byte-identical to an uninterrupted one, and N ranks sample the tokens one rank samples.
-Both need every kernel to give the same bits for the same inputs:
+The suite makes two equality claims (README, docs/distributed.md): a run killed and resumed ends
+with a ``metrics.jsonl`` byte-identical to an uninterrupted one, and N ranks sample the tokens one
+rank samples. Both need every kernel to give the same bits for the same inputs:
 
 - **CPU**: they hold as is. torch's CPU kernels reduce in a fixed order for a fixed thread count
   (``threads``); ``deterministic`` changes nothing there but the flag it records.
-- **GPU, deterministic=true**: ``torch.use_deterministic_algorithms(True)`` (kernels that reduce with
-  atomics, such as ``index_add_``, ``scatter_add_`` and the embedding backward, take their deterministic
-  variants, and an op that has none raises, naming itself, instead of varying silently), with
-  ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, the cuBLAS setting torch requires for it on CUDA >= 10.2
-  (cuBLAS "Results reproducibility"; torch's ``use_deterministic_algorithms`` documentation), and vLLM's
-  batch invariance (``VLLM_BATCH_INVARIANT=1``: a request's tokens do not depend on the other requests of
-  its batch, so the batches N ranks form sample what one rank's batch samples). Equality then holds on
-  the same GPU model, driver and library versions; slower.
-- **GPU, deterministic=false** (the default, the speed of production stacks): neither claim holds; a rerun
+- **GPU, deterministic=true**: ``torch.use_deterministic_algorithms(True)`` (kernels that reduce
+with
+  atomics, such as ``index_add_``, ``scatter_add_`` and the embedding backward, take their
+  deterministic variants, and an op that has none raises, naming itself, instead of varying
+  silently), with ``CUBLAS_WORKSPACE_CONFIG=:4096:8``, the cuBLAS setting torch requires for it on
+  CUDA >= 10.2 (cuBLAS "Results reproducibility"; torch's ``use_deterministic_algorithms``
+  documentation), and vLLM's batch invariance (``VLLM_BATCH_INVARIANT=1``: a request's tokens do not
+  depend on the other requests of its batch, so the batches N ranks form sample what one rank's
+  batch samples). Equality then holds on the same GPU model, driver and library versions; slower.
+- **GPU, deterministic=false** (the default, the speed of production stacks): neither claim holds; a
+rerun
   differs from the first sampled token whose logits a reduction order changed.
 
 Process-wide state, so ``enabled`` restores torch's flag and vLLM's variable when the run ends:
@@ -74,7 +77,8 @@ def enabled(on: bool):
         return
     _set_cublas()  # first: a refused run has changed nothing
     saved_env = {k: os.environ.get(k) for k in ENV if k != CUBLAS}
-    saved = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    saved = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
     os.environ.update({k: v for k, v in ENV.items() if k != CUBLAS})
     torch.use_deterministic_algorithms(True)
     try:
@@ -90,5 +94,6 @@ def enabled(on: bool):
 
 def describe(requested: bool) -> dict:
     """What env.json records: the setting and the state the run actually computed under."""
-    return {"requested": requested, "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+    return {"requested": requested,
+            "torch_deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
             **{k: os.environ.get(k) for k in ENV}}

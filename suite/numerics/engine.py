@@ -52,30 +52,36 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class TorchEngine:
     """Batched sampling with a KV cache from a copy of the weights held in ``dtype``."""
 
-    # Prompts one generate() call of an evaluation takes (suite/rl/step.py evaluate): the KV cache is dense, every
-    # sequence of a batch holds prompt + max_new_tokens positions, so the batch bounds the memory (the plan's gen_batch).
+    # Prompts one generate() call of an evaluation takes (suite/rl/step.py evaluate): the KV cache
+    # is dense, every sequence of a batch holds prompt + max_new_tokens positions, so the batch
+    # bounds the memory (the plan's gen_batch).
     max_batch: int | None = 256
 
     def __init__(self, config, dtype: torch.dtype, backend: str = "native", device: str = "cpu",
-                 lm_head_fp32: bool = False, functional_cache: bool = False, quant: str | None = None,
-                 perturbation: Perturbation | None = None, kv_quant: str | None = None):
+                 lm_head_fp32: bool = False, functional_cache: bool = False,
+                 quant: str | None = None, perturbation: Perturbation | None = None,
+                 kv_quant: str | None = None):
         self.cfg = config
-        # kv_quant="fp8": every K and V is stored in (and read back from) an FP8 E4M3 cache with one scale per
-        # tensor, as vLLM's kv_cache_dtype="fp8" (fp8.fake_quant_kv); the weights and activations keep ``dtype``.
+        # kv_quant="fp8": every K and V is stored in (and read back from) an FP8 E4M3 cache with one
+        # scale per tensor, as vLLM's kv_cache_dtype="fp8" (fp8.fake_quant_kv); the weights and
+        # activations keep ``dtype``.
         self.kv_quant = kv_quant
-        # A synthetic mismatch added to the sampled distribution only (dose-response runs; perturbation.py).
+        # A synthetic mismatch added to the sampled distribution only (dose-response runs;
+        # perturbation.py).
         self.perturbation = perturbation or Perturbation()
-        # Mixture of experts (Mixtral layout): experts per token; routes to replay in score_full (B, S, L, k).
-        self.top_k = getattr(config, "num_experts_per_tok", 0) if getattr(config, "num_local_experts", 0) else 0
+        # Mixture of experts (Mixtral layout): experts per token; routes to replay in score_full (B,
+        # S, L, k).
+        self.top_k = getattr(config, "num_experts_per_tok",
+                             0) if getattr(config, "num_local_experts", 0) else 0
         self.replay_routes: torch.Tensor | None = None
         self.routes_seen: list[torch.Tensor] = []
         # quant="fp8": every decoder linear holds block-scaled E4M3 weights, quantised at each sync
-        # from the trainer's weights rounded to the sampler dtype (bf16), the input vLLM's online FP8
-        # quantisation receives too, and quantises its input per 1x128 group. An FP4 name
+        # from the trainer's weights rounded to the sampler dtype (bf16), the input vLLM's online
+        # FP8 quantisation receives too, and quantises its input per 1x128 group. An FP4 name
         # (fp4.FORMATS: nvfp4, mxfp4; the a4 variants quantise activations too): the same in 4 bits.
         self.quant = quant
-        # functional_cache: grow K/V by concatenation instead of writing a preallocated cache, so the
-        # same code can run under autograd (the `exact` flow trains through this very forward).
+        # functional_cache: grow K/V by concatenation instead of writing a preallocated cache, so
+        # the same code can run under autograd (the `exact` flow trains through this very forward).
         self.functional_cache = functional_cache
         self.dtype = dtype
         self.lm_head_fp32 = lm_head_fp32
@@ -87,12 +93,15 @@ class TorchEngine:
         self.eps = config.rms_norm_eps
         self.eos = torch.tensor(eos_ids(config), device=device)
         rope = getattr(config, "rope_scaling", None) or {}
-        if rope.get("rope_type", rope.get("type", "default")) != "default":  # only the default rotary is transcribed
+        # only the default rotary is transcribed
+        if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"engine=torch: rope scaling {rope} is not supported; use engine=vllm")
         theta = getattr(config, "rope_theta", None) or config.rope_parameters["rope_theta"]
         # HF default rope: inverse frequencies in fp32 (LlamaRotaryEmbedding).
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float()
-                                         / self.head_dim))
+        self.inv_freq = 1.0 / (
+            theta ** (
+                torch.arange(0, self.head_dim, 2, dtype=torch.int64,
+                             device=device).float() / self.head_dim))
         self.w: dict[str, torch.Tensor] = {}
         self.w32: dict[str, torch.Tensor] = {}
         self.head32: torch.Tensor | None = None
@@ -105,20 +114,24 @@ class TorchEngine:
         w = self.cast_weights(state_dict, detach=True)
         self.wq = {}
         if self.quant:
-            # The bf16 copy, as vLLM's loader gets it (suite/numerics/vllm_engine.py): both FP8 samplers quantise
-            # the same values, so they hold the same E4M3 codes.
+            # The bf16 copy, as vLLM's loader gets it (suite/numerics/vllm_engine.py): both FP8
+            # samplers quantise the same values, so they hold the same E4M3 codes.
             for k in [k for k in w if k.endswith(("_proj.weight",))]:
                 wk = w.pop(k)  # FP8: (fp8 (N, K), fp32 block scales); FP4: an fp4.SamplerWeight
                 self.wq[k] = (quantize_blockwise(wk) if self.quant == "fp8"
                               else fp4.quantize_weight(wk, self.quant))
-        head = state_dict.get("lm_head.weight", state_dict["model.embed_tokens.weight"])  # tied embeddings
-        # The fp32 output head (option lm_head_fp32) is the master weight itself, not a rounded copy.
-        self.head32 = head.detach().to(self.device, torch.float32, copy=True) if self.lm_head_fp32 else None
+        # tied embeddings
+        head = state_dict.get("lm_head.weight", state_dict["model.embed_tokens.weight"])
+        # The fp32 output head (option lm_head_fp32) is the master weight itself, not a rounded
+        # copy.
+        self.head32 = head.detach().to(self.device, torch.float32,
+                                       copy=True) if self.lm_head_fp32 else None
         bad = {str(v.dtype) for v in w.values() if v.dtype != self.dtype}
         assert not bad, f"sampler weights in {bad}, expected {self.dtype}"
         self.w = w
         # Emulated GEMMs read an fp32 copy of the *rounded* weights (exactly the same values).
-        self.w32 = {k: v.float() for k, v in w.items() if v.dim() == 2} if self.backend == "emulated" else {}
+        self.w32 = {k: v.float() for k, v in w.items()
+                    if v.dim() == 2} if self.backend == "emulated" else {}
 
     def cast_weights(self, state_dict: dict[str, torch.Tensor], detach: bool,
                      dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
@@ -126,8 +139,10 @@ class TorchEngine:
         QKVParallelLinear / MergedColumnParallelLinear). Without ``detach`` the casts stay in the
         autograd graph, so gradients reach the fp32 masters (the ``exact`` flow's trainer)."""
         dtype = dtype or self.dtype
-        w = {k: (v.detach() if detach else v).to(self.device, dtype, copy=detach) for k, v in state_dict.items()}
-        if "lm_head.weight" not in w and "model.embed_tokens.weight" in w:  # tied embeddings (a subset: neither)
+        w = {k: (v.detach() if detach else v).to(self.device, dtype, copy=detach)
+             for k, v in state_dict.items()}
+        # tied embeddings (a subset: neither)
+        if "lm_head.weight" not in w and "model.embed_tokens.weight" in w:
             w["lm_head.weight"] = w["model.embed_tokens.weight"]
         for i in range(self.cfg.num_hidden_layers):
             p = f"model.layers.{i}."
@@ -141,11 +156,13 @@ class TorchEngine:
         return w
 
     def _lin(self, x, name):
-        if name + ".weight" in self.fp8_master:  # training: quantise the master inside autograd (Jet-RL)
+        # training: quantise the master inside autograd (Jet-RL)
+        if name + ".weight" in self.fp8_master:
             if self.quant != "fp8":  # quantisation-aware FP4: the sampler's forward, STE gradients
                 return fp4.FP4LinearSTE.apply(x, self.fp8_master[name + ".weight"],
                                               self.w.get(name + ".bias"), self.dtype, self.quant)
-            return fp8_linear(x, self.fp8_master[name + ".weight"], self.w.get(name + ".bias"), self.dtype)
+            return fp8_linear(x, self.fp8_master[name + ".weight"], self.w.get(name + ".bias"),
+                              self.dtype)
         if name + ".weight" in self.wq:
             if self.quant != "fp8":
                 return fp4.fp4_linear(x, self.wq[name + ".weight"], self.w.get(name + ".bias"),
@@ -162,20 +179,24 @@ class TorchEngine:
         # at decode time (one query row) it is ~5x cheaper on CPU than the flash kernel.
         if self.backend == "emulated" or self.dtype == torch.float32:
             return lowp_attention(q, k, v, keep, self.head_dim ** -0.5, self.dtype)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, enable_gqa=self.n_kv != self.n_heads)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep,
+                                              enable_gqa=self.n_kv != self.n_heads)
 
     def _mat(self, x, w):
         """The engine's GEMM on a raw weight (an expert's slice): x @ w.T in the compute dtype."""
         return lowp_linear(x, w, None, self.dtype) if self.backend == "emulated" else F.linear(x, w)
 
     def _moe(self, h, p, layer):
-        """Top-k experts of each token (its own router, or the replayed choice); records the own top-k."""
+        """Top-k experts of each token (its own router, or the replayed choice); records the own
+        top-k."""
         B, S, H = h.shape
         x = h.reshape(-1, H)
-        replay = self.replay_routes[:, :, layer].reshape(B * S, -1) if self.replay_routes is not None else None
+        replay = (self.replay_routes[:, :, layer].reshape(B * S, -1)
+                  if self.replay_routes is not None else None)
         w, idx, own = moe.route(self._lin(x, p + "mlp.gate"), self.top_k, replay)
         self.routes_seen.append(own.view(B, S, -1))
-        y = moe.experts(x, self.w[p + "mlp.experts.gate_up_proj"], self.w[p + "mlp.experts.down_proj"], idx, w, self._mat)
+        y = moe.experts(x, self.w[p + "mlp.experts.gate_up_proj"],
+                        self.w[p + "mlp.experts.down_proj"], idx, w, self._mat)
         return y.view(B, S, H)
 
     # ---- model ---------------------------------------------------------------------------
@@ -197,7 +218,8 @@ class TorchEngine:
             causal = torch.ones(S, T, dtype=torch.bool, device=ids.device).tril(diagonal=t0)
             # A pad query would see no key at all (NaN softmax); let it see itself. Its output is
             # never used, but a NaN in its V row would poison every real query (0 * NaN = NaN).
-            mask = (causal[None] & key_valid[:, None, :T]) | _diag(S, T, t0).to(ids.device)[None]  # (B, S, T)
+            # (B, S, T)
+            mask = (causal[None] & key_valid[:, None, :T]) | _diag(S, T, t0).to(ids.device)[None]
         for i in range(self.cfg.num_hidden_layers):
             p = f"model.layers.{i}."
             h = _rms_norm(x, self.w[p + "input_layernorm.weight"], self.eps)
@@ -206,16 +228,20 @@ class TorchEngine:
             q = qkv[..., :nq].view(B, S, self.n_heads, self.head_dim).transpose(1, 2)
             k = qkv[..., nq:nq + nk].view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
             v = qkv[..., nq + nk:].view(B, S, self.n_kv, self.head_dim).transpose(1, 2)
-            if p + "self_attn.q_norm.weight" in self.w:  # Qwen3: per-head RMSNorm of q and k before rotary
+            # Qwen3: per-head RMSNorm of q and k before rotary
+            if p + "self_attn.q_norm.weight" in self.w:
                 q = _rms_norm(q, self.w[p + "self_attn.q_norm.weight"], self.eps)
                 k = _rms_norm(k, self.w[p + "self_attn.k_norm.weight"], self.eps)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
-            if self.kv_quant == "fp8":  # what attention reads is what the cache holds, the new token's K/V included
+            # what attention reads is what the cache holds, the new token's K/V included
+            if self.kv_quant == "fp8":
                 k, v = fake_quant_kv(k), fake_quant_kv(v)
             if self.functional_cache:
                 kc, vc = cache[i]
-                cache[i] = (kc, vc) = (k, v) if kc is None else (torch.cat([kc, k], 2), torch.cat([vc, v], 2))
+                cache[i] = (kc, vc) = (k,
+                                       v) if kc is None else (
+                                           torch.cat([kc, k], 2), torch.cat([vc, v], 2))
             else:
                 kc, vc = cache[i]
                 kc[:, :, t0:T] = k
@@ -236,9 +262,11 @@ class TorchEngine:
 
     # ---- sampling ------------------------------------------------------------------------
     def _start(self, ids: torch.Tensor, valid_prompt: torch.Tensor, n_new: int):
-        """Prefill left-padded prompts ids (B, P); return (logits (B, V), cache, key_valid, last_pos)."""
+        """Prefill left-padded prompts ids (B, P); return (logits (B, V), cache, key_valid,
+        last_pos)."""
         B, P = ids.shape
-        valid = torch.ones(B, P + n_new, dtype=torch.bool, device=ids.device)  # generated slots are always real keys
+        # generated slots are always real keys
+        valid = torch.ones(B, P + n_new, dtype=torch.bool, device=ids.device)
         valid[:, :P] = valid_prompt
         pos = (valid[:, :P].long().cumsum(1) - 1).clamp(min=0)
         if self.functional_cache:
@@ -248,24 +276,26 @@ class TorchEngine:
             cache = [(torch.zeros(shape, dtype=self.dtype, device=ids.device),
                       torch.zeros(shape, dtype=self.dtype, device=ids.device))
                      for _ in range(self.cfg.num_hidden_layers)]
-        freqs = torch.arange(P + n_new, device=ids.device).float()[:, None] * self.inv_freq  # (P+N, D/2) fp32, as HF
+        # (P+N, D/2) fp32, as HF
+        freqs = torch.arange(P + n_new, device=ids.device).float()[:, None] * self.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
         self._rope = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
         return self._forward(ids, pos, cache, 0, valid), cache, valid, pos[:, -1]
 
     # ---- sampling ------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False,
-                 dist_topk: int = 0, *, logprobs: bool = True) -> Rollout:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                 top_p: float, generator: torch.Generator | torch.Tensor, top_k: int = 0,
+                 keep_dist: bool = False, dist_topk: int = 0, *, logprobs: bool = True) -> Rollout:
         """Sample one response per prompt (prompts are left padded into one batch).
         ``logprobs``: the engines' shared interface (vLLM skips them when False); this decode loop
         has them anyway.
 
-        Truncated sampling (``top_p < 1`` or ``top_k > 0``): the token is drawn from the kept set, and the
-        recorded log-prob is renormalised over it, as vLLM's processed log-probs are; the kept ids and the kept
-        mass are recorded (suite/numerics/truncation.py). ``keep_dist``: also record the full
-        log-distribution, or with ``dist_topk`` = k its top-k head (log-probs and ids).
+        Truncated sampling (``top_p < 1`` or ``top_k > 0``): the token is drawn from the kept set,
+        and the recorded log-prob is renormalised over it, as vLLM's processed log-probs are; the
+        kept ids and the kept mass are recorded (suite/numerics/truncation.py). ``keep_dist``: also
+        record the full log-distribution, or with ``dist_topk`` = k its top-k head (log-probs and
+        ids).
 
         ``generator``: a torch.Generator (one stream for the batch: the tokens depend on the batch
         composition), or a (B,) tensor of per-sequence seeds (``sequence_seeds``): sequence b then
@@ -274,7 +304,8 @@ class TorchEngine:
         ids, valid_prompt = (t.to(self.device) for t in left_pad(prompts))
         B, P = ids.shape
         dev = ids.device
-        noise = uniforms(generator, max_new_tokens, dev) if isinstance(generator, torch.Tensor) else None
+        noise = uniforms(generator, max_new_tokens,
+                         dev) if isinstance(generator, torch.Tensor) else None
         tokens = torch.full((B, max_new_tokens), PAD, dtype=torch.long, device=dev)
         logps = torch.zeros(B, max_new_tokens, device=dev)
         mask = torch.zeros(B, max_new_tokens, device=dev)
@@ -283,14 +314,19 @@ class TorchEngine:
         trunc = truncation.active(top_p, top_k)
         kept, masses, dists = [], [], []
         routes = None
-        if self.top_k:  # the experts each position ran through, (B, P + N, L, k); -1 where no forward ran (last token)
-            routes = torch.full((B, P + max_new_tokens, self.cfg.num_hidden_layers, self.top_k), -1, dtype=torch.long)
+        # the experts each position ran through, (B, P + N, L, k); -1 where no forward ran (last
+        # token)
+        if self.top_k:
+            routes = torch.full((B, P + max_new_tokens, self.cfg.num_hidden_layers, self.top_k), -1,
+                                dtype=torch.long)
             routes[:, :P] = torch.stack(self.routes_seen, 2).cpu()
-        z = NoiseStream(generator, logits.shape[-1], dev) if self.perturbation.kind == "noise" else None
+        z = NoiseStream(generator, logits.shape[-1],
+                        dev) if self.perturbation.kind == "noise" else None
         for t in range(max_new_tokens):
             # fp32 log-softmax of the low-precision logits, after temperature (vLLM "processed").
             logp = torch.log_softmax(logits.float() / temperature, dim=-1)  # (B, V)
-            if self.perturbation.active:  # the sampler draws from, and records, the perturbed distribution
+            # the sampler draws from, and records, the perturbed distribution
+            if self.perturbation.active:
                 logp = perturb(logp, self.perturbation, z.next(B) if z is not None else None)
             keep = truncation.keep_mask(logp, top_p, top_k) if trunc else None
             tok = draw(logp, keep, generator if noise is None else noise[:, t])
@@ -317,8 +353,9 @@ class TorchEngine:
             if routes is not None:
                 routes[:, P + t] = torch.stack(self.routes_seen, 2)[:, 0].cpu()
         return Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens[:, : t + 1].cpu(),
-                       mask=mask[:, : t + 1].cpu(), logprobs=logps[:, : t + 1].cpu(), truncated=(~done).tolist(),
-                       routes=None if routes is None else routes[:, : P + t + 1],
+                       mask=mask[:, : t + 1].cpu(), logprobs=logps[:, : t + 1].cpu(),
+                       truncated=(~done).tolist(), routes=None if routes is None
+                       else routes[:, : P + t + 1],
                        kept=truncation.stack_kept(kept) if trunc else None,
                        kept_mass=torch.stack(masses, 1) if trunc else None,
                        dist=torch.stack([d for d, _ in dists], 1) if keep_dist else None,
@@ -327,9 +364,9 @@ class TorchEngine:
 
     def training_weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Weights for a differentiable forward from the trainer's fp32 masters (casts kept in the
-        graph); FP8 layers get their fp32 master holding the values of its bf16 rounding (what ``sync``
-        quantises), with the gradient passed straight through to the master, quantised inside
-        ``fp8_linear`` (FP4 layers: ``fp4.FP4LinearSTE``)."""
+        graph); FP8 layers get their fp32 master holding the values of its bf16 rounding (what
+        ``sync`` quantises), with the gradient passed straight through to the master, quantised
+        inside ``fp8_linear`` (FP4 layers: ``fp4.FP4LinearSTE``)."""
         w = self.cast_weights(params, detach=False)
         if self.lm_head_fp32:
             w["lm_head.fp32"] = params.get("lm_head.weight", params["model.embed_tokens.weight"])
@@ -337,11 +374,13 @@ class TorchEngine:
             master = self.cast_weights(params, detach=False, dtype=torch.float32)
             for k in [k for k in w if k.endswith("_proj.weight")]:
                 m = master[k]
-                w["fp8:" + k] = m + (w.pop(k).detach().float() - m).detach()  # forward: bf16 values; grad: fp32
+                # forward: bf16 values; grad: fp32
+                w["fp8:" + k] = m + (w.pop(k).detach().float() - m).detach()
         return w
 
     def _use(self, weights):
-        """Swap in training weights (or restore the synced ones when ``weights`` is the saved tuple)."""
+        """Swap in training weights (or restore the synced ones when ``weights`` is the saved
+        tuple)."""
         saved = self.w, self.w32, self.head32, self.fp8_master
         if isinstance(weights, tuple):
             self.w, self.w32, self.head32, self.fp8_master = weights
@@ -354,7 +393,8 @@ class TorchEngine:
 
     def score_full(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, targets: torch.Tensor,
                    temperature: float, weights: dict[str, torch.Tensor],
-                   routes: torch.Tensor | None = None, kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                   routes: torch.Tensor | None = None,
+                   kept: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies (B, R) from ONE full-sequence pass of this engine's own forward.
 
         The unified FP8 flow's trainer: the sampler's computation is a subgraph of it (same
@@ -381,15 +421,17 @@ class TorchEngine:
         finally:
             self._use(saved)
 
-    def score(self, ids: torch.Tensor, valid_prompt: torch.Tensor, tokens: torch.Tensor, temperature: float,
-              weights: dict[str, torch.Tensor] | None = None, kept: torch.Tensor | None = None,
-              full: bool = False) -> tuple[torch.Tensor, ...]:
-        """Log-probs and entropies (B, R) of ``tokens`` by replaying the decode loop, teacher-forced.
+    def score(self, ids: torch.Tensor, valid_prompt: torch.Tensor, tokens: torch.Tensor,
+              temperature: float, weights: dict[str, torch.Tensor] | None = None,
+              kept: torch.Tensor | None = None, full: bool = False) -> tuple[torch.Tensor, ...]:
+        """Log-probs and entropies (B, R) of ``tokens`` by replaying the decode loop,
+        teacher-forced.
 
         The same ops in the same order as ``generate`` on the same batch, so with the same weights
         the result is bitwise the sampler's (the ``exact`` flow). ``weights`` (from
-        ``cast_weights(..., detach=False)``) replace the synced ones, keeping autograd. ``kept`` (B, R, K): the
-        sampler's kept ids, renormalised over as ``generate`` does; ``full``: also return the (B, R, V) log-probs.
+        ``cast_weights(..., detach=False)``) replace the synced ones, keeping autograd. ``kept`` (B,
+        R, K): the sampler's kept ids, renormalised over as ``generate`` does; ``full``: also return
+        the (B, R, V) log-probs.
         """
         saved = self._use(weights)
         try:
@@ -405,17 +447,20 @@ class TorchEngine:
                     alls.append(logp)
                 if t < R - 1:
                     last_pos = last_pos + 1
-                    logits = self._forward(tokens[:, t:t + 1], last_pos[:, None], cache, P + t, valid)
+                    logits = self._forward(tokens[:, t:t + 1], last_pos[:, None], cache, P + t,
+                                           valid)
             out = torch.stack(logps, 1), torch.stack(ents, 1)
             return (*out, torch.stack(alls, 1)) if full else out
         finally:
             self._use(saved)
 
 
-def _picked(logp_all: torch.Tensor, targets: torch.Tensor, kept: torch.Tensor | None) -> torch.Tensor:
-    """Log-probs of ``targets`` from full log-probs (..., V); renormalised over ``kept`` ids where given, with
-    the function the sampler used (truncation.renormalised), so identical kernels give identical numbers.
-    A row whose kept ids are all -1 (past the end of its response) keeps the full log-prob."""
+def _picked(logp_all: torch.Tensor, targets: torch.Tensor,
+            kept: torch.Tensor | None) -> torch.Tensor:
+    """Log-probs of ``targets`` from full log-probs (..., V); renormalised over ``kept`` ids where
+    given, with the function the sampler used (truncation.renormalised), so identical kernels give
+    identical numbers. A row whose kept ids are all -1 (past the end of its response) keeps the full
+    log-prob."""
     full = logp_all.gather(-1, targets[..., None])[..., 0]
     if kept is None:
         return full

@@ -174,7 +174,8 @@ def quantize(x: torch.Tensor, fmt: str, per_row: bool = False) -> Quantized:
 def operand(q: Quantized) -> torch.Tensor:
     """codes * block scales, fp32 (..., K): exact (2 + 4 significant bits), the GEMM's input."""
     K = q.codes.shape[-1]
-    if K % q.block == 0:  # each block times its scale, broadcast: the same products, no repeated scales
+    # each block times its scale, broadcast: the same products, no repeated scales
+    if K % q.block == 0:
         return (q.codes.unflatten(-1, (-1, q.block)) * q.scales[..., None]).flatten(-2)
     return q.codes * q.scales.repeat_interleave(q.block, dim=-1)[..., :K]
 

@@ -1,4 +1,5 @@
-"""FP8 linear layers with the DeepSeek-V3 / Jet-RL block-scaled recipe (arXiv 2412.19437 Sec. 3.3; Jet-RL, arXiv 2601.14243).
+"""FP8 linear layers with the DeepSeek-V3 / Jet-RL block-scaled recipe (arXiv 2412.19437 Sec. 3.3;
+Jet-RL, arXiv 2601.14243).
 
 The format
 ==========
@@ -111,7 +112,8 @@ def _scale_shape(shape: torch.Size, dim: int, group: int) -> list[int]:
     return out
 
 
-def quantize_groupwise(x: torch.Tensor, group: int = BLOCK, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_groupwise(x: torch.Tensor, group: int = BLOCK,
+                       dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per ``group`` consecutive elements along ``dim``.
 
     x (..., K) with dim=-1 -> q float8 (..., K), scales fp32 (..., ceil(K/group))  [1x128]
@@ -124,14 +126,17 @@ def quantize_groupwise(x: torch.Tensor, group: int = BLOCK, dim: int = -1) -> tu
     return q, scales.reshape(_scale_shape(x.shape, dim, group))
 
 
-def dequantize_groupwise(q: torch.Tensor, scales: torch.Tensor, group: int = BLOCK, dim: int = -1) -> torch.Tensor:
+def dequantize_groupwise(q: torch.Tensor, scales: torch.Tensor, group: int = BLOCK,
+                         dim: int = -1) -> torch.Tensor:
     """Inverse of ``quantize_groupwise`` (same ``group`` and ``dim``): fp32, q's shape."""
     tiles = _tiles(q.float(), dim, group)  # (pre, G, group, post)
-    return _untile(tiles * scales.reshape(tiles.shape[0], tiles.shape[1], 1, tiles.shape[3]), q.shape, dim)
+    return _untile(tiles * scales.reshape(tiles.shape[0], tiles.shape[1], 1, tiles.shape[3]),
+                   q.shape, dim)
 
 
 def quantize_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One scale per 128x128 block: w (N, K) -> q float8 (N, K), scales fp32 (ceil(N/128), ceil(K/128))."""
+    """One scale per 128x128 block: w (N, K) -> q float8 (N, K), scales fp32 (ceil(N/128),
+    ceil(K/128))."""
     N, K = w.shape
     Nb, Kb = math.ceil(N / BLOCK), math.ceil(K / BLOCK)
     padded = F.pad(w.float(), (0, Kb * BLOCK - K, 0, Nb * BLOCK - N))  # zeros: amax unchanged
@@ -163,7 +168,8 @@ def fake_quant_act(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
 
 
 def quant_error(x: torch.Tensor, kind: str = "act") -> dict[str, float]:
-    """Relative round-trip error of ``x`` through the weight ('weight') or activation ('act') quantiser."""
+    """Relative round-trip error of ``x`` through the weight ('weight') or activation ('act')
+    quantiser."""
     if kind not in ("act", "weight"):
         raise ValueError(f"quant_error: unknown kind '{kind}' (act, weight)")
     x = x.float()
@@ -185,18 +191,19 @@ def _fp8_gemm_emulated(qa, sa, qb, sb) -> torch.Tensor:
 
 
 def _fp8_gemm_blockwise(qa, sa, qb, sb) -> torch.Tensor:
-    """The product in ONE ``torch._scaled_mm`` with 1x128 block scales on both operands (DeepSeek-V3's recipe as
-    cuBLAS runs it: "1D block scaling" for FP8, CUDA >= 12.9 on sm90; torch >= 2.9 recognises it from the scales'
-    shapes and strides). torch's layout rules (ScaledBlas.cpp, ``is_blockwise_1x128_scaling``): A row-major (M, K)
-    with scale_a (M, ceil(K/128)) outer-dim-major (stride (1, M)); B column-major (K, N) with scale_b
-    (ceil(K/128), N) row-major, i.e. B's (N, Kg) scales outer-dim-major seen transposed. Operands padded (``_padded``)."""
-    return torch._scaled_mm(qa, qb.t(), scale_a=sa.t().contiguous().t(), scale_b=sb.t().contiguous(),
-                            out_dtype=torch.float32)
+    """The product in ONE ``torch._scaled_mm`` with 1x128 block scales on both operands
+    (DeepSeek-V3's recipe as cuBLAS runs it: "1D block scaling" for FP8, CUDA >= 12.9 on sm90; torch
+    >= 2.9 recognises it from the scales' shapes and strides). torch's layout rules (ScaledBlas.cpp,
+    ``is_blockwise_1x128_scaling``): A row-major (M, K) with scale_a (M, ceil(K/128))
+    outer-dim-major (stride (1, M)); B column-major (K, N) with scale_b (ceil(K/128), N) row-major,
+    i.e. B's (N, Kg) scales outer-dim-major seen transposed. Operands padded (``_padded``)."""
+    return torch._scaled_mm(qa, qb.t(), scale_a=sa.t().contiguous().t(),
+                            scale_b=sb.t().contiguous(), out_dtype=torch.float32)
 
 
 def _fp8_gemm_cuda(qa, sa, qb, sb) -> torch.Tensor:
-    """The same product as one row-wise ``torch._scaled_mm`` per 128-wide K-slice (the fallback for builds
-    without block scaling: torch < 2.9, CUDA < 12.9, sm89).
+    """The same product as one row-wise ``torch._scaled_mm`` per 128-wide K-slice (the fallback for
+    builds without block scaling: torch < 2.9, CUDA < 12.9, sm89).
 
     Within slice j every scale is row-wise: scale_a = sa[:, j] (M, 1) per row of A,
     scale_b = sb[:, j] (1, N) per column of B = qb.T. Partial products come out in fp32 and
@@ -215,27 +222,32 @@ def _fp8_gemm_cuda(qa, sa, qb, sb) -> torch.Tensor:
     return out
 
 
-# The tensor-core paths in the order tried; a device keeps the first that runs and agrees with the emulation.
+# The tensor-core paths in the order tried; a device keeps the first that runs and agrees with the
+# emulation.
 _CUDA_PATHS = {"torch._scaled_mm blockwise 1x128": _fp8_gemm_blockwise,
                "torch._scaled_mm per K-slice": _fp8_gemm_cuda}
-# Per device: the path it runs ("emulated" after every tensor-core path failed) and why (env.json ``fp8_gemm``).
-# A path is dropped when _scaled_mm raises (a RuntimeError on some builds, a ValueError on others, e.g. the sm89
-# row-wise path of CUDA < 12.9 wheels, which emits only bf16: rounding each partial sum to bf16 would change the
-# numbers, not only the summation order) or when its first product disagrees with the emulation (a scale layout
-# read otherwise than here): never silently, the reason is recorded and warned.
+# Per device: the path it runs ("emulated" after every tensor-core path failed) and why (env.json
+# ``fp8_gemm``). A path is dropped when _scaled_mm raises (a RuntimeError on some builds, a
+# ValueError on others, e.g. the sm89 row-wise path of CUDA < 12.9 wheels, which emits only bf16:
+# rounding each partial sum to bf16 would change the numbers, not only the summation order) or when
+# its first product disagrees with the emulation (a scale layout read otherwise than here): never
+# silently, the reason is recorded and warned.
 _PATH: dict[str, str] = {}
 _FALLBACK_REASON: dict[str, str] = {}
 
 
-def _padded(q: torch.Tensor, s: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q (R, K) zero-padded to (rows, cols) and its scales (R, Kg) to (rows, Kg) with ones: cuBLAS's FP8 GEMMs want
-    dimensions in multiples of 16 and whole 128-wide K groups. Zero elements add nothing to any product, and padding K
-    inside the last group leaves its scale as is (zeros never change an amax), so no number changes."""
+def _padded(q: torch.Tensor, s: torch.Tensor, rows: int,
+            cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (R, K) zero-padded to (rows, cols) and its scales (R, Kg) to (rows, Kg) with ones: cuBLAS's
+    FP8 GEMMs want dimensions in multiples of 16 and whole 128-wide K groups. Zero elements add
+    nothing to any product, and padding K inside the last group leaves its scale as is (zeros never
+    change an amax), so no number changes."""
     R, K = q.shape
     if (R, K) == (rows, cols) and q.is_contiguous():
         return q, s
     # float8 0x00 is +0; pad through a uint8 view (torch's pad has no float8 kernels everywhere)
-    qp = torch.nn.functional.pad(q.view(torch.uint8), (0, cols - K, 0, rows - R)).contiguous().view(q.dtype)
+    qp = torch.nn.functional.pad(q.view(torch.uint8),
+                                 (0, cols - K, 0, rows - R)).contiguous().view(q.dtype)
     return qp, torch.nn.functional.pad(s, (0, 0, 0, rows - R), value=1.0)
 
 
@@ -327,9 +339,9 @@ def _tensor_core_gemm(qa, sa, qb, sb) -> torch.Tensor | None:
 def gemm_path(device: str | torch.device) -> dict[str, str]:
     """Which FP8 GEMM this device runs, and why (env.json ``fp8_gemm``; ``suite doctor``).
 
-    The answer comes from a product run now when none has run on the device yet: env.json is written before a
-    run's first FP8 GEMM (a bf16_fp8rollout run computes none by then), and a build that refuses a path must be
-    recorded as what it computes, not as what it was expected to."""
+    The answer comes from a product run now when none has run on the device yet: env.json is written
+    before a run's first FP8 GEMM (a bf16_fp8rollout run computes none by then), and a build that
+    refuses a path must be recorded as what it computes, not as what it was expected to."""
     device = str(device)
     probe = _probe(device)
     if not _has_fp8_tensor_cores(probe[0]):
@@ -349,8 +361,9 @@ def _gemm(qa, sa, qb, sb, reduce_dim: int = -1) -> torch.Tensor:
     reduce_dim=-1: A (M, K), B (N, K), scales (M|N, Kg) -> A @ B.T   (forward, input grad)
     reduce_dim=0:  A (K, M), B (K, N), scales (Kg, M|N) -> A.T @ B   (weight grad, K = tokens)
     The reduce_dim=0 form keeps the token-major tensors in their own layout on CPU, where a
-    transpose copy costs more than the GEMM. On tensor cores every shape runs in FP8, the weight gradient's
-    token count included (padded, ``_padded``); only a recorded, warned fallback leaves it.
+    transpose copy costs more than the GEMM. On tensor cores every shape runs in FP8, the weight
+    gradient's token count included (padded, ``_padded``); only a recorded, warned fallback leaves
+    it.
     """
     if reduce_dim == 0:
         if _has_fp8_tensor_cores(qa):
@@ -404,7 +417,8 @@ class FP8Linear(torch.autograd.Function):
 
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
-    """Jet-RL's unified FP8 linear: x (..., K), w (N, K), b (N,) or None -> (..., N) in ``out_dtype``.
+    """Jet-RL's unified FP8 linear: x (..., K), w (N, K), b (N,) or None -> (..., N) in
+    ``out_dtype``.
 
     Gradients: x's in x.dtype, w's and b's computed in fp32 (autograd casts them to the
     parameters' dtype, so keep fp32 master weights).
@@ -412,7 +426,8 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
     return FP8Linear.apply(x, w, b, out_dtype)
 
 
-def fp8_linear_inference(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, b: torch.Tensor | None = None,
+def fp8_linear_inference(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor,
+                         b: torch.Tensor | None = None,
                          out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     """The sampler's FP8 linear on weights quantised once per sync: the forward of ``FP8Linear``.
 
@@ -430,9 +445,10 @@ def fp8_linear_inference(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor, b:
 
 # ---- KV cache ----------------------------------------------------------------------------
 def fake_quant_kv(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
-    """K or V as an FP8 E4M3 KV cache holds it: one scale per tensor, x_hat = e4m3(x / scale) * scale, back in
-    ``x.dtype``. vLLM's ``kv_cache_dtype="fp8"`` with a checkpoint that carries no k/v scales uses scale 1.0
-    (``set_default_quant_scales``, vLLM 0.32), so 1.0 is the default here. The gradient passes straight
-    through (a trainer that runs the sampler's code keeps its graph)."""
+    """K or V as an FP8 E4M3 KV cache holds it: one scale per tensor, x_hat = e4m3(x / scale) *
+    scale, back in ``x.dtype``. vLLM's ``kv_cache_dtype="fp8"`` with a checkpoint that carries no
+    k/v scales uses scale 1.0 (``set_default_quant_scales``, vLLM 0.32), so 1.0 is the default here.
+    The gradient passes straight through (a trainer that runs the sampler's code keeps its
+    graph)."""
     q = (_to_e4m3(x.float() / scale).float() * scale).to(x.dtype)
     return x + (q - x).detach() if x.requires_grad else q

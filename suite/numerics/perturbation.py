@@ -17,8 +17,9 @@ renormalised:
   sampler that over-weights (scale > 0) the low-probability tail, where the published mismatch
   concentrates (arXiv 2510.26788 section 3: the largest |pi - mu| sit on low-probability tokens).
 
-``z`` is drawn per sequence from its own seed (as the sampler's tokens are, sampling.sequence_seeds),
-so a sequence's perturbation does not depend on the batch it is sampled in or on the rank.
+``z`` is drawn per sequence from its own seed (as the sampler's tokens are,
+sampling.sequence_seeds), so a sequence's perturbation does not depend on the batch it is sampled in
+or on the rank.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from dataclasses import dataclass
 import torch
 
 KINDS = ("none", "noise", "lowp_bias")
-_SALT = 0x9E3779B97F4A7C15 >> 1  # keeps the noise stream apart from the token-sampling stream of the same seed
+# keeps the noise stream apart from the token-sampling stream of the same seed
+_SALT = 0x9E3779B97F4A7C15 >> 1
 
 
 @dataclass(frozen=True)
@@ -47,10 +49,10 @@ class Perturbation:
 
 @contextlib.contextmanager
 def suspended(engine):
-    """Inside the block ``engine`` samples from the policy itself. The perturbation stands for a rollout engine's
-    mismatch in training, not for the policy: a held-out evaluation must score what the run learned, or a run
-    failing on its perturbed rollouts cannot be told from a policy that learned less. An engine without an
-    active perturbation (vLLM refuses one) is left as it is."""
+    """Inside the block ``engine`` samples from the policy itself. The perturbation stands for a
+    rollout engine's mismatch in training, not for the policy: a held-out evaluation must score what
+    the run learned, or a run failing on its perturbed rollouts cannot be told from a policy that
+    learned less. An engine without an active perturbation (vLLM refuses one) is left as it is."""
     saved = getattr(engine, "perturbation", None)
     if saved is None or not saved.active:
         yield
@@ -63,8 +65,8 @@ def suspended(engine):
 
 
 def perturb(logp: torch.Tensor, p: Perturbation, z: torch.Tensor | None = None) -> torch.Tensor:
-    """The perturbed log-probs (B, V) from clean fp32 log-probs ``logp`` (B, V); ``z`` (B, V) standard
-    normals for ``noise``. Pure: same inputs, same output."""
+    """The perturbed log-probs (B, V) from clean fp32 log-probs ``logp`` (B, V); ``z`` (B, V)
+    standard normals for ``noise``. Pure: same inputs, same output."""
     if p.kind == "none":
         return logp
     if p.kind == "noise":
@@ -75,17 +77,20 @@ def perturb(logp: torch.Tensor, p: Perturbation, z: torch.Tensor | None = None) 
 
 
 class NoiseStream:
-    """Standard normals (B, V) for each decoding step: one generator per sequence seed, or the batch's
-    own generator when the sampler draws from one stream."""
+    """Standard normals (B, V) for each decoding step: one generator per sequence seed, or the
+    batch's own generator when the sampler draws from one stream."""
 
     def __init__(self, rng: torch.Generator | torch.Tensor, vocab: int, device):
         self.vocab, self.device = vocab, device
         if isinstance(rng, torch.Generator):
             self.batch, self.rows = rng, None
         else:
-            self.batch, self.rows = None, [torch.Generator().manual_seed(int(s) ^ _SALT) for s in rng.tolist()]
+            self.batch, self.rows = None, [torch.Generator().manual_seed(int(s) ^ _SALT)
+                                           for s in rng.tolist()]
 
     def next(self, batch_size: int) -> torch.Tensor:
         if self.rows is None:
-            return torch.randn(batch_size, self.vocab, generator=self.batch, device=self.batch.device).to(self.device)
-        return torch.stack([torch.randn(self.vocab, generator=g) for g in self.rows]).to(self.device)
+            return torch.randn(batch_size, self.vocab, generator=self.batch,
+                               device=self.batch.device).to(self.device)
+        return torch.stack([torch.randn(self.vocab, generator=g)
+                            for g in self.rows]).to(self.device)

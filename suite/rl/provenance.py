@@ -48,16 +48,19 @@ def rerun_overrides(cfg: dict) -> list[str]:
     from suite.rl import config as cfgmod
 
     base = [f"{k}={hydra_value(cfg[k])}" for k in AXES if k in cfg]
-    if cfg.get("include_path"):  # a task of the user's own composes only with its folder on the task path
+    # a task of the user's own composes only with its folder on the task path
+    if cfg.get("include_path"):
         base.append(f"include_path={hydra_value(cfg['include_path'])}")
     try:
         default = flatten(cfgmod.to_dict(cfgmod.load(base)))
     except Exception:  # noqa: BLE001 -- e.g. a task not registered today: spell out every field
         default = flatten(cfgmod.to_dict(cfgmod.RunConfig()))
     flat = flatten(cfg)
-    # `out` is where the run was written, not what it computes: a rerun goes to today's default (runs/).
+    # `out` is where the run was written, not what it computes: a rerun goes to today's default
+    # (runs/).
     return base + [f"{k}={hydra_value(v)}" for k, v in sorted(flat.items())
-                   if k not in (*AXES, "out", "include_path") and (k not in default or not _same(v, default[k]))]
+                   if k not in (*AXES, "out", "include_path")
+                   and (k not in default or not _same(v, default[k]))]
 
 
 def rerun_command(cfg: dict) -> str:
@@ -65,7 +68,8 @@ def rerun_command(cfg: dict) -> str:
 
 
 def _restrict(new: dict, old: dict) -> dict:
-    """``new`` limited to the keys ``old`` has, at every level: what a run recorded, as composed today."""
+    """``new`` limited to the keys ``old`` has, at every level: what a run recorded, as composed
+    today."""
     return {k: _restrict(v, old[k]) if isinstance(v, dict) and isinstance(old[k], dict) else v
             for k, v in new.items() if k in old}
 
@@ -75,14 +79,17 @@ class Check:
     """Does ``command`` compose, with today's code, to the recorded config hash?"""
 
     command: str
-    added: dict = field(default_factory=dict)  # fields the code gained since the run, at today's defaults
+    # fields the code gained since the run, at today's defaults
+    added: dict = field(default_factory=dict)
     problem: str | None = None  # why it does not reproduce (one line); None when it does
     composes: bool = True  # False: config.load rejected the command
 
     def __str__(self) -> str:
-        """The answer in a word or a line: yes / yes, except fields added since / NO / cannot compose."""
+        """The answer in a word or a line: yes / yes, except fields added since / NO / cannot
+        compose."""
         if self.problem:
-            return f"NO: {self.problem}" if self.composes else f"cannot compose today: {self.problem}"
+            return (f"NO: {self.problem}" if self.composes
+                    else f"cannot compose today: {self.problem}")
         return f"yes, except fields added since: {self.added_text()}" if self.added else "yes"
 
     def added_text(self) -> str:
@@ -98,14 +105,17 @@ def check(cfg: dict, expected_hash: str) -> Check:
     try:
         new = cfgmod.to_dict(cfgmod.load(rerun_overrides(cfg)))
     except Exception as e:  # noqa: BLE001 -- Hydra and OmegaConf raise many types; each means "not reproducible"
-        return Check(command, problem=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", composes=False)
+        return Check(command, problem=f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}",
+                     composes=False)
     again = config_hash(_restrict(new, cfg))
     flat_cfg, flat_new = flatten(cfg), flatten(new)
     if again != expected_hash:
         diff = [k for k, v in flat_cfg.items() if not _same(flat_new.get(k, v), v)]
-        why = f"differs in {', '.join(diff)}" if diff else "the recorded config itself has another hash"
+        why = (f"differs in {', '.join(diff)}" if diff
+               else "the recorded config itself has another hash")
         return Check(command, problem=f"composes to {again}, not {expected_hash}; {why}")
-    added = {k: v for k, v in flat_new.items() if k not in flat_cfg and k.split(".")[0] not in LOCATION_KEYS}
+    added = {k: v for k, v in flat_new.items() if k not in flat_cfg
+             and k.split(".")[0] not in LOCATION_KEYS}
     return Check(command, added)
 
 
@@ -128,8 +138,10 @@ def same_experiment(recorded: dict, new: dict) -> bool:
     added = [k for k in flat_new if k not in flat_old and k.split(".")[0] not in LOCATION_KEYS]
     try:
         # Every field's resolved default, those that to_dict leaves out at their default included: a
-        # config.json may hold them (a run that recorded them), and they must compare as defaults too.
-        default = flatten(dataclasses.asdict(cfgmod.load([f"tier={new['tier']}", f"task={new['task']}"])))
+        # config.json may hold them (a run that recorded them), and they must compare as defaults
+        # too.
+        default = flatten(dataclasses.asdict(cfgmod.load([f"tier={new['tier']}",
+                                                          f"task={new['task']}"])))
     except Exception:  # noqa: BLE001 -- a tier or task the code no longer has: not the same experiment
         return False
     return all(_same(flat_new[k], default.get(k)) for k in added)

@@ -1,6 +1,7 @@
 """One RL run: set-up, the steps, teardown. The step itself is suite/rl/step.py, read top to bottom:
-sample (sampler, low precision, KV cache) -> reward -> group-relative advantage -> trainer log-probs of the
-same tokens at the same parameters -> mismatch metrics -> loss and optimizer updates -> sync the sampler.
+sample (sampler, low precision, KV cache) -> reward -> group-relative advantage -> trainer log-probs
+of the same tokens at the same parameters -> mismatch metrics -> loss and optimizer updates -> sync
+the sampler.
 
 Determinism and resume: the prompts and the sampling seed of step s are pure functions of
 (seed, s), and the checkpoint holds the master weights, AdamW and the loss scaler, so a run
@@ -39,13 +40,13 @@ from suite.results import (
     atomic_write_json,
     atomic_write_text,
     config_hash,
-    env_info,
     run_dir_name,
     truncate_jsonl,
 )
 from suite.rl import checkpoint, data, loggers, perfectible, plan, recipe, staleness
 from suite.rl import config as cfgmod
 from suite.rl.checkpoint import CorruptCheckpoint  # noqa: F401 -- re-exported: a run's error type
+from suite.rl.env_record import env_info
 from suite.rl.policy import BUILD_THREADS, load_policy
 from suite.rl.provenance import same_experiment
 from suite.rl.step import Run, rl_step, sync
@@ -69,8 +70,8 @@ def claim_run_dir(run_dir: Path, cfg_dict: dict, origins: dict | None = None) ->
             diff = _diff(old.get("config", {}), cfg_dict)
             raise RunDirConflict(f"{run_dir} holds a run of a different config ({diff}); "
                                  f"choose another name=..., or delete that directory")
-        # A run that stopped before its first step (bad input found late) holds no result: the corrected rerun takes
-        # its folder, and the failed attempt's record goes.
+        # A run that stopped before its first step (bad input found late) holds no result: the
+        # corrected rerun takes its folder, and the failed attempt's record goes.
         for stale in ("summary.json", "error.txt"):
             (run_dir / stale).unlink(missing_ok=True)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -90,17 +91,21 @@ def _diff(a: dict, b: dict, prefix: str = "") -> str:
 
 # ---- the run ---------------------------------------------------------------------------------
 def build_trainer(cfg, model, world: dist.World | None = None):
-    """The trainer alone (the KL reference needs no sampler: building one would start a second vLLM engine)."""
+    """The trainer alone (the KL reference needs no sampler: building one would start a second vLLM
+    engine)."""
     from suite.numerics.trainer import Trainer, TrainerOptions
 
     flow, world = resolve(cfg.precision), world or dist.World()
     backend = gemm_backend(cfg.gemm, flow.trainer_dtype, world.device.split(":")[0])
-    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainerOptions) if f.name != "kv_quant"}
-    return Trainer(model, flow, backend, cfg.optim, TrainerOptions(**options, kv_quant=kv_quant(cfg.kv_cache)), world)
+    options = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(TrainerOptions)
+               if f.name != "kv_quant"}
+    return Trainer(model, flow, backend, cfg.optim,
+                   TrainerOptions(**options, kv_quant=kv_quant(cfg.kv_cache)), world)
 
 
 def build_engines(cfg, model, world: dist.World | None = None):
-    """Trainer and sampler of a run (on this rank's device), configured from the precision table and nothing else."""
+    """Trainer and sampler of a run (on this rank's device), configured from the precision table and
+    nothing else."""
     flow, world = resolve(cfg.precision), world or dist.World()
     device = world.device.split(":")[0]
     backends = {"trainer": gemm_backend(cfg.gemm, flow.trainer_dtype, device),
@@ -108,18 +113,23 @@ def build_engines(cfg, model, world: dist.World | None = None):
     trainer = build_trainer(cfg, model, world)
     if cfg.routing_replay and trainer.routing is None:  # a given model: only known once loaded
         raise ValueError("routing_replay: the policy has no mixture-of-experts layers to replay")
-    if cfg.engine == "vllm":  # vLLM starts from the policy's directory; sync() then loads the trainer's weights
+    # vLLM starts from the policy's directory; sync() then loads the trainer's weights
+    if cfg.engine == "vllm":
         from suite.numerics.vllm_engine import VllmEngine
 
         if not model.name_or_path:
-            raise ValueError("engine=vllm: the policy must be loaded from a directory (load_policy), vLLM starts from it")
+            raise ValueError("engine=vllm: the policy must be loaded from a directory "
+                             "(load_policy), vLLM starts from it")
         backends["sampler"] = "vllm"
-        return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed, world=world, kv_cache=cfg.kv_cache,
-                                   truncating=cfg.sampling.top_p < 1 or cfg.sampling.top_k > 0,
+        return trainer, VllmEngine(model.name_or_path, flow, cfg.vllm, seed=cfg.seed, world=world,
+                                   kv_cache=cfg.kv_cache, truncating=cfg.sampling.top_p < 1
+                                   or cfg.sampling.top_k > 0,
                                    head_logprobs=cfg.algo.score_centering_topk or 0), backends
-    engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"], lm_head_fp32=cfg.lm_head_fp32,
-                         functional_cache=flow.exact, quant=flow.sampler_quant, device=world.device,
-                         perturbation=Perturbation(cfg.inject.kind, cfg.inject.scale, cfg.inject.threshold),
+    engine = TorchEngine(model.config, flow.sampler_dtype, backends["sampler"],
+                         lm_head_fp32=cfg.lm_head_fp32, functional_cache=flow.exact,
+                         quant=flow.sampler_quant, device=world.device,
+                         perturbation=Perturbation(cfg.inject.kind, cfg.inject.scale,
+                                                   cfg.inject.threshold),
                          kv_quant=kv_quant(cfg.kv_cache))
     return trainer, engine, backends
 
@@ -128,10 +138,13 @@ def run(cfg, console: Console | None = None, origins: dict | None = None) -> Pat
     """Run (or resume) one RL run; return its directory. ``cfg`` must be resolved and validated.
 
     Under torchrun or srun (suite/dist.py) every rank calls this; rank 0 alone writes the bundle.
-    A config whose memory plan exceeds this rank's device is refused first (suite/rl/plan.py; plan.check=false).
+    A config whose memory plan exceeds this rank's device is refused first (suite/rl/plan.py;
+    plan.check=false).
     """
-    with determinism.enabled(cfg.deterministic):  # before any CUDA work: cuBLAS reads its setting once
-        plan.check_rank(cfg)  # refused before any compute when the memory plan exceeds this rank's device
+    # before any CUDA work: cuBLAS reads its setting once
+    with determinism.enabled(cfg.deterministic):
+        # refused before any compute when the memory plan exceeds this rank's device
+        plan.check_rank(cfg)
         world = dist.init(cfg.nproc, cfg.nnodes)
         try:
             return _run(cfg, world, console or Console(), origins)
@@ -142,18 +155,22 @@ def run(cfg, console: Console | None = None, origins: dict | None = None) -> Pat
 def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) -> Path:
     torch.set_num_threads(cfg.threads)
     console = console if world.main else Console(quiet=True)
-    task, algo = get_task(cfg.task, cfg.data, cfg.include_path), recipe.algorithm(cfg)  # before the folder is taken
-    run_dir = Path(cfg.out) / cfg.name / run_dir_name(cfg.task, cfg.algorithm, cfg.precision, cfg.seed)
+    # before the folder is taken
+    task, algo = get_task(cfg.task, cfg.data, cfg.include_path), recipe.algorithm(cfg)
+    run_dir = Path(cfg.out) / cfg.name / run_dir_name(cfg.task, cfg.algorithm, cfg.precision,
+                                                      cfg.seed)
     if _claim(cfg, run_dir, world, origins):
         console.print(f"{run_dir}: already complete")
         return run_dir
     error, mirrors, engines = None, None, []
     try:
         r, start = setup(cfg, task, algo, world, console, run_dir, engines)
-        mirrors = (loggers.Mirrors(cfg.logger, run_dir, cfgmod.to_dict(cfg), json.loads((run_dir / "env.json").read_text()),
-                                   cfg.name, start, console) if world.main and cfg.logger else None)
-        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=console, transient=True, disable=not world.main)
+        mirrors = (loggers.Mirrors(cfg.logger, run_dir, cfgmod.to_dict(cfg),
+                                   json.loads((run_dir / "env.json").read_text()), cfg.name, start,
+                                   console) if world.main and cfg.logger else None)
+        progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                            MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                            transient=True, disable=not world.main)
         with progress:
             bar = progress.add_task(run_dir.name, total=cfg.steps, completed=start)
             for step in range(start + 1, cfg.steps + 1):
@@ -169,21 +186,24 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
                 progress.advance(bar)
                 console.print(_line(row, timing))
         if cfg.steps > start or not (run_dir / "policy").exists():
-            checkpoint.export_hf(run_dir / "policy", r.trainer, r.tok, world)  # the final policy, for transfer and users
+            # the final policy, for transfer and users
+            checkpoint.export_hf(run_dir / "policy", r.trainer, r.tok, world)
     except BaseException as e:  # a kill or a crash still leaves an honest "incomplete" summary
         error = f"{type(e).__name__}: {e}"
         if world.main:
             atomic_write_text(run_dir / "error.txt", traceback.format_exc())
         raise
     finally:
-        for e in engines:  # the next run (a sweep's next cell in this process) starts on a freed device
+        # the next run (a sweep's next cell in this process) starts on a freed device
+        for e in engines:
             if hasattr(e, "close"):
                 e.close()
         if world.main:
             write_summary(run_dir, cfg, error)
         if mirrors:
             mirrors.close()
-    if cfg.transfer and world.main:  # lm-eval transfer index of base vs final checkpoint; never fails the finished run
+    # lm-eval transfer index of base vs final checkpoint; never fails the finished run
+    if cfg.transfer and world.main:
         from suite.rl.evaluate import after_run
 
         after_run(run_dir, console)
@@ -193,19 +213,23 @@ def _run(cfg, world: dist.World, console: Console, origins: dict | None = None) 
 def _claim(cfg, run_dir: Path, world: dist.World, origins: dict | None) -> bool:
     """Take the run directory (rank 0); return whether it already holds this run, complete."""
     summary_path = run_dir / "summary.json"
-    complete = summary_path.exists() and json.loads(summary_path.read_text()).get("verdict") != "incomplete"
+    complete = (summary_path.exists()
+                and json.loads(summary_path.read_text()).get("verdict") != "incomplete")
     if not complete and run_dir.resolve().is_relative_to(REFERENCE_ROOT):
-        raise RunDirConflict(f"out: {run_dir} is inside the committed reference results ({REFERENCE_ROOT}), which runs "
-                             "never write; run elsewhere (default out=runs) and promote a finished grid with `suite reference`")
+        raise RunDirConflict(f"out: {run_dir} is inside the committed reference results "
+                             f"({REFERENCE_ROOT}), which runs never write; run elsewhere (default "
+                             "out=runs) and promote a finished grid with `suite reference`")
     if world.main:
         claim_run_dir(run_dir, cfgmod.to_dict(cfg), origins)
     return dist.broadcast_object(complete, world)
 
 
-# ---- set-up: data, policy, engines, the checkpoint to resume from, the first sync -----------------------------------
-def setup(cfg, task, algo, world: dist.World, console: Console, run_dir: Path, engines: list) -> tuple[Run, int]:
-    """Everything a step reads, and the step to resume after (0: a new run). ``engines`` collects what the
-    caller must close, even when set-up fails half way."""
+# ---- set-up: data, policy, engines, the checkpoint to resume from, the first sync
+# -----------------------------------
+def setup(cfg, task, algo, world: dist.World, console: Console, run_dir: Path,
+          engines: list) -> tuple[Run, int]:
+    """Everything a step reads, and the step to resume after (0: a new run). ``engines`` collects
+    what the caller must close, even when set-up fails half way."""
     model_dir, data_dir = _build_data(cfg, world, console)
     items, prov = perfectible.load(data_dir, cfg.perfectible.max_prompts)
     if len(items) < cfg.prompts_per_step:
@@ -215,15 +239,18 @@ def setup(cfg, task, algo, world: dist.World, console: Console, run_dir: Path, e
     trainer, engine, backends = build_engines(cfg, model, world)
     engines.append(engine)  # a vLLM engine holds GPU memory until it is shut down
     # One sampler per rank, or per group of tp consecutive ranks (vLLM tensor parallel under its
-    # external launcher: vLLM's DP rank is RANK // tp); each samples an equal share of the prompt groups.
+    # external launcher: vLLM's DP rank is RANK // tp); each samples an equal share of the prompt
+    # groups.
     tp = cfg.vllm.tensor_parallel_size if cfg.engine == "vllm" and world.distributed else 1
     share = cfg.prompts_per_step // (world.size // tp)  # config.validate: exact
     r = Run(cfg, world, task, algo, items, tok, model, trainer, engine,
             history=staleness.WeightHistory(cfg.staleness),
-            ref=build_trainer(cfg, load_policy(model_dir)[0], world) if cfg.algo.kl_coef else None,  # also on resume
+            # also on resume
+            ref=build_trainer(cfg, load_policy(model_dir)[0], world) if cfg.algo.kl_coef else None,
             stale=build_trainer(cfg, load_policy(model_dir)[0], world) if cfg.staleness else None,
-            groups=list(range(world.rank // tp * share, (world.rank // tp + 1) * share)), tp=tp, n_matmul=n_matmul,
-            reward_seen=task.reward_stats() if hasattr(task, "reward_stats") else {})
+            groups=list(range(world.rank // tp * share, (world.rank // tp + 1) * share)), tp=tp,
+            n_matmul=n_matmul, reward_seen=task.reward_stats() if hasattr(task, "reward_stats")
+            else {})
     start = checkpoint.load(run_dir, trainer, world)
     for name in ("metrics.jsonl", "timing.jsonl", "mechanism.jsonl"):
         if world.main and (run_dir / name).exists():
@@ -231,42 +258,48 @@ def setup(cfg, task, algo, world: dist.World, console: Console, run_dir: Path, e
     sync(r)  # every quantised weight checked once; then a few per step (suite/numerics/refit.py)
     observed = trainer.observe()
     if world.main:
-        atomic_write_json(run_dir / "env.json", env_info(_env(cfg, r, backends, observed, data_dir, prov, model_dir)))
+        atomic_write_json(run_dir / "env.json",
+                          env_info(_env(cfg, r, backends, observed, data_dir, prov, model_dir)))
     return r, start
 
 
 def _build_data(cfg, world: dist.World, console: Console) -> tuple[Path, Path]:
-    """The base policy and its perfectible set: one build per node (the cache is per machine), the other ranks
-    read it; a failed build stops every rank, not only the builder."""
+    """The base policy and its perfectible set: one build per node (the cache is per machine), the
+    other ranks read it; a failed build stops every rank, not only the builder."""
     built = failed = None
     if world.local_rank == 0:
         try:
-            built = (data.prepare_data_outside_world(cfg, console) if world.distributed and cfg.engine == "vllm"
+            built = (data.prepare_data_outside_world(cfg, console) if world.distributed
+                     and cfg.engine == "vllm"
                      else data.prepare_data(cfg, console))
         except Exception as e:
             failed = e
     dist.barrier(world, patient=True)  # a build may take hours: BUILD_TIMEOUT_S
     if dist.any_rank(failed is not None, world):
-        raise failed or RuntimeError("building the base policy or perfectible set failed on another node; see "
-                                     "the log of its local rank 0")
+        raise failed or RuntimeError("building the base policy or perfectible set failed on "
+                                     "another node; see the log of its local rank 0")
     return built or data.prepare_data(cfg, console)
 
 
-def _env(cfg, r: Run, backends: dict, observed: dict, data_dir: Path, prov: dict, model_dir: Path) -> dict:
-    """env.json: what this run computed with (the precision table's row, the kernels seen, the data)."""
+def _env(cfg, r: Run, backends: dict, observed: dict, data_dir: Path, prov: dict,
+         model_dir: Path) -> dict:
+    """env.json: what this run computed with (the precision table's row, the kernels seen, the
+    data)."""
     flow, trainer, engine = resolve(cfg.precision), r.trainer, r.engine
     return {
         "machine_class": machine.describe(cfg.gemm, cfg.threads),
         "precision": flow.describe(), "gemm_backend": backends, "lm_head_fp32": cfg.lm_head_fp32,
-        "engine": cfg.engine, "sampler_dtype": str(engine.dtype), "trainer_compute_dtype": str(trainer.dtype),
+        "engine": cfg.engine, "sampler_dtype": str(engine.dtype),
+        "trainer_compute_dtype": str(trainer.dtype),
         **({"kv_cache": cfg.kv_cache} if cfg.kv_cache != "auto" else {}),
         "trainer_observed": observed, "world": r.world.describe(),
         "determinism": determinism.describe(cfg.deterministic),
-        **({"fp8_gemm": fp8.gemm_path(trainer.device)} if "fp8" in (flow.trainer_quant, flow.sampler_quant)
+        **({"fp8_gemm": fp8.gemm_path(trainer.device)}
+           if "fp8" in (flow.trainer_quant, flow.sampler_quant)
            else {"fp4_gemm": fp4.gemm_path(trainer.device)} if flow.fp4 else {}),
         "task": {"name": r.task.name, "version": r.task.version},
-        "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"], "prompts": len(r.items),
-                    "build_threads": BUILD_THREADS, "provenance": prov},
+        "dataset": {"path": str(data_dir), "sha256": prov["dataset_sha256"],
+                    "prompts": len(r.items), "build_threads": BUILD_THREADS, "provenance": prov},
         "policy": {"path": str(model_dir), "params": sum(p.numel() for p in r.model.parameters())},
     }
 
@@ -276,8 +309,9 @@ def write_summary(run_dir: Path, cfg, error: str | None) -> dict:
 
 
 def _line(row: dict, timing: dict) -> str:
-    return (f"step {row['step']:4d}  reward {row['reward/mean']:.3f}  len {row['response/length/mean']:5.1f}  "
-            f"ent {row['entropy/mean']:.3f}  k3 {row['mismatch/kl_k3']:.2e}  "
-            f"|dp| {row['mismatch/prob_diff/mean']:.2e}  |seq lr| {row['mismatch/seq_log_ratio/mean_abs']:.2e}  "
-            f"gnorm {row['train/grad_norm']:.3f}  scale {row['train/loss_scale']:.0f}  "
-            f"{timing['time/step_s']:.2f}s (sample {timing['time/sample_s']:.2f})")
+    return (f"step {row['step']:4d}  reward {row['reward/mean']:.3f}  len "
+            f"{row['response/length/mean']:5.1f}  ent {row['entropy/mean']:.3f}  k3 "
+            f"{row['mismatch/kl_k3']:.2e}  |dp| {row['mismatch/prob_diff/mean']:.2e}  |seq lr| "
+            f"{row['mismatch/seq_log_ratio/mean_abs']:.2e}  gnorm {row['train/grad_norm']:.3f}  "
+            f"scale {row['train/loss_scale']:.0f}  {timing['time/step_s']:.2f}s (sample "
+            f"{timing['time/sample_s']:.2f})")

@@ -10,7 +10,8 @@ percent, R_b for benchmark b, grouped into G = {math, other, non}.
 - v1 (relative gain):   gain_g = mean_{b in g} (R_model_b - R_base_b) / R_base_b
                         TI_g   = 100 * gain_g / gain_math
 - v2 (the published one): dR_b = R_model_b - R_base_b;  delta_b = dR_b / sigma_g;
-                        s_b = sign(delta_b) * sqrt(|delta_b|);  w_b = (100 - R_base_b) / sum_{b' in g} (100 - R_base_b')
+                        s_b = sign(delta_b) * sqrt(|delta_b|); w_b = (100 - R_base_b) / sum_{b' in
+                        g} (100 - R_base_b')
                         DI_g = sum_{b in g} w_b s_b;  TI_g = 100 * DI_g / DI_math
   sigma_g is not reproducible from the paper, so it is a parameter (``SIGMAS``):
     per_model  population std of dR_b over the group's benchmarks, for this model alone;
@@ -75,7 +76,8 @@ def _ratio(gains: Mapping[str, float | None], flags: list[str]) -> dict[str, flo
 
 
 # ---- v1 --------------------------------------------------------------------------------------
-def relative_gains(base: Scores, model: Scores, groups: Groups, flags: list[str]) -> dict[str, float | None]:
+def relative_gains(base: Scores, model: Scores, groups: Groups,
+                   flags: list[str]) -> dict[str, float | None]:
     """gain_g = mean over the group of (R_model - R_base) / R_base (arXiv 2507.00432, TI v1)."""
     out: dict[str, float | None] = {}
     for g, benches in groups.items():
@@ -113,7 +115,8 @@ def sigma_pooled(pairs: Sequence[tuple[Scores, Scores]], groups: Groups) -> dict
 
 def group_di(base: Scores, model: Scores, benches: Sequence[str], sigma: float, flags: list[str],
              name: str) -> float | None:
-    """DI_g = sum_b w_b * sign(delta_b) sqrt|delta_b|, delta_b = dR_b / sigma, w_b ~ 100 - R_base_b."""
+    """DI_g = sum_b w_b * sign(delta_b) sqrt|delta_b|, delta_b = dR_b / sigma, w_b ~ 100 -
+    R_base_b."""
     d = deltas(base, model, benches)
     if sigma == 0:
         if all(x == 0 for x in d):
@@ -132,7 +135,8 @@ def ti_v2(base: Scores, model: Scores, groups: Groups,
     """({other: TI, non: TI}, flags) with TI_g = 100 * DI_g / DI_math; ``sigma=None`` is the
     no-sigma variant (sigma_g = 1)."""
     flags: list[str] = []
-    # A sigma > 0 only scales DI_math, so its sign (did math improve?) is the no-sigma one: flag that first.
+    # A sigma > 0 only scales DI_math, so its sign (did math improve?) is the no-sigma one: flag
+    # that first.
     direction = group_di(base, model, groups["math"], 1.0, flags, "math")
     if direction <= 0:
         return _ratio({"math": direction}, flags), flags
@@ -143,10 +147,12 @@ def ti_v2(base: Scores, model: Scores, groups: Groups,
 
 # ---- every variant at once ---------------------------------------------------------------------
 def check_groups(groups: Groups, *score_dicts: Scores) -> None:
-    """ValueError naming what is missing: the three groups, each non-empty, each benchmark scored."""
+    """ValueError naming what is missing: the three groups, each non-empty, each benchmark
+    scored."""
     missing = [g for g in GROUPS if not groups.get(g)]
     if missing:
-        raise ValueError(f"transfer groups: {', '.join(missing)} missing or empty (need {', '.join(GROUPS)})")
+        raise ValueError(f"transfer groups: {', '.join(missing)} missing or empty (need "
+                         f"{', '.join(GROUPS)})")
     for scores in score_dicts:
         absent = [b for g in GROUPS for b in groups[g] if b not in scores]
         if absent:
@@ -158,7 +164,8 @@ def group_means(scores: Scores, groups: Groups) -> dict[str, float]:
     return {g: _mean([scores[b] for b in benches]) for g, benches in groups.items()}
 
 
-def all_variants(base: Scores, model: Scores, groups: Groups, pooled: Mapping[str, float] | None = None,
+def all_variants(base: Scores, model: Scores, groups: Groups,
+                 pooled: Mapping[str, float] | None = None,
                  fixed: Mapping[str, float] | None = None) -> dict:
     """Every TI variant of one model against its base, with the sigmas used and the flags.
 
@@ -190,7 +197,8 @@ def parse_sigma(text: str) -> dict[str, float]:
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, sep, value = part.partition("=")
         if not sep or key not in GROUPS:
-            raise ValueError(f"--sigma: '{part}' is not GROUP=VALUE with GROUP in {', '.join(GROUPS)}")
+            raise ValueError(f"--sigma: '{part}' is not GROUP=VALUE with GROUP in "
+                             f"{', '.join(GROUPS)}")
         try:
             out[key] = float(value)
         except ValueError:
@@ -198,16 +206,19 @@ def parse_sigma(text: str) -> dict[str, float]:
         if not out[key] > 0:
             raise ValueError(f"--sigma: {key} must be > 0")
     if set(out) != set(GROUPS):
-        raise ValueError(f"--sigma: give all of {', '.join(GROUPS)} (got {', '.join(out) or 'none'})")
+        raise ValueError(f"--sigma: give all of {', '.join(GROUPS)} (got "
+                         f"{', '.join(out) or 'none'})")
     return out
 
 
 # ---- reading a bundle's transfer.json (reports and the leaderboard) -----------------------------
-HEADLINE = "v2_no_sigma"  # the variant shown in leaderboard columns: deterministic per run (no pool)
+# the variant shown in leaderboard columns: deterministic per run (no pool)
+HEADLINE = "v2_no_sigma"
 
 
 def load(run_dir) -> dict | None:
-    """A run's ``transfer.json`` (written by ``suite transfer``), or None when absent or unreadable."""
+    """A run's ``transfer.json`` (written by ``suite transfer``), or None when absent or
+    unreadable."""
     import json
     from pathlib import Path
 
@@ -233,5 +244,6 @@ def flags_of(doc: dict | None) -> list[str]:
     """Every flag of a transfer.json (variant flags and run flags), without duplicates."""
     if not doc:
         return []
-    flags = [f for fl in (doc.get("flags") or {}).values() for f in fl] + list(doc.get("run_flags") or [])
+    flags = [f for fl in (doc.get("flags") or {}).values()
+             for f in fl] + list(doc.get("run_flags") or [])
     return list(dict.fromkeys(flags))

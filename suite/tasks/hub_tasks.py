@@ -1,14 +1,16 @@
 """Math tasks whose rows come from files: ``sanity_r1d``, ``math``, ``gsm8k``, and the user's own.
 
-Each task file of kind ``dataset`` (``tasks/*.yaml``, or a folder on the task path) names, per split, the
-files of a hub repo or local files (relative to the task file); the rows are read with
-``datasets.load_dataset`` and turned into ``Item``s by one small function per row format (``verl``: the
-published sanity-test schema, verl's own; ``math``: problem/solution[/answer]; ``gsm8k``: question/answer).
-The reward is the suite's math reward (``boxed``, ``gsm8k``: suite/tasks/math_reward.py) or the task's own
-``reward.function``, called as verl calls a custom reward: ``fn(data_source, solution_str, ground_truth,
-extra_info)``. Where the rows come from is one string, ``data``:
+Each task file of kind ``dataset`` (``tasks/*.yaml``, or a folder on the task path) names, per
+split, the files of a hub repo or local files (relative to the task file); the rows are read with
+``datasets.load_dataset`` and turned into ``Item``s by one small function per row format (``verl``:
+the published sanity-test schema, verl's own; ``math``: problem/solution[/answer]; ``gsm8k``:
+question/answer). The reward is the suite's math reward (``boxed``, ``gsm8k``:
+suite/tasks/math_reward.py) or the task's own ``reward.function``, called as verl calls a custom
+reward: ``fn(data_source, solution_str, ground_truth, extra_info)``. Where the rows come from is one
+string, ``data``:
 
-- ``None``: the files the task file names (hub ones with ``load_dataset(repo, data_files=...)``, which
+- ``None``: the files the task file names (hub ones with ``load_dataset(repo, data_files=...)``,
+which
   honours ``HF_HUB_OFFLINE``, so an offline machine uses the local HF cache or fails at once);
 - a directory: a snapshot of the repo(s), the same relative file layout;
 - a ``.parquet``/``.jsonl`` file: the train split only;
@@ -43,8 +45,9 @@ class DataError(ValueError):
 # Each maps one dataset row to (id, prompt, answer, messages, reference body), or None to drop it.
 
 def _verl_row(row: dict, index: int, stem: str, suffix: str):
-    """VeRL schema (sail/Sanity-Test-R1D-1.5B, verl's data_preprocess output): the messages are given, the suffix
-    is already in them; ``data_source`` and ``extra_info`` go to a task's own reward function."""
+    """VeRL schema (sail/Sanity-Test-R1D-1.5B, verl's data_preprocess output): the messages are
+    given, the suffix is already in them; ``data_source`` and ``extra_info`` go to a task's own
+    reward function."""
     messages = tuple((str(m["role"]), str(m["content"])) for m in row["prompt"])
     user = [c for r, c in messages if r == "user"] or [messages[-1][1]]
     truth = row["reward_model"]["ground_truth"]
@@ -58,14 +61,18 @@ def _math_row(row: dict, index: int, stem: str, suffix: str):
     if not answer:
         return None
     prompt = str(row["problem"]) + suffix
-    return str(row.get("unique_id") or f"{stem}/{index}"), prompt, str(answer), (("user", prompt),), row.get("solution") or ""
+    return str(row.get("unique_id")
+               or f"{stem}/{index}"), prompt, str(answer), (("user", prompt),), row.get(
+                   "solution") or ""
 
 
 def _gsm8k_row(row: dict, index: int, stem: str, suffix: str):
-    """GSM8K: ground truth after '####'; the trace drops the calculator annotations ``<<48/2=24>>``."""
+    """GSM8K: ground truth after '####'; the trace drops the calculator annotations
+    ``<<48/2=24>>``."""
     prompt = str(row["question"]) + suffix
     body = re.sub(r"<<[^>]*>>", "", str(row["answer"]))
-    return f"{stem}/{index}", prompt, math_reward.gsm8k_answer(str(row["answer"])), (("user", prompt),), body
+    return (f"{stem}/{index}", prompt, math_reward.gsm8k_answer(str(row["answer"])),
+            (("user", prompt),), body)
 
 
 # format -> (row function, required columns: each entry lists acceptable alternatives)
@@ -76,14 +83,17 @@ FORMATS = {
 }
 
 
-# ---------------------------------------------------------------------------- where the rows come from
+# ---------------------------------------------------------------------------- where the rows come
+# from
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
 
 
 def _sources(task: str, splits: dict, data: str | None) -> dict[str, list[tuple[str | None, str]]]:
-    """split -> [(hub repo or None for a local path, file or glob)]. Local paths are checked here."""
+    """split -> [(hub repo or None for a local path, file or glob)]. Local paths are checked
+    here."""
     if data is None:
         return {s: [(v.get("repo"), f) for f in v["files"]] for s, v in splits.items()}
     if "=" in data:  # "train=A,test=B"
@@ -104,8 +114,9 @@ def _sources(task: str, splits: dict, data: str | None) -> dict[str, list[tuple[
                     missing.setdefault(f, s)
         if missing:
             missing = [f"{f} (split {s})" for f, s in missing.items()]
-            raise DataError(f"task {task}: the directory {root} lacks {', '.join(missing)}; it must mirror the "
-                            f"hub layout (or pass one file per split: data=\"train=...,test=...\")")
+            raise DataError(f"task {task}: the directory {root} lacks {', '.join(missing)}; it "
+                            "must mirror the hub layout (or pass one file per split: "
+                            "data=\"train=...,test=...\")")
         return {s: [(None, str(root / f)) for f in v["files"]] for s, v in splits.items()}
     return {"train": [(None, _existing(task, data, "data"))]}
 
@@ -118,7 +129,8 @@ def _existing(task: str, path: str, what: str) -> str:
 
 
 def _load(task: str, repo: str | None, file: str, required: tuple, hint: str) -> list[dict]:
-    """Rows of one file (local, or ``file`` inside hub ``repo``), with the required columns checked."""
+    """Rows of one file (local, or ``file`` inside hub ``repo``), with the required columns
+    checked."""
     from datasets import (
         load_dataset,  # heavy (pyarrow, pandas): only when a hub task is built
     )
@@ -128,27 +140,33 @@ def _load(task: str, repo: str | None, file: str, required: tuple, hint: str) ->
         suffix = Path(file).suffix.lower()
         builder = {".parquet": "parquet", ".jsonl": "json", ".json": "json"}.get(suffix)
         if builder is None:
-            raise DataError(f"task {task}: cannot read '{file}': expected .parquet, .jsonl or .json")
-        cache = os.path.join(os.environ["SUITE_CACHE"], "hf-datasets") if os.environ.get("SUITE_CACHE") else None
+            raise DataError(f"task {task}: cannot read '{file}': expected .parquet, .jsonl or "
+                            ".json")
+        cache = (os.path.join(os.environ["SUITE_CACHE"], "hf-datasets")
+                 if os.environ.get("SUITE_CACHE") else None)
         try:
-            ds = load_dataset(builder, data_files=sorted(glob.glob(file)), split="train", cache_dir=cache)
+            ds = load_dataset(builder, data_files=sorted(glob.glob(file)), split="train",
+                              cache_dir=cache)
         except Exception as e:  # noqa: BLE001 - a corrupt file: say which one
-            raise DataError(f"task {task}: cannot read '{file}' ({type(e).__name__}: {_first_line(e)})") from None
+            raise DataError(f"task {task}: cannot read '{file}' ({type(e).__name__}: "
+                            f"{_first_line(e)})") from None
     else:
         try:
             ds = load_dataset(repo, data_files=file, split="train")
         except Exception as e:  # noqa: BLE001 - offline, no network, no access, missing file: one line
             why = "offline: HF_HUB_OFFLINE=1" if _offline() else "hub unreachable or file missing"
             raise DataError(
-                f"task {task}: cannot load '{file}' from the hub dataset '{repo}' ({why}; {type(e).__name__}: "
-                f"{_first_line(e)}) and no local copy is cached. Set data=/path/to/local/copy ({hint}), or "
-                f"pre-download with `hf download {repo} --repo-type dataset --local-dir DIR` "
-                f"(older huggingface_hub: `huggingface-cli download {repo} --repo-type dataset --local-dir DIR`)"
+                f"task {task}: cannot load '{file}' from the hub dataset '{repo}' ({why}; "
+                f"{type(e).__name__}: {_first_line(e)}) and no local copy is cached. Set "
+                f"data=/path/to/local/copy ({hint}), or pre-download with `hf download {repo} "
+                "--repo-type dataset --local-dir DIR` (older huggingface_hub: `huggingface-cli "
+                f"download {repo} --repo-type dataset --local-dir DIR`)"
             ) from None
     for alternatives in required:
         if not any(c in ds.column_names for c in alternatives):
             need = " or ".join(f"'{c}'" for c in alternatives)
-            raise DataError(f"task {task}: {where} has no column {need} (columns: {', '.join(ds.column_names)})")
+            raise DataError(f"task {task}: {where} has no column {need} (columns: "
+                            f"{', '.join(ds.column_names)})")
     return ds.to_list()
 
 
@@ -159,12 +177,14 @@ def _first_line(e: Exception) -> str:
 # ---------------------------------------------------------------------------- the task
 
 class HubTask:
-    """A math task whose items come from a dataset (``tasks/{sanity_r1d,math,gsm8k}.yaml``, or the user's own).
+    """A math task whose items come from a dataset (``tasks/{sanity_r1d,math,gsm8k}.yaml``, or the
+    user's own).
 
-    Public surface, besides ``split``/``trace``/``reward`` (the task protocol of suite/tasks/registry.py):
-    ``eval`` (the task file's evaluation settings: splits, metric, n, temperature, top_p),
-    ``max_new_tokens`` (the response budget the task was published with), ``source`` (where the
-    rows came from, for provenance) and ``reward_stats()`` (symbolic-check counters to log).
+    Public surface, besides ``split``/``trace``/``reward`` (the task protocol of
+    suite/tasks/registry.py): ``eval`` (the task file's evaluation settings: splits, metric, n,
+    temperature, top_p), ``max_new_tokens`` (the response budget the task was published with),
+    ``source`` (where the rows came from, for provenance) and ``reward_stats()`` (symbolic-check
+    counters to log).
     """
 
     takes_data = True  # get_task(name, data=...) passes the local override
@@ -180,24 +200,28 @@ class HubTask:
         self.reward_kind = str(reward.get("kind", "function" if "function" in reward else "boxed"))
         if self.reward_kind not in REWARD_KINDS:
             raise unknown(f"task {self.name}: reward.kind", self.reward_kind, REWARD_KINDS)
-        self._reward_fn = load_function(reward["function"], self.name) if self.reward_kind == "function" else None
+        self._reward_fn = load_function(reward["function"],
+                                        self.name) if self.reward_kind == "function" else None
         self.require_think = bool(reward.get("require_think", False))
         self.timeout = float(reward.get("timeout", math_reward.DEFAULT_TIMEOUT))
         self.eval = dict(spec.get("eval") or {})
         self.max_new_tokens = (spec.get("sampling") or {}).get("max_new_tokens")
         self.data = data
         if self.reward_kind == "boxed" and importlib.util.find_spec("math_verify") is None:
-            raise DataError(f"task {self.name}: its reward needs math-verify: pip install 'lowprec-rl-suite[math]'")
+            raise DataError(f"task {self.name}: its reward needs math-verify: pip install "
+                            "'lowprec-rl-suite[math]'")
 
         fn, required = FORMATS[self.format]
         suffix = str(spec.get("prompt_suffix") or "")
         sources = _sources(self.name, spec["splits"], data)
-        hint = "a directory with " + ", ".join(dict.fromkeys(f for v in spec["splits"].values() for f in v["files"]))
-        self.source = data if data is not None else ", ".join(sorted({v.get("repo") or f for v in spec["splits"].values()
-                                                                       for f in v["files"]}))
+        hint = "a directory with " + ", ".join(
+            dict.fromkeys(f for v in spec["splits"].values() for f in v["files"]))
+        self.source = data if data is not None else ", ".join(
+            sorted({v.get("repo") or f for v in spec["splits"].values() for f in v["files"]}))
         self._items: dict[str, list] = {}
         self._traces: dict[str, str] = {}
-        self._row_info: dict[str, tuple] = {}  # id -> (data_source, extra_info) of verl rows, for a reward function
+        # id -> (data_source, extra_info) of verl rows, for a reward function
+        self._row_info: dict[str, tuple] = {}
         self.dropped: dict[str, int] = {}
         rows_by_file: dict[tuple, list[dict]] = {}  # `test` reuses the aime files
         prompts: dict[str, str] = {}  # id -> prompt: ids name prompts across splits
@@ -214,15 +238,19 @@ class HubTask:
                         continue
                     id_, prompt, answer, messages, body = out
                     if prompts.setdefault(id_, prompt) != prompt:
-                        raise DataError(f"task {self.name}: two different prompts share the id '{id_}' ({file})")
+                        raise DataError(f"task {self.name}: two different prompts share the id "
+                                        f"'{id_}' ({file})")
                     items.append(Item(id=id_, prompt=prompt, answer=answer, messages=messages))
                     if self._reward_fn is not None:
-                        self._row_info[id_] = (str(row.get("data_source") or self.name), row.get("extra_info") or {})
+                        self._row_info[id_] = (str(row.get("data_source") or self.name),
+                                               row.get("extra_info") or {})
                     self._traces[id_] = self._format_trace(body, answer)
             if dropped:
-                log.warning("task %s: split %s: dropped %d rows without a ground truth", self.name, split, dropped)
+                log.warning("task %s: split %s: dropped %d rows without a ground truth", self.name,
+                            split, dropped)
             if not items:
-                raise DataError(f"task {self.name}: split '{split}' ({', '.join(f for _, f in files)}) has no usable rows")
+                raise DataError(f"task {self.name}: split '{split}' "
+                                f"({', '.join(f for _, f in files)}) has no usable rows")
             self.dropped[split] = dropped
             self._items[split] = items
 
@@ -230,12 +258,14 @@ class HubTask:
         """The first ``n`` items of split ``name``, in file order (deterministic)."""
         if name not in self._items:
             if name in self.spec["splits"]:
-                raise DataError(f"task {self.name}: split '{name}' is not in data={self.data!r} (a single file "
-                                f"is the train split; pass a directory or \"train=...,{name}=...\")")
+                raise DataError(f"task {self.name}: split '{name}' is not in data={self.data!r} (a "
+                                "single file is the train split; pass a directory or "
+                                f"\"train=...,{name}=...\")")
             raise unknown(f"task {self.name}: split", name, self.spec["splits"])
         items = self._items[name]
         if n is not None and n > len(items):
-            raise ValueError(f"task {self.name}: split '{name}' has {len(items)} items, {n} requested")
+            raise ValueError(f"task {self.name}: split '{name}' has {len(items)} items, {n} "
+                             "requested")
         return items[:n]
 
     def _format_trace(self, body: str, answer: str) -> str:
@@ -251,27 +281,30 @@ class HubTask:
         return self._traces[item.id]
 
     def reward(self, item, response: str, truncated: bool) -> float:
-        """The task's rule-based reward (suite/tasks/math_reward.py); never blocks longer than ``timeout``
-        (plus a worker restart after a timeout)."""
+        """The task's rule-based reward (suite/tasks/math_reward.py); never blocks longer than
+        ``timeout`` (plus a worker restart after a timeout)."""
         if self.reward_kind == "function":
             return self._own_reward(item, response, truncated)
         if self.reward_kind == "gsm8k":
             return math_reward.gsm8k_reward(response, item.answer, truncated, self.require_think)
-        return math_reward.boxed_reward(response, item.answer, truncated, self.timeout, self.require_think)
+        return math_reward.boxed_reward(response, item.answer, truncated, self.timeout,
+                                        self.require_think)
 
     def _own_reward(self, item, response: str, truncated: bool) -> float:
-        """The task's ``reward.function`` with verl's custom-reward signature; a truncated response scores 0
-        without a call, as in every task of the suite. A dict return is read at ``score`` (verl allows both)."""
+        """The task's ``reward.function`` with verl's custom-reward signature; a truncated response
+        scores 0 without a call, as in every task of the suite. A dict return is read at ``score``
+        (verl allows both)."""
         if truncated:
             return 0.0
         data_source, extra_info = self._row_info.get(item.id, (self.name, {}))
         out = self._reward_fn(data_source, response, item.answer, extra_info)
         score = out.get("score") if isinstance(out, dict) else out
         if isinstance(score, bool) or not isinstance(score, (int, float)):
-            raise TypeError(f"task {self.name}: reward.function returned {out!r}; it must return a number "
-                            "(or a dict with a numeric 'score')")
+            raise TypeError(f"task {self.name}: reward.function returned {out!r}; it must return a "
+                            "number (or a dict with a numeric 'score')")
         return float(score)
 
     def reward_stats(self) -> dict:
-        """Cumulative symbolic-check counters (timeouts, refused, crashes, symbolic) of this process."""
+        """Cumulative symbolic-check counters (timeouts, refused, crashes, symbolic) of this
+        process."""
         return math_reward.counters()

@@ -1,5 +1,6 @@
-"""One prompt with its ground truth: what every task's ``split`` returns (suite/tasks/registry.py for the
-embedded tasks, suite/tasks/hub_tasks.py for the dataset ones), in a module of its own so both import it."""
+"""One prompt with its ground truth: what every task's ``split`` returns (suite/tasks/registry.py
+for the embedded tasks, suite/tasks/hub_tasks.py for the dataset ones), in a module of its own so
+both import it."""
 
 from __future__ import annotations
 

@@ -16,7 +16,8 @@ GENERATOR_VERSION = 1  # bump when a generator below changes its documents
 
 
 def _trace(a: str, b: str) -> tuple[list[str], str]:
-    """Column steps "a+b+c=ss," (least significant first) and the sum, as in suite/tasks/registry.py."""
+    """Column steps "a+b+c=ss," (least significant first) and the sum, as in
+    suite/tasks/registry.py."""
     steps, carry = [], 0
     for da, db in zip(reversed(a), reversed(b)):
         s = int(da) + int(db) + carry
@@ -59,25 +60,30 @@ def embedded_docs(name: str, task, n: int) -> list[dict]:
     for _ in range(n):
         if name == "tiny_reason_column":  # "a+b+c=" -> one of "00".."19"
             a, b, c = rng.randrange(10), rng.randrange(10), rng.randrange(2)
-            docs.append({"context": f"{a}+{b}+{c}=", "choices": [f"{v:02d}" for v in range(20)], "gold": a + b + c})
+            docs.append({"context": f"{a}+{b}+{c}=", "choices": [f"{v:02d}" for v in range(20)],
+                         "gold": a + b + c})
         elif name == "tiny_reason_longer":  # a column step inside a (D+1)-digit trace
             a, b = _num(rng, D + 1), _num(rng, D + 1)
             steps, _ = _trace(a, b)
             k = rng.randrange(D + 1)
             context = f"{a}+{b}=" + "".join(steps[:k]) + steps[k][:6]
-            docs.append({"context": context, "choices": [f"{v:02d}" for v in range(20)], "gold": int(steps[k][6:8])})
+            docs.append({"context": context, "choices": [f"{v:02d}" for v in range(20)],
+                         "gold": int(steps[k][6:8])})
         elif name == "tiny_copy_answer":  # a trace with random column sums: copy its answer
             a, b = _num(rng, D), _num(rng, D)
             sums = [rng.randrange(20) for _ in range(D)]
-            steps = [f"{x}+{y}+{rng.randrange(2)}={s:02d}," for x, y, s in zip(reversed(a), reversed(b), sums)]
+            steps = [f"{x}+{y}+{rng.randrange(2)}={s:02d},"
+                     for x, y, s in zip(reversed(a), reversed(b), sums)]
             copied = str(sums[-1] // 10) + "".join(str(s % 10) for s in reversed(sums))
             true = f"{int(a) + int(b):0{D + 1}d}"
-            choices = [copied] + ([true] if true != copied else [])  # the computed sum: the tempting wrong one
+            # the computed sum: the tempting wrong one
+            choices = [copied] + ([true] if true != copied else [])
             while len(choices) < 4:
                 w = _num(rng, D + 1)
                 if w not in choices:
                     choices.append(w)
-            docs.append({"context": f"{a}+{b}=" + "".join(steps) + "#", "choices": choices, "gold": 0})
+            docs.append({"context": f"{a}+{b}=" + "".join(steps) + "#", "choices": choices,
+                         "gold": 0})
         elif name == "tiny_copy_repeat":  # "dddd#" -> repeat the digits
             s = _num(rng, D + 1)
             docs.append({"context": s + "#", "choices": _near(rng, s), "gold": 0})
@@ -87,7 +93,8 @@ def embedded_docs(name: str, task, n: int) -> list[dict]:
 
 
 def templates() -> dict[str, dict]:
-    """The embedded lm-eval task YAMLs by task name (their data paths are filled in by the caller)."""
+    """The embedded lm-eval task YAMLs by task name (their data paths are filled in by the
+    caller)."""
     out = {}
     for path in sorted(LM_EVAL_TASKS.glob("*.yaml")):
         cfg = yaml.safe_load(path.read_text())

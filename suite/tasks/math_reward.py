@@ -22,11 +22,12 @@ Why a separate process: sympy can spend unbounded time *inside C code* (``9^{9^{
 for 9^(9^9), an integer of ~370 million digits, on the way), where no Python signal (math-verify's
 own ``signal.alarm`` timeout, Oat's ``timeout`` context) can interrupt it, and a deep parse can
 exhaust the stack. So the check runs in one persistent worker process (a fresh interpreter, never
-a fork of a process holding torch threads; see ``SymbolicVerifier``); a call that exceeds its hard timeout kills the worker, scores 0 and is
-counted (``counters()["timeouts"]``, logged by the run as ``reward/timeouts``); a replacement
-starts at once in the background. Inputs are also refused before any parsing when a box is
-longer than ``MAX_ANSWER_CHARS`` (counted as ``refused``): no real answer is that long, and the
-parse time of math-verify grows superlinearly with length (a 200-deep ``\\frac`` tower takes ~4 s).
+a fork of a process holding torch threads; see ``SymbolicVerifier``); a call that exceeds its hard
+timeout kills the worker, scores 0 and is counted (``counters()["timeouts"]``, logged by the run as
+``reward/timeouts``); a replacement starts at once in the background. Inputs are also refused before
+any parsing when a box is longer than ``MAX_ANSWER_CHARS`` (counted as ``refused``): no real answer
+is that long, and the parse time of math-verify grows superlinearly with length (a 200-deep
+``\\frac`` tower takes ~4 s).
 """
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ DEFAULT_TIMEOUT = 5.0
 STARTUP_TIMEOUT = 120.0
 
 log = logging.getLogger(__name__)
-_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the directory holding `suite/`
+# the directory holding `suite/`
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 # ---------------------------------------------------------------------------- extraction
@@ -69,7 +71,8 @@ def last_boxed(text: str) -> str | None:
     """Content of the last ``\\boxed{...}`` / ``\\fbox{...}`` in ``text`` (nested braces kept),
     ``"5"`` for ``\\boxed 5``, ``""`` for an empty box; None when there is no box or the last box
     is never closed (e.g. a response cut inside it). The last box wins even if an earlier one
-    is well formed: that is the answer the model committed to (Hendrycks' ``last_boxed_only_string``)."""
+    is well formed: that is the answer the model committed to (Hendrycks'
+    ``last_boxed_only_string``)."""
     start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
     if start < 0:
         return None
@@ -99,8 +102,9 @@ def last_boxed(text: str) -> str | None:
 
 # Trailing unit words removed after a number (subset of Minerva's REMOVED_EXPRESSIONS).
 _UNITS = ("units", "unit", "cm", "meters", "meter", "inches", "inch", "feet", "foot", "ft", "miles",
-          "mile", "mph", "km", "hours", "hour", "minutes", "minute", "seconds", "second", "days", "day",
-          "degrees", "degree", "dollars", "dollar", "cents", "cent", "points", "ways", "square")
+          "mile", "mph", "km", "hours", "hour", "minutes", "minute", "seconds", "second", "days",
+          "day", "degrees", "degree", "dollars", "dollar", "cents", "cent", "points", "ways",
+          "square")
 _TRAILING_UNIT = re.compile(r"^(.*?\d)\s*(?:" + "|".join(_UNITS) + r")(?:\^?\{?[23]\}?)?$")
 _TEXT = re.compile(r"\\(?:text|textbf|mbox|mathrm|mathbf)\{([^{}]*)\}")
 _TRAILING_TEXT = re.compile(r"^(.*\S)\s*\\(?:text|mbox|mathrm)\{[^{}]*\}$")
@@ -116,7 +120,8 @@ def strip_string(s: str) -> str:
     s = s.replace("\\left", "").replace("\\right", "")
     s = s.replace("^{\\circ}", "").replace("^\\circ", "")
     s = s.replace("\\$", "").replace("$", "").replace("\\%", "").replace("%", "")
-    # Units: "10\text{ cm}" -> "10" (a trailing text group after a value), then "\text{east}" -> "east".
+    # Units: "10\text{ cm}" -> "10" (a trailing text group after a value), then "\text{east}" ->
+    # "east".
     m = _TRAILING_TEXT.match(s)
     if m and any(ch.isdigit() for ch in m.group(1)):
         s = m.group(1)
@@ -135,7 +140,8 @@ def strip_string(s: str) -> str:
     if len(parts) == 2 and len(parts[0].strip()) <= 2:
         s = parts[1]
     s = s.replace(" ", "")
-    # \sqrt3 -> \sqrt{3}; \frac12 -> \frac{1}{2}; \frac1{7} -> \frac{1}{7}; \frac{1}7 -> \frac{1}{7}.
+    # \sqrt3 -> \sqrt{3}; \frac12 -> \frac{1}{2}; \frac1{7} -> \frac{1}{7}; \frac{1}7 ->
+    # \frac{1}{7}.
     s = re.sub(r"\\sqrt([^{\\\[])", r"\\sqrt{\1}", s)
     s = re.sub(r"\\frac([^{\\])([^{\\])", r"\\frac{\1}{\2}", s)
     s = re.sub(r"\\frac([^{\\])\{", r"\\frac{\1}{", s)
@@ -159,7 +165,8 @@ def _numbers_equal(a: str, b: str) -> bool:
         return False
 
 
-# ---------------------------------------------------------------------------- the guarded symbolic check
+# ---------------------------------------------------------------------------- the guarded symbolic
+# check
 
 _COUNTS: Counter = Counter()
 _COUNT_LOCK = threading.Lock()  # rewards may be graded from several threads (reward_workers)
@@ -178,11 +185,13 @@ def counters() -> dict:
 
 
 def _worker_main(conn) -> None:
-    """Worker loop: receive (gold, pred), answer math-verify's verdict. Timeouts live in the parent."""
+    """Worker loop: receive (gold, pred), answer math-verify's verdict. Timeouts live in the
+    parent."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     for name in ("math_verify", "latex2sympy2_extended"):
-        logging.getLogger(name).setLevel(logging.CRITICAL)  # "timeout is disabled" warnings: the parent owns it
+        # "timeout is disabled" warnings: the parent owns it
+        logging.getLogger(name).setLevel(logging.CRITICAL)
     config = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
     conn.send("ready")
     while True:
@@ -218,9 +227,14 @@ class SymbolicVerifier:
     def start(self) -> None:
         """Launch a worker without waiting for it (its imports take ~1-3 s)."""
         parent, child = mp.Pipe()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([_ROOT, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-        self._proc = subprocess.Popen([sys.executable, "-m", "suite.tasks.math_reward", str(child.fileno())],
-                                      pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env, cwd=_ROOT)
+        env = dict(os.environ,
+                   PYTHONPATH=os.pathsep.join([_ROOT,
+                                               os.environ.get("PYTHONPATH",
+                                                              "")]).rstrip(os.pathsep))
+        self._proc = subprocess.Popen([sys.executable, "-m", "suite.tasks.math_reward",
+                                       str(child.fileno())],
+                                      pass_fds=[child.fileno()], stdin=subprocess.DEVNULL, env=env,
+                                      cwd=_ROOT)
         child.close()
         self._conn, self._ready = parent, False
 
@@ -242,8 +256,9 @@ class SymbolicVerifier:
             pass
         if msg != "ready":
             self._kill()
-            raise RuntimeError("the math-verify worker did not start (is `math-verify[antlr4_9_3]` installed? "
-                               f"try `python -c 'import math_verify'`); waited up to {self.startup_timeout:.0f} s")
+            raise RuntimeError("the math-verify worker did not start (is `math-verify[antlr4_9_3]` "
+                               "installed? try `python -c 'import math_verify'`); waited up to "
+                               f"{self.startup_timeout:.0f} s")
         self._ready = True
 
     def check(self, gold: str, pred: str, timeout: float) -> bool:
@@ -256,10 +271,12 @@ class SymbolicVerifier:
                 if self._conn.poll(timeout):
                     return bool(self._conn.recv())
                 _count("timeouts")
-                log.warning("math-verify check exceeded %.1f s: scored 0, worker restarted (pred %.80r)", timeout, pred)
+                log.warning("math-verify check exceeded %.1f s: scored 0, worker restarted (pred "
+                            "%.80r)", timeout, pred)
             except (EOFError, OSError):
                 _count("crashes")
-                log.warning("math-verify worker died: scored 0, worker restarted (pred %.80r)", pred)
+                log.warning("math-verify worker died: scored 0, worker restarted (pred %.80r)",
+                            pred)
             self._kill()
             self.start()  # the replacement imports while the caller carries on
             return False
@@ -304,7 +321,8 @@ def set_workers(n: int) -> None:
 
 
 def verifier() -> SymbolicVerifier:
-    """The first worker of the pool (started on first use; ``verifier().warm_up()`` to pay early)."""
+    """The first worker of the pool (started on first use; ``verifier().warm_up()`` to pay
+    early)."""
     if not _POOL:
         set_workers(1)
     return _POOL[0]
@@ -332,8 +350,8 @@ def is_equiv(pred: str | None, gold: str, timeout: float = DEFAULT_TIMEOUT) -> b
         _FREE.put(worker)
 
 
-def boxed_reward(response: str, ground_truth: str, truncated: bool, timeout: float = DEFAULT_TIMEOUT,
-                 require_think: bool = False) -> float:
+def boxed_reward(response: str, ground_truth: str, truncated: bool,
+                 timeout: float = DEFAULT_TIMEOUT, require_think: bool = False) -> float:
     """1.0 iff the response finished and its last box (after the single ``</think>`` when
     ``require_think``) is equivalent to the ground truth; else 0.0."""
     if truncated:
@@ -345,9 +363,10 @@ def boxed_reward(response: str, ground_truth: str, truncated: bool, timeout: flo
     return 1.0 if is_equiv(last_boxed(response), str(ground_truth), timeout) else 0.0
 
 
-def r1_reward(response: str, ground_truth: str, truncated: bool, timeout: float = DEFAULT_TIMEOUT) -> float:
-    """The published sanity-test reward (arXiv 2510.26788, Precision-RL's Oat reward): exactly one ``</think>``, last box
-    after it equivalent to the ground truth, not truncated."""
+def r1_reward(response: str, ground_truth: str, truncated: bool,
+              timeout: float = DEFAULT_TIMEOUT) -> float:
+    """The published sanity-test reward (arXiv 2510.26788, Precision-RL's Oat reward): exactly one
+    ``</think>``, last box after it equivalent to the ground truth, not truncated."""
     return boxed_reward(response, ground_truth, truncated, timeout, require_think=True)
 
 
@@ -381,7 +400,8 @@ def gsm8k_extract(response: str) -> str | None:
     return _clean_number(found[-1]) if found else None
 
 
-def gsm8k_reward(response: str, ground_truth: str, truncated: bool, require_think: bool = False) -> float:
+def gsm8k_reward(response: str, ground_truth: str, truncated: bool,
+                 require_think: bool = False) -> float:
     """1.0 iff the response finished and its final number equals the ground truth exactly."""
     if truncated:
         return 0.0
@@ -390,7 +410,8 @@ def gsm8k_reward(response: str, ground_truth: str, truncated: bool, require_thin
         if response is None:
             return 0.0
     pred = gsm8k_extract(response)
-    return 1.0 if pred is not None and _numbers_equal(pred, _clean_number(str(ground_truth))) else 0.0
+    return 1.0 if pred is not None and _numbers_equal(pred,
+                                                      _clean_number(str(ground_truth))) else 0.0
 
 
 if __name__ == "__main__":  # the worker process: `python -m suite.tasks.math_reward FD`

@@ -1,18 +1,21 @@
-"""Task files: reading one, checking it before any compute, and loading a task's own reward function.
+"""Task files: reading one, checking it before any compute, and loading a task's own reward
+function.
 
-A task file is a YAML mapping (one file per task, ``NAME.yaml``, like lm-eval's task YAMLs). The keys every
-task has, and those of each ``kind`` (the code that builds the task, suite/tasks/registry.py ``KINDS``):
+A task file is a YAML mapping (one file per task, ``NAME.yaml``, like lm-eval's task YAMLs). The
+keys every task has, and those of each ``kind`` (the code that builds the task,
+suite/tasks/registry.py ``KINDS``):
 
     name, version, kind            required; ``name`` is the file's stem
-    summary (one line for `suite ls tasks`), description, sampling (max_new_tokens, max_prompt_tokens), eval, tiers
+    summary (one line for `suite ls tasks`), description, sampling (max_new_tokens,
+    max_prompt_tokens), eval, tiers
     arith:    digits, seed, n_test, n_train_max
     category: classes, class_size, labels, seed, n_test, n_train_max, sampling (max_new_tokens)
     dataset:  format, splits; optional prompt_suffix, reward, prefiltered
 
-``check`` refuses an unknown key (with "did you mean"), a missing one, a data file that does not exist and a
-reward function that cannot be imported, each as one ``TaskFileError`` line naming the file. Relative paths
-(a split's local ``files``, a reward function's ``.py`` file) are relative to the task file's folder; the
-checked spec holds them absolute.
+``check`` refuses an unknown key (with "did you mean"), a missing one, a data file that does not
+exist and a reward function that cannot be imported, each as one ``TaskFileError`` line naming the
+file. Relative paths (a split's local ``files``, a reward function's ``.py`` file) are relative to
+the task file's folder; the checked spec holds them absolute.
 """
 
 from __future__ import annotations
@@ -33,15 +36,19 @@ class TaskFileError(ValueError):
     """A task file is malformed; the message names the file and the key."""
 
 
-COMMON = {"required": ("name", "version", "kind"), "optional": ("summary", "description", "sampling", "eval", "tiers")}
+COMMON = {"required": ("name", "version", "kind"),
+          "optional": ("summary", "description", "sampling", "eval", "tiers")}
 KIND_KEYS = {
     "arith": {"required": ("digits", "seed", "n_test", "n_train_max"), "optional": ()},
-    "category": {"required": ("classes", "class_size", "labels", "seed", "n_test", "n_train_max", "sampling"),
+    "category": {"required": ("classes", "class_size", "labels", "seed", "n_test", "n_train_max",
+                              "sampling"),
                  "optional": ()},
-    "dataset": {"required": ("format", "splits"), "optional": ("prompt_suffix", "reward", "prefiltered")},
+    "dataset": {"required": ("format", "splits"),
+                "optional": ("prompt_suffix", "reward", "prefiltered")},
 }
 NESTED = {  # mapping-valued keys and the keys they may hold
-    "sampling": ("max_new_tokens", "max_prompt_tokens"),  # the second: the memory plan's prompt length
+    # the second: the memory plan's prompt length
+    "sampling": ("max_new_tokens", "max_prompt_tokens"),
     "eval": ("splits", "metric", "n", "temperature", "top_p"),
     "reward": ("kind", "function", "require_think", "timeout"),
 }
@@ -61,7 +68,8 @@ def _keys(path: Path, where: str, got: dict, required: tuple, optional: tuple) -
 
 
 def read(path: Path) -> dict:
-    """The checked spec of the task file at ``path`` (TaskFileError on any problem; no data is read)."""
+    """The checked spec of the task file at ``path`` (TaskFileError on any problem; no data is
+    read)."""
     path = Path(path)
     try:
         spec = yaml.safe_load(path.read_text())
@@ -70,7 +78,8 @@ def read(path: Path) -> dict:
     except yaml.YAMLError as e:
         raise TaskFileError(f"{path}: not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(spec, dict):
-        raise TaskFileError(f"{path}: a task file holds a mapping (name: ..., version: ..., kind: ...)")
+        raise TaskFileError(f"{path}: a task file holds a mapping (name: ..., version: ..., kind: "
+                            "...)")
     return check(spec, path)
 
 
@@ -83,15 +92,18 @@ def check(spec: dict, path: Path) -> dict:
     _keys(path, "", spec, COMMON["required"] + KIND_KEYS[kind]["required"],
           COMMON["optional"] + KIND_KEYS[kind]["optional"])
     if spec["name"] != path.stem:
-        raise TaskFileError(f"{path}: name '{spec['name']}' differs from the file's name; a task NAME lives in NAME.yaml")
+        raise TaskFileError(f"{path}: name '{spec['name']}' differs from the file's name; a task "
+                            "NAME lives in NAME.yaml")
     if not isinstance(spec["version"], int) or isinstance(spec["version"], bool):
-        raise TaskFileError(f"{path}: version must be an integer (bump it whenever a prompt, trace or reward changes)")
+        raise TaskFileError(f"{path}: version must be an integer (bump it whenever a prompt, trace "
+                            "or reward changes)")
     for key, allowed in NESTED.items():
         if key in spec and not isinstance(spec[key], dict):
             raise TaskFileError(f"{path}: '{key}' must be a mapping")
         _keys(path, f"{key}.", spec.get(key) or {}, (), allowed)
     if not isinstance(spec.get("tiers") or {}, dict):
-        raise TaskFileError(f"{path}: 'tiers' maps a tier name to config fields (tiers: {{smoke: {{steps: 2}}}})")
+        raise TaskFileError(f"{path}: 'tiers' maps a tier name to config fields (tiers: {{smoke: "
+                            f"{{steps: 2}}}})")
     if kind == "dataset":
         spec = {**spec, "splits": _splits(spec, path)}
         spec["reward"] = _reward(spec.get("reward") or {}, path)
@@ -100,11 +112,13 @@ def check(spec: dict, path: Path) -> dict:
 
 def _splits(spec: dict, path: Path) -> dict:
     if spec["format"] not in FORMATS:
-        raise TaskFileError(f"{path}: format: unknown value {spec['format']!r}.{did_you_mean(spec['format'], FORMATS)} "
-                            f"Allowed: {', '.join(FORMATS)}")
+        raise TaskFileError(f"{path}: format: unknown value "
+                            f"{spec['format']!r}.{did_you_mean(spec['format'], FORMATS)} Allowed: "
+                            f"{', '.join(FORMATS)}")
     if not isinstance(spec["splits"], dict) or "train" not in spec["splits"]:
         raise TaskFileError(f"{path}: splits maps each split name (train is required) to "
-                            "{files: [...]} (local, relative to the task file) or {repo: HUB_REPO, files: [...]}")
+                            "{files: [...]} (local, relative to the task file) or {repo: HUB_REPO, "
+                            "files: [...]}")
     out = {}
     for name, split in spec["splits"].items():
         if not isinstance(split, dict):
@@ -112,7 +126,8 @@ def _splits(spec: dict, path: Path) -> dict:
         _keys(path, f"splits.{name}.", split, ("files",), ("repo",))
         files = split["files"]
         if not isinstance(files, list) or not files:
-            raise TaskFileError(f"{path}: splits.{name}.files must be a non-empty list of files or globs")
+            raise TaskFileError(f"{path}: splits.{name}.files must be a non-empty list of files or "
+                                "globs")
         if split.get("repo") is None:  # local files, relative to the task file's folder
             files = [str((path.parent / f).resolve()) for f in files]
             for f in files:
@@ -125,25 +140,30 @@ def _splits(spec: dict, path: Path) -> dict:
 def _reward(reward: dict, path: Path) -> dict:
     kind = reward.get("kind", "function" if "function" in reward else "boxed")
     if kind not in REWARD_KINDS:
-        raise TaskFileError(f"{path}: reward.kind: unknown value {kind!r}.{did_you_mean(kind, REWARD_KINDS)} "
-                            f"Allowed: {', '.join(REWARD_KINDS)}")
+        raise TaskFileError(f"{path}: reward.kind: unknown value "
+                            f"{kind!r}.{did_you_mean(kind, REWARD_KINDS)} Allowed: "
+                            f"{', '.join(REWARD_KINDS)}")
     if kind != "function":
         if "function" in reward:
-            raise TaskFileError(f"{path}: reward.function is set but reward.kind is {kind}; drop one of them")
+            raise TaskFileError(f"{path}: reward.function is set but reward.kind is {kind}; drop "
+                                "one of them")
         return {**reward, "kind": kind}
     extra = [k for k in ("require_think", "timeout") if k in reward]
     if extra:
-        raise TaskFileError(f"{path}: reward.{extra[0]} applies to the built-in rewards (boxed, gsm8k), not to a "
-                            "reward function, which scores the whole response itself")
+        raise TaskFileError(f"{path}: reward.{extra[0]} applies to the built-in rewards (boxed, "
+                            "gsm8k), not to a reward function, which scores the whole response "
+                            "itself")
     if not isinstance(reward.get("function"), str):
-        raise TaskFileError(f"{path}: reward.function must be 'package.module:function' or 'file.py:function'")
+        raise TaskFileError(f"{path}: reward.function must be 'package.module:function' or "
+                            "'file.py:function'")
     ref = _absolute(reward["function"], path.parent)
     load_function(ref, path)  # refused now, before any compute
     return {**reward, "kind": kind, "function": ref}
 
 
 def _absolute(ref: str, base: Path) -> str:
-    """A ``file.py:function`` reference with its file made absolute (relative to ``base``); modules as given."""
+    """A ``file.py:function`` reference with its file made absolute (relative to ``base``); modules
+    as given."""
     where, _, name = ref.rpartition(":")
     if where.endswith(".py"):
         return f"{(base / where).resolve()}:{name}"
@@ -151,11 +171,12 @@ def _absolute(ref: str, base: Path) -> str:
 
 
 def load_function(ref: str, path: Path | str = "reward.function"):
-    """The callable ``ref`` names: ``package.module:function`` (imported from sys.path) or ``/abs/file.py:function``
-    (loaded from the file). TaskFileError says what is missing."""
+    """The callable ``ref`` names: ``package.module:function`` (imported from sys.path) or
+    ``/abs/file.py:function`` (loaded from the file). TaskFileError says what is missing."""
     where, sep, name = ref.rpartition(":")
     if not sep or not where or not name:
-        raise TaskFileError(f"{path}: reward.function '{ref}' must be 'package.module:function' or 'file.py:function'")
+        raise TaskFileError(f"{path}: reward.function '{ref}' must be 'package.module:function' or "
+                            "'file.py:function'")
     if where.endswith(".py"):
         file = Path(where)
         if not file.is_file():
@@ -169,16 +190,18 @@ def load_function(ref: str, path: Path | str = "reward.function"):
             try:
                 loader_spec.loader.exec_module(module)
             except Exception as e:  # noqa: BLE001 - the user's file failed to import: say which and why
-                raise TaskFileError(f"{path}: reward.function: importing {file} failed ({type(e).__name__}: {e})") from None
+                raise TaskFileError(f"{path}: reward.function: importing {file} failed "
+                                    f"({type(e).__name__}: {e})") from None
             sys.modules[mod_name] = module
     else:
         try:
             module = importlib.import_module(where)
         except ImportError as e:
-            raise TaskFileError(f"{path}: reward.function: cannot import module '{where}' ({e}); install it or give "
-                                "a file path 'reward.py:function'") from None
+            raise TaskFileError(f"{path}: reward.function: cannot import module '{where}' ({e}); "
+                                "install it or give a file path 'reward.py:function'") from None
     fn = getattr(module, name, None)
     if not callable(fn):
         found = [n for n in dir(module) if callable(getattr(module, n)) and not n.startswith("_")]
-        raise TaskFileError(f"{path}: reward.function: '{where}' has no function '{name}'.{did_you_mean(name, found)}")
+        raise TaskFileError(f"{path}: reward.function: '{where}' has no function "
+                            f"'{name}'.{did_you_mean(name, found)}")
     return fn

@@ -1,0 +1,130 @@
+"""Composing a RunConfig from ``key=value`` overrides, before any layer fills it (suite/rl/config.py
+resolves and validates what comes out).
+
+``from_overrides`` goes through Hydra's composition, parsing one override at a time first so that a
+refusal names the override Hydra cannot read, and an unknown field gets a "did you mean" and the
+list of fields. ``from_plain`` types plain overrides of known fields with OmegaConf and sets them on
+a default RunConfig, fast enough for plans of hundreds of cells (``suite grids``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from suite.names import did_you_mean
+from suite.rl.schema import RunConfig
+
+
+def from_overrides(overrides: list[str]) -> RunConfig:
+    """Compose a RunConfig from ``key=value`` overrides with Hydra; errors name the field."""
+    from hydra import compose, initialize
+    from hydra.core.config_store import ConfigStore
+    from hydra.errors import (
+        ConfigCompositionException,
+        HydraException,
+        OverrideParseException,
+    )
+
+    for ov in overrides:  # one at a time, so the refusal names the override Hydra cannot parse
+        _parse(ov)
+    ConfigStore.instance().store(name="suite_run", node=RunConfig)
+    try:
+        with initialize(version_base=None, config_path=None):
+            cfg = compose(config_name="suite_run", overrides=list(overrides))
+    except (ConfigCompositionException, OverrideParseException) as e:
+        raise ValueError(_explain(e, overrides)) from None
+    except HydraException as e:
+        raise ValueError(f"config: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
+    return OmegaConf.to_object(cfg)
+
+
+@functools.lru_cache(maxsize=1)
+def _converter():
+    """A scratch structured config: assigning to one of its fields types and checks a value as Hydra
+    would."""
+    return OmegaConf.structured(RunConfig)
+
+
+@functools.lru_cache(maxsize=1)
+def _composed_default() -> RunConfig:
+    """The default RunConfig as Hydra composes it (sequences as lists), never handed out: callers
+    get a copy."""
+    return OmegaConf.to_object(OmegaConf.structured(RunConfig))
+
+
+def from_plain(overrides: list[str]) -> RunConfig:
+    """A RunConfig from plain ``key=value`` overrides of known fields (no sweeps, no ``+``/``~``),
+    each value typed and checked by OmegaConf against the schema, as Hydra's composition does
+    underneath, and set on a default RunConfig: 0.2 ms an override where ``from_overrides`` takes
+    0.2 s a config, for plans of hundreds of cells (``suite grids``)."""
+    import copy
+
+    from omegaconf import Container
+    from omegaconf.errors import OmegaConfBaseException
+
+    cfg, conv = copy.deepcopy(_composed_default()), _converter()
+    for ov in overrides:
+        key = ov.split("=", 1)[0]
+        try:
+            conv.merge_with_dotlist([ov])
+        except OmegaConfBaseException as e:
+            raise ValueError(f"{key}: {str(e).splitlines()[0]} (from '{ov}')") from None
+        value = OmegaConf.select(conv, key)
+        *path, leaf = key.split(".")
+        obj = cfg
+        for part in path:
+            obj = getattr(obj, part)
+        setattr(obj, leaf, OmegaConf.to_container(value) if isinstance(value, Container) else value)
+    return cfg
+
+
+def _parse(override: str) -> None:
+    """ValueError naming ``override`` when Hydra's override grammar cannot read it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    if "=" not in override:
+        raise ValueError(f"'{override}': expected key=value (a config field, e.g. precision=bf16).")
+    try:
+        OverridesParser.create().parse_overrides([override])
+    except HydraException as e:
+        why = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "not a valid override")
+        raise ValueError(f"{override.split('=', 1)[0].lstrip('+~')}: cannot parse '{override}' "
+                         f"({why}).") from None
+
+
+def _explain(err: Exception, overrides: list[str]) -> str:
+    """Turn Hydra's composition error into one line naming the field (and a "did you mean")."""
+    text = str(err.__cause__ or err)
+    for ov in overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        parent, _, leaf = key.rpartition(".")
+        keys = _field_names(parent)
+        if leaf not in keys:
+            from suite.rl.cmdline import suggest_field
+
+            where = f" in '{parent}'" if parent else ""
+            return (f"{key}: unknown config "
+                    f"field{where}.{did_you_mean(leaf, keys) or suggest_field(key)} Fields: "
+                    f"{', '.join(keys) or '(none: ' + parent + ' is not a config group)'}.")
+    for ov in overrides:
+        key = ov.split("=", 1)[0].lstrip("+~")
+        if key in text:
+            detail = next((ln.strip() for ln in text.splitlines()
+                           if ln.strip().startswith("Value")), text.splitlines()[0])
+            return f"{key}: {detail} (from '{ov}')"
+    return f"config: {text.splitlines()[0]}"
+
+
+def _field_names(path: str) -> list[str]:
+    node: Any = RunConfig
+    for part in [p for p in path.split(".") if p]:
+        hints = {f.name: f for f in dataclasses.fields(node)}
+        if part not in hints or hints[part].default_factory is dataclasses.MISSING:
+            return []
+        node = hints[part].default_factory
+    return [f.name for f in dataclasses.fields(node)]
