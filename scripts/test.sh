@@ -17,4 +17,13 @@ if [ -n "${CI:-}" ]; then
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 .venv/bin/python -m ruff check suite tests scripts  # the rule set in pyproject.toml; a violation fails CI here
-exec .venv/bin/python -m pytest -q "$@"
+# Test files run side by side, one worker per core up to 4 (pytest-xdist; `-n 0` after the command runs
+# them in one process). A file stays on one worker, in order (`--dist loadfile`): some tests read what
+# the file's earlier tests measured. The workers share one cache (a policy is built once, the others
+# wait for it). OpenMP threads that wait sleep instead of spinning (OMP_WAIT_POLICY=PASSIVE; it
+# changes no number): a test training with 2 threads beside another worker's test would otherwise
+# spin on the core that test needs.
+workers=$(nproc)
+workers=$(( workers > 4 ? 4 : workers ))
+export OMP_WAIT_POLICY=PASSIVE
+exec .venv/bin/python -m pytest -q -n "$([ "$workers" -gt 1 ] && echo "$workers" || echo 0)" --dist loadfile "$@"

@@ -35,8 +35,13 @@ def pytest_terminal_summary(terminalreporter, config):
 
 @pytest.fixture(scope="session", autouse=True)
 def suite_cache(tmp_path_factory):
-    """Policies and datasets built by tests live in one session-wide temporary cache."""
-    path = os.environ.get("SUITE_TEST_CACHE") or str(tmp_path_factory.mktemp("suite-cache"))
+    """Policies and datasets built by tests live in one session-wide temporary cache, shared by the
+    pytest-xdist workers of the session (the suite's build lock makes one of them build an entry
+    while the others wait for it)."""
+    shared = tmp_path_factory.getbasetemp().parent / "suite-cache"  # pytest-N/, the workers' parent
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    path = os.environ.get("SUITE_TEST_CACHE") or str(
+        shared if worker else tmp_path_factory.mktemp("suite-cache"))
     old = os.environ.get("SUITE_CACHE")
     os.environ["SUITE_CACHE"] = path
     yield path

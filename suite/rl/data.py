@@ -21,6 +21,7 @@ from suite.rl import perfectible
 from suite.rl.policy import (
     BUILD_THREADS,
     PolicySpec,
+    build_lock,
     cache_root,
     ensure_policy,
     policy_key,
@@ -121,12 +122,15 @@ def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
         + (f"-{source}" if hasattr(task, "source") else "")
         + (f"-{pf.sampler}-{cfg.engine}" if (pf.sampler, cfg.engine) != ("fp32", "torch")
            else ""))
-    if not (data_dir / "provenance.json").exists():
-        console.print(f"building the perfectible set: {pf.pool} prompts x k={pf.k} samples")
-        perfectible.build(model_dir, task, k=pf.k, lo=pf.lo, hi=pf.hi, pool=pf.pool,
-                          max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir,
-                          console=console, sampler=pf.sampler, engine=cfg.engine,
-                          vllm_cfg=cfg.vllm)
+    if (data_dir / "provenance.json").exists():
+        return model_dir, data_dir
+    with build_lock(data_dir):
+        if not (data_dir / "provenance.json").exists():  # else built while this process waited
+            console.print(f"building the perfectible set: {pf.pool} prompts x k={pf.k} samples")
+            perfectible.build(model_dir, task, k=pf.k, lo=pf.lo, hi=pf.hi, pool=pf.pool,
+                              max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir,
+                              console=console, sampler=pf.sampler, engine=cfg.engine,
+                              vllm_cfg=cfg.vllm)
     return model_dir, data_dir
 
 
