@@ -54,7 +54,10 @@ SOURCE_ALGORITHMS = ["grpo", "grpo_token_tis", "grpo_seq_mis"]
 # under plain GRPO. The unified FP8 and exact flows, the rollout-dtype ablations and the other
 # algorithms are in ``sanity``.
 MAIN_FLOWS = ["fp32", "fp16", "bf16", "bf16_fp8rollout"]
-
+# The dose-response dial (suite/numerics/perturbation.py): two kinds of injected mismatch, four
+# magnitudes spanning fp16's to beyond FP8 rollouts' step-0 mismatch, three seeds.
+DOSES = {"inject.kind": ["noise", "lowp_bias"], "inject.scale": [0.1, 0.3, 1.0, 3.0],
+         "seed": [0, 1, 2]}
 
 
 def _control_rows() -> list[list[str]]:
@@ -173,8 +176,7 @@ GRIDS: dict[str, dict[str, Any]] = {
                "Gaussian logit noise, or a bias on tokens below p 0.1), four magnitudes spanning "
                "fp16's to beyond FP8 rollouts' step-0 mismatch, plain GRPO, the main job's "
                "setting, three seeds",
-        "axes": {"inject.kind": ["noise", "lowp_bias"], "inject.scale": [0.1, 0.3, 1.0, 3.0],
-                 "seed": [0, 1, 2]},
+        "axes": DOSES,
         "overrides": ["algorithm=grpo", "precision=fp32",
                       "name=dose-response/${inject.kind}-${inject.scale}"],
     },
@@ -186,8 +188,7 @@ GRIDS: dict[str, dict[str, Any]] = {
                "sampler's recorded, perturbed distribution), with the policy's held-out accuracy "
                "every 25 steps (4 samples a prompt), three seeds; compare with grid=dose-response "
                "eval.every=25 eval.samples=4",
-        "axes": {"inject.kind": ["noise", "lowp_bias"], "inject.scale": [0.1, 0.3, 1.0, 3.0],
-                 "seed": [0, 1, 2]},
+        "axes": DOSES,
         "overrides": ["algorithm=grpo", "precision=fp32", "algo.score_centering=true",
                       "eval.every=25", "eval.samples=4",
                       "name=dose-centering/${inject.kind}-${inject.scale}"],
