@@ -24,6 +24,19 @@ def peers_ran(request) -> dict:
     return request.config.stash.setdefault(PEERS_RAN, {})
 
 
+def pytest_sessionfinish(session):
+    # a pytest-xdist worker hands what it ran to the controller, which prints the summary
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        out["peers_ran"] = session.config.stash.get(PEERS_RAN, {})
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    ran = getattr(node, "workeroutput", {}).get("peers_ran", {})
+    node.config.stash.setdefault(PEERS_RAN, {}).update(ran)
+
+
 def pytest_terminal_summary(terminalreporter, config):
     ran = config.stash.get(PEERS_RAN, {})
     if "" in ran:
