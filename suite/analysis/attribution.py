@@ -32,7 +32,7 @@ from suite.analysis.stats import bootstrap_ci
 METRIC_LABELS = {"k3": "k3 KL", "dp": "mean |dp|", "tme": "token-mult. error - 1",
                  "out_0.9_1.1": "frac outside [0.9, 1.1]", "out_0.5_2": "frac outside [0.5, 2]",
                  "kl_full": "full-vocab KL(mu||pi)", "tv": "full-vocab TV"}
-# the issue's four: k3 share, mean |dp|, TME, frac outside
+# one per family of the peers' mismatch metrics: k3 share, mean |dp|, TME, frac outside
 TABLE_METRICS = ("k3", "dp", "tme", "out_0.9_1.1")
 
 

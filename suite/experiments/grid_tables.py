@@ -134,8 +134,8 @@ def _by_mismatch(flows: str, flows_centred: str, dose: str,
 
 def f_centering_dose(flows: str, flows_centred: str, dose: str, dose_centred: str,
                      part: str = "table") -> str:
-    """Where score centering starts to pay (arXiv 2609.20807; issue: nobody measured it): every
-    setting run with plain GRPO and with centering, ordered by its step-0 k3, each with both
+    """Where score centering starts to pay (arXiv 2609.20807; SkyRL saw no gain at mild mismatch):
+    every setting run with plain GRPO and with centering, ordered by its step-0 k3, each with both
     outcomes over seeds and the exact one-sided permutation p that centering ends higher (part
     "table"), or the sentence that sums the table up (part "outcome")."""
     import statistics
