@@ -8,7 +8,7 @@ import sys
 
 from rich.console import Console
 
-from suite.rl.policy import PolicySpec, _build_policy, build_lock, cache_root, policy_key
+from suite.rl.policy import PolicySpec, _build_policy, building, cache_root, policy_key
 from suite.tasks.registry import get_task
 
 SPEC = dict(hidden=32, layers=1, heads=2, kv_heads=1, mlp=64, sft_batch=8, probe_prompts=8,
@@ -25,7 +25,8 @@ def test_a_second_process_waits_for_the_build_and_reads_it(monkeypatch, tmp_path
     monkeypatch.setenv("SUITE_CACHE", str(tmp_path))
     spec, task = PolicySpec(**SPEC), get_task("arith")
     out = cache_root() / "policies" / f"{task.name}-{policy_key(spec, task)}"
-    with build_lock(out):
+    with building(out, "build.json") as todo:
+        assert todo
         child = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True, env=os.environ.copy())
         # the child has looked (no policy yet) and now waits for the lock this process holds

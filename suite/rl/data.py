@@ -21,7 +21,7 @@ from suite.rl import perfectible
 from suite.rl.policy import (
     BUILD_THREADS,
     PolicySpec,
-    build_lock,
+    building,
     cache_root,
     ensure_policy,
     policy_key,
@@ -113,8 +113,9 @@ def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
     source = hashlib.sha256(str(getattr(task, "source", "")).encode()).hexdigest()[:8]
     if spec.get("prefiltered"):
         data_dir = cache_root() / "datasets" / f"{task.name}-v{task.version}-{source}-prefiltered"
-        if not (data_dir / "provenance.json").exists():
-            perfectible.from_split(task, data_dir, note=spec["prefiltered"])
+        with building(data_dir, "provenance.json") as todo:
+            if todo:
+                perfectible.from_split(task, data_dir, note=spec["prefiltered"])
         return model_dir, data_dir
     data_dir = cache_root() / "datasets" / (
         f"{task.name}-v{task.version}-{key}-k{pf.k}-{pf.lo}-{pf.hi}"
@@ -122,10 +123,8 @@ def _prepare_data(cfg, console: Console) -> tuple[Path, Path]:
         + (f"-{source}" if hasattr(task, "source") else "")
         + (f"-{pf.sampler}-{cfg.engine}" if (pf.sampler, cfg.engine) != ("fp32", "torch")
            else ""))
-    if (data_dir / "provenance.json").exists():
-        return model_dir, data_dir
-    with build_lock(data_dir):
-        if not (data_dir / "provenance.json").exists():  # else built while this process waited
+    with building(data_dir, "provenance.json") as todo:
+        if todo:
             console.print(f"building the perfectible set: {pf.pool} prompts x k={pf.k} samples")
             perfectible.build(model_dir, task, k=pf.k, lo=pf.lo, hi=pf.hi, pool=pf.pool,
                               max_new_tokens=cfg.sampling.max_new_tokens, out_dir=data_dir,

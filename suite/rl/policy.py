@@ -238,27 +238,27 @@ def sampled_accuracy(model, tok, task, items, max_new_tokens: int, seed: int) ->
 
 
 @contextlib.contextmanager
-def build_lock(out: Path):
-    """One builder per cache entry across processes: those that find ``out`` missing while another
-    builds it (the cells of a sweep, parallel test workers) wait for that build and then read it,
-    rather than build it again and replace it under a reader. The caller checks again inside."""
+def building(out: Path, done: str):
+    """Whether this process must build the cache entry ``out`` (its file ``done`` is missing),
+    with one builder per entry across processes: those that find it missing while another builds
+    it (the cells of a sweep, parallel test workers) wait for that build and then read it, rather
+    than build it again and replace it under a reader. The lock is held while the caller builds."""
     from filelock import FileLock
 
+    if (out / done).exists():
+        yield False
+        return
     locks = cache_root() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with FileLock(locks / f"{out.parent.name}-{out.name}.lock"):
-        yield
+        yield not (out / done).exists()  # else built by the process this one waited for
 
 
 def ensure_policy(spec: PolicySpec, task, console: Console | None = None) -> Path:
     """Return the directory of the warm-started policy, building and caching it if needed."""
     out = cache_root() / "policies" / f"{task.name}-{policy_key(spec, task)}"
-    if (out / "build.json").exists():
-        return out
-    with build_lock(out), torch_threads(spec.build_threads):
-        if (out / "build.json").exists():  # built by the process this one waited for
-            return out
-        return _build_policy(spec, task, out, console or Console(stderr=True))
+    with building(out, "build.json") as todo, torch_threads(spec.build_threads):
+        return _build_policy(spec, task, out, console or Console(stderr=True)) if todo else out
 
 
 def _build_policy(spec: PolicySpec, task, out: Path, console: Console) -> Path:
