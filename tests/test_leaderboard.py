@@ -24,9 +24,7 @@ def copy_run(dst_root: Path, run: str = RUN, name: str | None = None) -> Path:
     .xz)."""
     dst = dst_root / (name or run)
     shutil.copytree(DEFAULT / run, dst, ignore=shutil.ignore_patterns("ckpt", "log.txt*"))
-    for xz in dst.glob("*" + packed.SUFFIX):
-        xz.with_suffix("").write_bytes(packed.read_bytes(xz))
-        xz.unlink()
+    packed.unpack(dst)
     return dst
 
 

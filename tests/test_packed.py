@@ -1,17 +1,22 @@
-"""Per-step logs stored as .xz (suite/packed.py, scripts/compact_results.py): every reader gets the
-same bytes and records as from the plain file, the reproduction check still compares byte for byte,
-and the compaction is deterministic, idempotent and stays within its budgets."""
+"""Per-step logs stored as .xz, as columns (.tar.xz) or as links to a twin (suite/packed.py,
+scripts/compact_results.py): every reader gets the same bytes and records as from the plain file,
+the reproduction check still compares byte for byte, and the compaction is deterministic,
+idempotent and stays within its budgets."""
 
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import lzma
 import random
 import shutil
 import subprocess
+import sys
+import tarfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from suite import packed
@@ -35,11 +40,13 @@ def _script():
 
 
 def _pack_run(run_dir: Path) -> None:
-    """Store a run's per-step logs as the compaction does: NAME.xz in the place of NAME."""
+    """Store a run's per-step logs as the compaction does: NAME.tar.xz (a JSONL log) or NAME.xz in
+    the place of NAME."""
     for name in packed.PER_STEP_LOGS:
         plain = run_dir / name
         if plain.is_file():
-            (run_dir / (name + packed.SUFFIX)).write_bytes(packed.compress(plain.read_bytes()))
+            stored, data = packed.pack(name, plain.read_bytes())
+            (run_dir / stored).write_bytes(data)
             plain.unlink()
 
 
@@ -49,11 +56,8 @@ def pair(tmp_path):
     fresh, ref = tmp_path / "fresh", tmp_path / "ref"
     shutil.copytree(FIXTURE, fresh)
     shutil.copytree(FIXTURE, ref)
-    # the fixture is stored compressed: the fresh grid gets the plain logs a run writes
-    for d in find_run_dirs(fresh):
-        for xz in d.glob("*" + packed.SUFFIX):
-            xz.with_suffix("").write_bytes(packed.read_bytes(xz))
-            xz.unlink()
+    packed.unpack(fresh)  # the fixture is stored compressed: the plain logs a run writes
+    packed.unpack(ref)
     for d in find_run_dirs(ref):
         _pack_run(d)
     return fresh, ref
@@ -62,7 +66,8 @@ def pair(tmp_path):
 # ---- reading --------------------------------------------------------------------------------
 def test_read_log_gives_the_same_records_and_lines_from_plain_and_xz(pair):
     fresh, ref = pair
-    assert packed.run_file(ref / RUN, "metrics.jsonl") == ref / RUN / "metrics.jsonl.xz"
+    assert packed.run_file(ref / RUN, "metrics.jsonl") == ref / RUN / "metrics.jsonl.tar.xz"
+    assert packed.run_file(ref / RUN, "log.txt") == ref / RUN / "log.txt.xz"
     assert not (ref / RUN / "metrics.jsonl").exists()
     for name in ("metrics.jsonl", "timing.jsonl"):
         plain = packed.read_log(fresh / RUN, name)
@@ -152,8 +157,8 @@ def _repo(root: Path, sizes: dict[str, int]) -> Path:
         run = root / "results" / "reference" / "cls" / grid / "arith__grpo__bf16__s0"
         run.mkdir(parents=True)
         (run / "config.json").write_text("{}\n")
-        lines = [json.dumps({"step": s, "mismatch/kl_k3": rng.random() * 1e-4}) + "\n"
-                 for s in range(rows)]
+        lines = [json.dumps({"step": s, "mismatch/kl_k3": rng.random() * 1e-4}, sort_keys=True)
+                 + "\n" for s in range(rows)]
         (run / "metrics.jsonl").write_text("".join(lines))
         (run / "log.txt").write_text("".join(f"step {s}\n" for s in range(rows)))
         (run / "source").mkdir()
@@ -191,8 +196,9 @@ def test_compaction_is_deterministic_idempotent_and_within_its_budgets(tmp_path)
     assert any("left for later: reference/cls/mid" in s for s in said) and "tree" in said[-1]
     for path, data in originals.items():  # every log given back byte for byte; nothing else moved
         if _is_log(path) and "mid" not in path.parts:
-            xz = path.with_name(path.name + ".xz")
-            assert not path.exists() and lzma.decompress(xz.read_bytes()) == data
+            suffix = ".tar.xz" if path.suffix == ".jsonl" else ".xz"
+            stored = path.with_name(path.name + suffix)
+            assert not path.exists() and packed.read_bytes(stored) == data
         else:
             assert path.read_bytes() == data
     # The added-bytes budget leaves a grid whose .xz would not fit, for a later run.
@@ -220,3 +226,78 @@ def test_compaction_refuses_bad_arguments_before_touching_a_file(tmp_path):
     with pytest.raises(ValueError, match="--grid: no per-step logs in reference/cls/typo"):
         compact(repo, 10, 20, grids=["reference/cls/typo"], say=lambda s: None)
     assert not list(repo.rglob("*.xz"))
+
+
+# ---- columns and links ----------------------------------------------------------------------
+def _lines(rows) -> bytes:
+    return "".join(json.dumps(r, sort_keys=True, allow_nan=True) + "\n" for r in rows).encode()
+
+
+def test_a_jsonl_log_stored_as_columns_gives_back_every_byte(tmp_path):
+    nan, inf = float("nan"), float("inf")
+    rows = [{"step": 0, "a/f32": 0.5, "a/f64": 0.1, "odd": nan, "big": 1 << 70, "sha": "ab12",
+             "rates": [0.125, 0.25], "ragged": [1], "flag": True, "none": None},
+            {"step": 1, "a/f32": -0.0, "a/f64": 5e-324, "odd": inf, "big": 3, "sha": "cd34",
+             "rates": [1.0, 0.0], "ragged": [1, 2], "flag": False, "none": None},
+            {"step": 2, "a/f32": 2.5, "eval/only_here": -inf, "nested": {"k": [1, "x"]}},
+            {"step": 300, "a/f32": 1.0, "a/f64": 1 / 3, "rates": [0.5, 0.75], "uni": "\u00e9"}]
+    data = _lines(rows)
+    name, stored = packed.pack("metrics.jsonl", data)
+    assert name == "metrics.jsonl.tar.xz" and packed.from_columns(stored) == data
+    # ordinary tools: an xz'd tar of .npy arrays and columns.json
+    (tmp_path / name).write_bytes(stored)
+    with tarfile.open(tmp_path / name, "r:xz") as tar:
+        layout = json.loads(tar.extractfile("columns.json").read())
+        arrays = {layout["keys"][int(m.name[:4])]: np.load(io.BytesIO(tar.extractfile(m).read()))
+                  for m in tar.getmembers() if m.name.endswith(".npy")}
+    assert arrays["step"].dtype == np.int16 and arrays["step"].tolist() == [0, 1, 2, 300]
+    assert arrays["a/f32"].dtype == np.float32 and arrays["a/f64"].dtype == np.float64
+    assert arrays["rates"].shape == (3, 2) and "big" not in arrays and "ragged" not in arrays
+    assert packed.read_log(tmp_path, "metrics.jsonl") == json.loads(
+        json.dumps([json.loads(line) for line in data.splitlines()]))  # NaN aside: same records
+    got = subprocess.run([sys.executable, "-m", "suite.packed", str(tmp_path / name)],
+                         capture_output=True, check=True, cwd=REPO).stdout
+    assert got == data
+
+
+@pytest.mark.parametrize("data", [
+    b'{"step": 0, "a": 1}\n{"b": 2, "a": 1}\n',  # keys not sorted: not what the suite writes
+    b'{"a":1}\n',  # other separators
+    b'{"a": 1}\n{"a": 2}\n{"a',  # torn last line
+    b'{"a": 1}',  # no final newline
+    b'',
+    b'[1, 2]\n'])
+def test_a_log_that_would_not_come_back_byte_for_byte_stays_plain_xz(data):
+    assert packed.to_columns(data) is None
+    name, stored = packed.pack("metrics.jsonl", data)
+    assert name == "metrics.jsonl.xz" and lzma.decompress(stored) == data
+    assert packed.pack("log.txt", b"step 0\n")[0] == "log.txt.xz"
+
+
+def test_twin_logs_are_stored_once_and_linked_even_across_steps(tmp_path):
+    compact = _script().compact
+    repo = _repo(tmp_path / "r", {"a": 50, "b": 60})
+    runs = {g: repo / "results" / "reference" / "cls" / g / "arith__grpo__bf16__s0" for g in "ab"}
+    twin = runs["b"].parent / "arith__grpo__fp32__s0"
+    shutil.copytree(runs["a"], twin)  # the same bytes in another grid, later in path order
+    want = {p: p.read_bytes() for p in repo.rglob("*") if p.is_file() and ".git" not in p.parts}
+    said = []
+    # Only grid b fits: the twin's holder (grid a) is not stored yet, so it is packed on its own.
+    size_b = sum(len(d) for p, d in want.items() if "b" in p.parts and _is_log(p))
+    done = compact(repo, (size_b + 10) / MIB, 20, say=said.append)
+    assert done["grids"] == ["reference/cls/b"]
+    assert not (twin / "metrics.jsonl.tar.xz").is_symlink()
+    # The next run stores grid a, then turns the twin into links to a's files.
+    compact(repo, 100, 20, say=said.append)
+    for name in ("metrics.jsonl.tar.xz", "log.txt.xz"):
+        link = twin / name
+        assert link.is_symlink() and link.resolve() == (runs["a"] / name).resolve()
+        assert not Path(link.readlink()).is_absolute()
+    for path, data in want.items():
+        if _is_log(path):
+            assert packed.read_bytes(path) == data, path
+    assert compact(repo, 100, 20, say=said.append)["grids"] == []  # nothing left to do
+    # unpack gives plain files everywhere, the links' too, whatever the order
+    packed.unpack(repo / "results")
+    for path, data in want.items():
+        assert path.is_file() and not path.is_symlink() and path.read_bytes() == data, path
