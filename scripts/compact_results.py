@@ -9,7 +9,10 @@ stored in its most compact form (suite/packed.py ``pack``): a JSONL log as colum
 (a main-job cell that is also a sanity cell, a control that is also a source-grid cell) becomes a
 relative symbolic link to that one's file, the first of them in path order, so each is stored
 once; ordinary tools and every reader in suite/ follow the link. Every new file is checked to give
-back the original bytes before the old one is removed. Runs keep writing plain files.
+back the original bytes before the old one is removed. A run's ``config.json``, ``summary.json`` and
+``env.json`` stay plain JSON, one value a line without the indentation a run writes (a fifth of
+their bytes; the same values, checked), as the leaderboard's data.js. Runs keep writing plain,
+indented files.
 
 A grid (``results/<kind>/<class>/<grid>``, named by its path under results/, e.g.
 ``reference/cpu-amx-native/h3-tail``) is done whole or not at all, the largest first. One commit
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -38,6 +42,7 @@ from suite.results import atomic_write_bytes  # noqa: E402
 
 MIB = 1 << 20
 GRID_DEPTH = 3  # results/<kind>/<class>/<grid>
+RUN_JSON = ("config.json", "summary.json", "env.json")
 
 
 def _git_files(repo: Path, *flags: str) -> list[Path]:
@@ -59,6 +64,30 @@ def _log_name(path: Path) -> str | None:
         if path.name.endswith(suffix) and name in PER_STEP_LOGS:
             return name
     return None
+
+
+def compact_json(text: str) -> str:
+    """JSON text as the committed run files keep it: sorted keys, one value a line, no indentation,
+    NaN as ``NaN`` (suite/results.py)."""
+    return json.dumps(json.loads(text), sort_keys=True, indent=0, separators=(",", ":"),
+                      allow_nan=True) + "\n"
+
+
+def _json_todo(files: list[Path]) -> dict[Path, bytes]:
+    """The run JSON files beside these logs that are not stored compactly yet -> their new bytes,
+    checked to hold the same values."""
+    todo = {}
+    for path in sorted({p.parent / name for p in files for name in RUN_JSON}):
+        if not path.is_file() or path.is_symlink():
+            continue
+        old = path.read_text()
+        new = compact_json(old)
+        if new != old:
+            if compact_json(new) != new or json.dumps(json.loads(new)) != json.dumps(
+                    json.loads(old)):
+                raise RuntimeError(f"{path}: the compact JSON does not hold the same values")
+            todo[path] = new.encode()
+    return todo
 
 
 def per_step_logs(repo: Path) -> dict[str, list[Path]]:
@@ -122,7 +151,9 @@ def compact(repo: Path, budget_mib: float, added_mib: float, grids: list[str] | 
         raise ValueError(f"--grid: no per-step logs in {', '.join(unknown)} "
                          f"(grids with some: {', '.join(sorted(found)) or 'none'})")
     plan = _plan(found)
-    size = {g: sum(p.lstat().st_size for p in files if p in plan) for g, files in found.items()}
+    rewrites = {g: _json_todo(files) for g, files in found.items()}
+    size = {g: sum(p.lstat().st_size for p in [*(p for p in files if p in plan), *rewrites[g]])
+            for g, files in found.items()}
     before = tree_bytes(repo)
     done = {"tree_before": before, "removed": 0, "added": 0, "grids": [], "left": []}
     stored: set[Path] = set()  # files that hold their bytes as they should, now or in a dry run
@@ -130,7 +161,7 @@ def compact(repo: Path, budget_mib: float, added_mib: float, grids: list[str] | 
         stored.update(p for p in files if p not in plan)
     for grid in sorted(set(grids or found), key=lambda g: (-size[g], g)):
         todo = [p for p in found[grid] if p in plan]
-        if not todo:
+        if not todo and not rewrites[grid]:
             continue  # done by an earlier run
         steps = {}
         for p in todo:
@@ -143,7 +174,7 @@ def compact(repo: Path, budget_mib: float, added_mib: float, grids: list[str] | 
                     continue
             steps[p] = target
             plan[p] = (new, packed, target)
-        added = sum(len(plan[p][1]) for p in steps)
+        added = sum(len(plan[p][1]) for p in steps) + sum(map(len, rewrites[grid].values()))
         mib = size[grid] / MIB
         if done["removed"] + size[grid] > budget_mib * MIB:
             done["left"].append(grid)
@@ -160,15 +191,19 @@ def compact(repo: Path, budget_mib: float, added_mib: float, grids: list[str] | 
                 _store(p, new, packed, target)
             if target is None:
                 stored.add(new)
+        for path, data in rewrites[grid].items():
+            if not dry_run:
+                atomic_write_bytes(path, data)
         links = sum(t is not None for t in steps.values())
         done["removed"] += size[grid]
         done["added"] += added
         done["grids"].append(grid)
-        say(f"{'would store' if dry_run else 'stored'} {grid}: {len(steps)} files "
-            f"({links} as links), {mib:.2f} MiB -> {added / MIB:.2f} MiB")
+        say(f"{'would store' if dry_run else 'stored'} {grid}: {len(steps)} logs "
+            f"({links} as links), {len(rewrites[grid])} JSON files, {mib:.2f} MiB -> "
+            f"{added / MIB:.2f} MiB")
     after = before - done["removed"] + done["added"] if dry_run else tree_bytes(repo)
     done["tree_after"] = after
-    say(f"removed {done['removed'] / MIB:.2f} MiB of logs, added {done['added'] / MIB:.2f} "
+    say(f"removed {done['removed'] / MIB:.2f} MiB of old files, added {done['added'] / MIB:.2f} "
         f"MiB; tree {before / MIB:.1f} MiB -> {after / MIB:.1f} MiB"
         + ("" if done["grids"] or done["left"] else " (nothing left to compress)"))
     return done

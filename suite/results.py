@@ -9,8 +9,8 @@ Layout (rliable/openrlbenchmark conventions; run names follow cleanrl's `env__al
         env.json        `env_info(...)` (suite/rl/env_record.py): git sha + dirty flag, versions,
                         hardware, dtypes
 
-A committed reference may hold ``metrics.jsonl.xz`` (and the other per-step logs) in the place
-of the plain file (suite/packed.py); every reader here takes either form.
+A committed reference may hold ``metrics.jsonl.tar.xz`` or ``metrics.jsonl.xz`` (and the other
+per-step logs) in the place of the plain file (suite/packed.py); every reader here takes any form.
 
 Reports and the leaderboard are pure functions of these four files, so every file is
 self-describing (`schema_version`) and written so that a kill at any instant leaves

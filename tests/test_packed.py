@@ -301,3 +301,17 @@ def test_twin_logs_are_stored_once_and_linked_even_across_steps(tmp_path):
     packed.unpack(repo / "results")
     for path, data in want.items():
         assert path.is_file() and not path.is_symlink() and path.read_bytes() == data, path
+
+
+def test_committed_run_json_keeps_its_values_one_a_line(tmp_path):
+    compact = _script().compact
+    repo = _repo(tmp_path / "r", {"g": 5})
+    run = repo / "results" / "reference" / "cls" / "g" / "arith__grpo__bf16__s0"
+    summary = {"verdict": "pass", "accuracy/peak": 0.96875, "nested": {"b": [1, 2.5], "a": None},
+               "mismatch/final/kl_k3": float("nan")}
+    (run / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    compact(repo, 10, 10, say=lambda s: None)
+    text = (run / "summary.json").read_text()
+    assert text.startswith('{\n"accuracy/peak":0.96875,\n') and "  " not in text
+    assert json.dumps(json.loads(text)) == json.dumps(summary, sort_keys=True)
+    assert compact(repo, 10, 10, say=lambda s: None)["grids"] == []  # nothing left to do
