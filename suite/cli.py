@@ -126,10 +126,13 @@ def cmd_fingerprint(args: list[str]) -> int:
 
 
 def cmd_bench(args: list[str]) -> int:
-    """Step-time split of a few steps (engine vs HF generate).
+    """Step-time split of a few steps in every flow, each flow's step over bf16's against its
+    target, engine vs HF generate.
 
-    nproc=1,2 measures data-parallel scaling; --vs trl runs TRL's GRPOTrainer on the same config and
-    prints both step times and their ratio."""
+    --compare prints the medians over this machine class's committed baseline (results/bench/),
+    --write-baseline records this run as it; nproc=1,2 measures data-parallel scaling; --vs trl
+    runs TRL's GRPOTrainer on the same config and prints both step times and their ratio against
+    its target."""
     from suite.experiments import bench
 
     return bench.main(args)

@@ -11,6 +11,7 @@ nothing here is asserted.
 
 from __future__ import annotations
 
+import math
 import statistics
 import tempfile
 import time
@@ -22,10 +23,11 @@ from rich.table import Table
 
 from suite import dist
 from suite.console import make_console
+from suite.experiments import bench_targets
 from suite.numerics import machine
 from suite.numerics.engine import TorchEngine
 from suite.numerics.precision import gemm_backend, resolve
-from suite.results import read_jsonl
+from suite.results import git, read_jsonl
 from suite.rl import config as cfgmod
 from suite.tasks.registry import prompt_ids
 
@@ -230,9 +232,19 @@ def main(args: list[str]) -> int:
             raise ValueError("nproc: expected a list of rank counts like nproc=1,2 (got "
                              f"'{worlds}')") from None
         return scaling_main([a for a in args if not a.startswith("nproc=")], sizes)
+    flags = {a for a in args if a in ("--compare", "--write-baseline")}
+    args = [a for a in args if a not in flags]
     console = make_console()
     steps = 11
     base = cfgmod.load(args)
+    cls = machine.describe(base.gemm, base.threads)
+    setting = {"command": " ".join(["suite", "bench", *args]), "steps": steps, "tier": base.tier,
+               "threads": base.threads, "engine": base.engine,
+               "git_sha": git("rev-parse", "HEAD"), "git_dirty": bool(git("status", "-s"))}
+    baseline = None
+    if "--compare" in flags:  # refused before anything is measured
+        baseline = bench_targets.load_baseline(bench_targets.BASELINE_DIR, cls["id"])
+        bench_targets.check_setting(baseline, setting)
     torch.set_num_threads(base.threads)
     table = Table(title=f"RL step time split, medians over {steps - 1} steps ({base.tier} tier, "
                         f"{base.prompts_per_step}x{base.samples_per_prompt} responses, "
@@ -250,9 +262,10 @@ def main(args: list[str]) -> int:
 
         flows = supported_flows()
     # every flow: the cost of exact and of the FP8 emulation is part of the answer
+    medians = {}
     for name in flows:
         cfg = cfgmod.load(args + [f"precision={name}", f"steps={steps}", "name=bench"])
-        t = step_split(cfg, console)
+        t = medians[name] = step_split(cfg, console)
         table.add_row(name,
                       gemm_backend(cfg.gemm, resolve(name).trainer_dtype,
                                    dist.World().device.split(":")[0]), f"{t['time/step_s']:.3f}",
@@ -261,8 +274,45 @@ def main(args: list[str]) -> int:
                       f"{t['throughput/sampler_tok_s']:.0f}",
                       f"{t['throughput/trainer_tok_s']:.0f}")
     console.print(table)
+    console.print(targets_table(medians))
+    if baseline is not None:
+        console.print(compare_table(medians, baseline))
+    if "--write-baseline" in flags:
+        path = bench_targets.write_baseline(bench_targets.BASELINE_DIR, cls, medians,
+                                             setting)
+        console.print(f"baseline of {cls['id']} written: {path}")
     console.print(sampler_table(sampler_vs_generate(base, repeats=5)))
     return 0
+
+
+def targets_table(medians: dict[str, dict]) -> Table:
+    """Each flow's step over bf16's, measured in this run, beside its target."""
+    steps = {f: m["time/step_s"] for f, m in medians.items()}
+    table = Table(title=f"targets: step time over the {bench_targets.REFERENCE_FLOW} step "
+                        f"({steps[bench_targets.REFERENCE_FLOW]:.3f} s), this run")
+    for col in ("flow", "step s", "ratio", "target", ""):
+        table.add_column(col)
+    for r in bench_targets.target_rows(steps):
+        table.add_row(r["flow"], f"{r['step_s']:.3f}", f"{r['ratio']:.2f}x",
+                      f"<= {r['target']:.2f}x", "met" if r["met"] else "MISSED")
+    return table
+
+
+def compare_table(medians: dict[str, dict], baseline: dict) -> Table:
+    """Today's medians over the committed baseline's, stage by stage."""
+    setting = baseline.get("setting", {})
+    table = Table(title=f"now / baseline ({baseline['machine_class']['id']}, "
+                        f"{str(setting.get('git_sha', '?'))[:7]}; one run each, so ratios "
+                        f"within {bench_targets.NOISE:.1f}x are what two runs of one commit "
+                        "differ by)")
+    for col in ("flow", *(s.removeprefix("time/").removesuffix("_s") for s in
+                          bench_targets.STAGES), ""):
+        table.add_column(col)
+    for r in bench_targets.compare_rows(medians, baseline):
+        cells = [f"{now:.3f} / {then:.3f} = {ratio:.2f}x" for now, then, ratio in
+                 (r["stages"].get(s, (math.nan,) * 3) for s in bench_targets.STAGES)]
+        table.add_row(r["flow"], *cells, "SLOWER" if r["slower"] else "")
+    return table
 
 
 def mismatch_main(args: list[str]) -> int:

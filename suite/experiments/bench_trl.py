@@ -69,6 +69,7 @@ def compare(cfg, console) -> dict:
 
 def main(args: list[str]) -> int:
     from suite.console import make_console
+    from suite.experiments import bench_targets
     from suite.numerics import machine
     from suite.rl import config
 
@@ -98,5 +99,7 @@ def main(args: list[str]) -> int:
     table.add_row("completions per step", ", ".join(map(str, sorted(set(r["suite_completions"])))),
                   ", ".join(map(str, sorted(set(r["trl_completions"])))))
     console.print(table)
-    console.print(f"TRL / suite step time: {r['ratio']:.2f}x")
+    target = bench_targets.trl_row(r["trl_step_s"], r["suite_step_s"])
+    console.print(f"TRL / suite step time: {r['ratio']:.2f}x (target >= {target['target']:.1f}x: "
+                  f"{'met' if target['met'] else 'MISSED'})")
     return 0

@@ -28,7 +28,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from suite.experiments import calibration, controls
+from suite.experiments import bench_targets, calibration, controls
 from suite.experiments.accept_tables import f_accept
 from suite.experiments.bench_memory import plan_markdown
 from suite.experiments.cell_figures import (
@@ -398,7 +398,7 @@ FIGURES = {
     "control-evidence": controls.f_evidence, "main-line": controls.f_first_line,
     "main-flows": controls.f_flows, "main-pairs": controls.f_pairs, "step0-cell": f_step0_cell,
     "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell, "early-warnings": f_early_warnings,
-    "heldout": f_heldout, "centering-dose": f_centering_dose}
+    "heldout": f_heldout, "centering-dose": f_centering_dose, "bench": bench_targets.f_table}
 
 
 def figure(name: str) -> str:
