@@ -303,7 +303,7 @@ def compare_table(medians: dict[str, dict], baseline: dict) -> Table:
     setting = baseline.get("setting", {})
     table = Table(title=f"now / baseline ({baseline['machine_class']['id']}, "
                         f"{str(setting.get('git_sha', '?'))[:7]}; one run each, so ratios "
-                        f"within {bench_targets.NOISE:.1f}x are what two runs of one commit "
+                        f"within {bench_targets.NOISE:.2f}x are what two runs of one commit "
                         "differ by)")
     for col in ("flow", *(s.removeprefix("time/").removesuffix("_s") for s in
                           bench_targets.STAGES), ""):
