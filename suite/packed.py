@@ -236,6 +236,12 @@ def unpack(root) -> list[Path]:
     order; a log already plain keeps its plain file (an older packed one beside it, which no
     reader would see, is removed). Links go first: their targets may be packed files here."""
     packed = sorted(Path(root).rglob("*" + SUFFIX), key=lambda p: (not p.is_symlink(), p))
+    broken = [p for p in packed if p.is_symlink() and not p.exists()]
+    if broken:  # before anything is written: a log that cannot be read must not just go missing
+        raise FileNotFoundError(
+            f"{broken[0]} links to {broken[0].readlink()}, which is not there ({len(broken)} such "
+            "links): a copy of committed results needs the links resolved, e.g. cp -rL or "
+            "shutil.copytree(symlinks=False)")
     written = []
     for xz in packed:
         suffix = COLUMNS if xz.name.endswith(COLUMNS) else SUFFIX

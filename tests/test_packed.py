@@ -297,6 +297,12 @@ def test_twin_logs_are_stored_once_and_linked_even_across_steps(tmp_path):
         if _is_log(path):
             assert packed.read_bytes(path) == data, path
     assert compact(repo, 100, 20, say=said.append)["grids"] == []  # nothing left to do
+    # a copy that keeps the links but not their targets is refused before anything is written
+    kept = tmp_path / "kept"
+    shutil.copytree(twin, kept, symlinks=True)
+    with pytest.raises(FileNotFoundError, match="which is not there .2 such links.*cp -rL"):
+        packed.unpack(kept)
+    assert not (kept / "metrics.jsonl").exists()
     # unpack gives plain files everywhere, the links' too, whatever the order
     packed.unpack(repo / "results")
     for path, data in want.items():
