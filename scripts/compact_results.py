@@ -108,16 +108,18 @@ def _plan(found: dict[str, list[Path]]) -> dict[Path, tuple[Path, bytes, Path | 
     first of them by the log's own path (the run directory and log name, whatever its form)."""
     content = {p: read_bytes(p) for files in found.values() for p in files}
     holder: dict[bytes, Path] = {}
-    for p in sorted(content, key=lambda p: p.parent / _log_name(p)):
-        holder.setdefault(hashlib.sha256(content[p]).digest(), p)
+    stored: dict[Path, str] = {}  # holder -> the suffix its packed form takes
     plan = {}
-    for p, data in content.items():
-        name, packed = pack(_log_name(p), data)
-        first = holder[hashlib.sha256(data).digest()]
-        new, target = p.with_name(name), None
-        if first != p:
-            target = first.with_name(pack(_log_name(first), data)[0])
-            packed = b""
+    # holders first (path order), so that each is packed once and its twins only link to it
+    for p in sorted(content, key=lambda p: p.parent / _log_name(p)):
+        first = holder.setdefault(hashlib.sha256(content[p]).digest(), p)
+        if first == p:
+            name, packed = pack(_log_name(p), content[p])
+            stored[p], target = name.removeprefix(_log_name(p)), None
+        else:  # the same bytes, so the same form as its holder's
+            name, packed = _log_name(p) + stored[first], b""
+            target = first.with_name(_log_name(first) + stored[first])
+        new = p.with_name(name)
         link = Path(os.path.relpath(target, p.parent)) if target else None
         if p == new and (p.is_symlink() and p.readlink() == link if target
                          else not p.is_symlink() and p.read_bytes() == packed):
