@@ -397,6 +397,7 @@ FIGURES = {
     "calibrated": calibration.f_choice, "calibration-lr": calibration.f_lr,
     "control-evidence": controls.f_evidence, "main-line": controls.f_first_line,
     "main-flows": controls.f_flows, "main-pairs": controls.f_pairs, "step0-cell": f_step0_cell,
+    "class-dependent": controls.f_class_dependent, "class-split": controls.f_class_split,
     "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell, "early-warnings": f_early_warnings,
     "heldout": f_heldout, "centering-dose": f_centering_dose, "bench": bench_targets.f_table}
 
