@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from suite.numerics import fp8
 from suite.numerics.fp8 import (
     E4M3_MAX,
     FP8,
@@ -330,3 +331,24 @@ def test_unified_fp8_trainer_forward_sees_the_samplers_weights(tiny_model):
     assert torch.equal(w["fp8:" + key], params[key].detach().to(torch.bfloat16).float())
     (w["fp8:" + key] * 3.0).sum().backward()
     assert params[key].grad.dtype == torch.float32 and torch.all(params[key].grad == 3.0)
+
+
+@pytest.mark.parametrize("K", [96, 128, 300])  # one partial group, one whole, a ragged last one
+def test_the_sampler_s_cached_operands_give_the_same_product_bit_for_bit(K):
+    """Emulated FP8 (CPU, GPUs without FP8 tensor cores): the sampler dequantises each weight once
+    per sync and quantises-and-dequantises activations in one pass; the linear's output must equal
+    the per-product path's, bit for bit, or the cache would change every run's numbers."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(200, K, generator=g).bfloat16()
+    x = (torch.randn(7, K, generator=g) * 3).bfloat16()
+    x[0] = 0  # an all-zero row: scale 1
+    b = torch.randn(200, generator=g).bfloat16()
+    qw, sw = fp8.quantize_blockwise(w)
+    assert torch.equal(fp8.act_operand(x), fp8.dequantize_groupwise(*fp8.quantize_groupwise(x)))
+    w_hat = fp8.weight_operand(qw, sw)
+    assert torch.equal(w_hat, fp8.dequantize_blockwise(qw, sw))
+    for out in (torch.bfloat16, torch.float32):
+        want = fp8.fp8_linear_inference(x, qw, sw, b, out)
+        have = fp8.fp8_linear_inference(x, qw, sw, b, out, w_hat=w_hat)
+        assert torch.equal(have.view(torch.uint8), want.view(torch.uint8)), out
+    assert fp8.emulated("cpu") and fp8.emulated("meta")

@@ -122,3 +122,19 @@ def test_the_per_step_check_casts_only_the_layers_it_checks(tiny_model):
     assert refit.check(engine, w, names) == names
     layer = names[0].split(".self_attn.")[0].split(".mlp.")[0] + "."
     assert seen[0] and all(k.startswith(layer) for k in seen[0]) and len(seen[0]) < len(w)
+
+
+def test_a_stale_dequantised_fp8_operand_is_caught(tiny_model):
+    """Emulated FP8 (a CPU): the sampler keeps each weight dequantised between syncs; codes and
+    scales fresh but that operand of the last sync is caught, named as the operand."""
+    trainer, engine = _engine(tiny_model, "bf16_fp8rollout")
+    w = trainer.model.state_dict()
+    engine.sync({k: v * 2 if v.dim() == 2 else v for k, v in w.items()})
+    old = dict(engine.w_hat)
+    engine.sync(w)
+    assert sorted(engine.w_hat) == sorted(engine.wq)  # one operand per quantised weight
+    refit.check(engine, w)
+    name = sorted(engine.w_hat)[0]
+    engine.w_hat[name] = old[name]
+    with pytest.raises(refit.StaleWeights, match=r"dequantised operand"):
+        refit.check(engine, w)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from suite.numerics import fp4, moe, truncation
+from suite.numerics import fp4, fp8, moe, truncation
 from suite.numerics.fp8 import fake_quant_kv, fp8_linear, fp8_linear_inference, quantize_blockwise
 from suite.numerics.perturbation import NoiseStream, Perturbation, perturb
 from suite.numerics.precision import lowp_attention, lowp_linear
@@ -106,6 +106,7 @@ class TorchEngine:
         self.w32: dict[str, torch.Tensor] = {}
         self.head32: torch.Tensor | None = None
         self.wq: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.w_hat: dict[str, torch.Tensor] = {}  # emulated FP8: wq's GEMM operands, per sync
         self.fp8_master: dict[str, torch.Tensor] = {}
 
     # ---- weights -------------------------------------------------------------------------
@@ -120,6 +121,9 @@ class TorchEngine:
                 wk = w.pop(k)  # FP8: (fp8 (N, K), fp32 block scales); FP4: an fp4.SamplerWeight
                 self.wq[k] = (quantize_blockwise(wk) if self.quant == "fp8"
                               else fp4.quantize_weight(wk, self.quant))
+        # Emulated FP8 GEMMs read each weight dequantised; once per sync, not once per product.
+        self.w_hat = ({k: fp8.weight_operand(*q) for k, q in self.wq.items()}
+                      if self.quant == "fp8" and fp8.emulated(self.device) else {})
         # tied embeddings
         head = state_dict.get("lm_head.weight", state_dict["model.embed_tokens.weight"])
         # The fp32 output head (option lm_head_fp32) is the master weight itself, not a rounded
@@ -168,7 +172,8 @@ class TorchEngine:
                 return fp4.fp4_linear(x, self.wq[name + ".weight"], self.w.get(name + ".bias"),
                                       self.dtype)
             qw, sw = self.wq[name + ".weight"]
-            return fp8_linear_inference(x, qw, sw, self.w.get(name + ".bias"), self.dtype)
+            return fp8_linear_inference(x, qw, sw, self.w.get(name + ".bias"), self.dtype,
+                                        w_hat=self.w_hat.get(name + ".weight"))
         w, b = self.w[name + ".weight"], self.w.get(name + ".bias")
         if self.backend == "emulated":
             return lowp_linear(x, w, b, self.dtype, w32=self.w32.get(name + ".weight"))

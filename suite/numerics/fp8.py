@@ -428,19 +428,47 @@ def fp8_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
 
 def fp8_linear_inference(x: torch.Tensor, qw: torch.Tensor, sw: torch.Tensor,
                          b: torch.Tensor | None = None,
-                         out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                         out_dtype: torch.dtype = torch.bfloat16,
+                         w_hat: torch.Tensor | None = None) -> torch.Tensor:
     """The sampler's FP8 linear on weights quantised once per sync: the forward of ``FP8Linear``.
 
     qw (N, K) fp8 and sw (ceil(N/128), ceil(K/128)) come from ``quantize_blockwise`` of the
     same master weight the trainer quantises, so in the unified flow both engines see the same
-    FP8 weights and the same activation quantiser (Jet-RL).
+    FP8 weights and the same activation quantiser (Jet-RL). ``w_hat``: where the GEMM is emulated,
+    ``weight_operand(qw, sw)``, which the sampler computes once per sync instead of once per
+    product (the same values, so the same result, bit for bit).
     """
     K, N = x.shape[-1], qw.shape[0]
-    qx, sx = quantize_groupwise(x.reshape(-1, K))
-    y = _gemm(qx, sx, qw, _block_scales_per_row(sw, N))  # (M, N) fp32
+    if w_hat is not None:
+        y = act_operand(x.reshape(-1, K)) @ w_hat.T  # _fp8_gemm_emulated's product
+    else:
+        qx, sx = quantize_groupwise(x.reshape(-1, K))
+        y = _gemm(qx, sx, qw, _block_scales_per_row(sw, N))  # (M, N) fp32
     if b is not None:
         y = y + b.float()
     return y.to(out_dtype).reshape(*x.shape[:-1], N)
+
+
+def emulated(device: str | torch.device) -> bool:
+    """Whether FP8 GEMMs on ``device`` are emulated (no FP8 tensor cores): then the sampler keeps
+    ``weight_operand`` of each weight between syncs."""
+    device = torch.device(device)
+    return device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9)
+
+
+def weight_operand(qw: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
+    """The emulated GEMM's weight operand: E4M3 codes (N, K) times their 128x128 block scales,
+    fp32."""
+    return dequantize_groupwise(qw, _block_scales_per_row(sw, qw.shape[0]))
+
+
+def act_operand(x: torch.Tensor) -> torch.Tensor:
+    """The emulated GEMM's activation operand: x (M, K) through 1x128-group E4M3 and back, fp32.
+    ``dequantize_groupwise(*quantize_groupwise(x))`` in one pass over the tiles (no untiling and
+    re-tiling between the two), so the same values."""
+    tiles = _tiles(x.float(), -1, BLOCK)  # (M, G, 128, 1)
+    scales = _scale_from_amax(tiles.abs().amax(dim=2))[:, :, None]
+    return _untile(_to_e4m3(tiles / scales).float() * scales, x.shape, -1)
 
 
 # ---- KV cache ----------------------------------------------------------------------------

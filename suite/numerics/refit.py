@@ -20,7 +20,7 @@ import re
 import torch
 
 from suite.numerics import fp4
-from suite.numerics.fp8 import quantize_blockwise
+from suite.numerics.fp8 import quantize_blockwise, weight_operand
 
 LAYER = re.compile(r".*\.layers\.\d+\.")  # a decoder layer's prefix: "model.layers.3."
 
@@ -63,10 +63,15 @@ def check(engine, state_dict: dict[str, torch.Tensor],
     fresh = engine.cast_weights(state_dict, detach=True)
     for name in names:
         w = fresh[name]
-        want = quantize_blockwise(w) if engine.quant == "fp8" else fp4.quantize_weight(
+        fresh_q = quantize_blockwise(w) if engine.quant == "fp8" else fp4.quantize_weight(
             w, engine.quant)
-        have = engine.wq[name]
-        for (part, a), b in zip(_parts(have).items(), _parts(want).values()):
+        have, want = _parts(engine.wq[name]), _parts(fresh_q)
+        # emulated FP8: the dequantised operand the sampler keeps between syncs, derived state that
+        # could go stale as a scale can
+        if name in getattr(engine, "w_hat", {}):
+            have["dequantised operand"] = engine.w_hat[name]
+            want["dequantised operand"] = weight_operand(*fresh_q)
+        for (part, a), b in zip(have.items(), want.values()):
             if a.shape != b.shape or not torch.equal(_bits(a), _bits(b)):
                 n = int((_bits(a) != _bits(b)).any(-1).sum()) if a.shape == b.shape else -1
                 raise StaleWeights(f"refit check: the sampler's {engine.quant} weight {name} "
