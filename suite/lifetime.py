@@ -38,10 +38,10 @@ PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 _watched: set[int] = set()
 
 
-def tied_env(env: dict, sig: int) -> dict:
-    """``env`` for a child that must get ``sig`` when this process dies (its ``honour_tie`` reads
-    it)."""
-    return {**env, TIE_ENV: f"{os.getpid()}:{int(sig)}"}
+def tied_env(env: dict, sig: int, parent: int | None = None) -> dict:
+    """``env`` for a child that must get ``sig`` when this process (or ``parent``, the child's
+    parent-to-be: a fork server) dies (its ``honour_tie`` reads it)."""
+    return {**env, TIE_ENV: f"{os.getpid() if parent is None else parent}:{int(sig)}"}
 
 
 def honour_tie() -> None:
