@@ -17,7 +17,7 @@ import process_tree
 import pytest
 
 from suite import dist
-from suite.experiments import local_launcher, sweep
+from suite.experiments import forkserver, local_launcher, sweep
 
 SHARDED = pytest.mark.skipif(not dist.fsdp_sums(),
                              reason="sharded training needs torch >= 2.8 (FSDP2 sum reduction, "
@@ -212,6 +212,8 @@ def test_local_launcher_passes_the_users_hub_settings_to_every_cell(tmp_path, mo
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    # the cell's own process, the one this fake Popen stands for (not a fork server's cell)
+    monkeypatch.setenv(forkserver.OPT_OUT, "0")
     monkeypatch.setattr(local_launcher.subprocess, "Popen", Done)
     monkeypatch.setattr(local_launcher.time, "sleep", lambda s: None)
     from suite.rl import config
