@@ -226,7 +226,9 @@ def serve() -> dict | None:
     # the protocol gets fds of its own; fds 0, 1 become what a cell's are not yet (/dev/null,
     # the sweep's stderr), so that nothing printed at import time can break a message
     cmd_in, out = os.dup(0), os.dup(1)
-    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
     os.dup2(2, 1)
     # Ctrl-C reaches the whole process group: the sweep decides, then closes the pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)
