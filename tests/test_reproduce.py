@@ -232,6 +232,15 @@ def test_main_job_writes_next_to_its_runs_and_leaves_git_status_clean(tmp_path):
     after = subprocess.run(["git", "status", "--porcelain"], cwd=REPO, capture_output=True,
                            text=True).stdout
     assert after == before and (REPO / "leaderboard" / "data.js").read_bytes() == site
+    # Promoted as references, main first (the natural order): the controls refresh the main
+    # report, whose headline draws a panel per control row from the sibling folder.
+    for env_path in out.glob("**/env.json"):
+        env_path.write_text(json.dumps({**json.loads(env_path.read_text()), "git_dirty": False}))
+    main_ref = reference.promote(root, "main", ref_root=tmp_path / "ref")
+    fig = main_ref / "report" / "figures" / "headline.png"
+    alone = fig.read_bytes()
+    reference.promote(out / "controls", "controls", ref_root=tmp_path / "ref")
+    assert fig.read_bytes() != alone
 
 
 def test_runs_never_write_into_the_committed_references(tmp_path):

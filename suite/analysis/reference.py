@@ -82,4 +82,9 @@ def promote(root: Path, grid: str, ref_root: Path = REFERENCE_ROOT,
     atomic_write_json(meta_path, meta)
     atomic_write_text(dest / "outcomes.md", outcome_markdown(dest))
     write_report(dest)
+    # A main job's report draws its controls from the sibling folder: promoted after the main grid
+    # (the natural order), the controls must refresh it, or its headline figure lacks their panels.
+    main = dest.parent / "main"
+    if grid == "controls" and (main / "controls.json").is_file():
+        write_report(main)
     return dest
