@@ -282,7 +282,13 @@ def test_a_smoke_run_of_each_fp4_flow_finishes_and_rollouts_mismatch_more_than_b
     d = run(config.load(["tier=smoke", f"out={tmp_path}", f"precision={flow}", "steps=2"]))
     rows = read_jsonl(d / "metrics.jsonl")
     assert len(rows) == 2
-    assert all(math.isfinite(v) for r in rows for v in r.values() if isinstance(v, float))
+    for r in rows:
+        bad = {k for k, v in r.items() if isinstance(v, float) and not math.isfinite(v)}
+        # The anatomy apportions the mismatch, so it is undefined (NaN) where there is none: the
+        # quantisation-aware flow on a class whose bf16 GEMMs are emulated (cpu-avx2-emulated),
+        # where sampler and trainer compute the same 4-bit products.
+        none = r["mismatch/prob_diff/mean"] == 0
+        assert bad <= ({k for k in r if k.startswith("anatomy/")} if none else set()), bad
     env = json.loads((d / "env.json").read_text())
     assert env["fp4_gemm"] == {"path": "emulated", "reason": "no FP4 tensor cores: cpu"}
     assert env["precision"]["sampler"] == FLOWS[flow].sampler

@@ -38,6 +38,7 @@ path.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import select
@@ -232,8 +233,6 @@ def serve() -> dict | None:
     os.dup2(2, 1)
     # Ctrl-C reaches the whole process group: the sweep decides, then closes the pipe
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import importlib
-
     for name in PRELOAD:
         importlib.import_module(name)
     if threading.active_count() != 1 or os.getppid() != parent:
@@ -279,8 +278,9 @@ def run_cell(req: dict) -> None:
     os.environ.clear()
     os.environ.update(req["env"])
     os.chdir(req["cwd"])
-    from suite import cli
-
+    # the cell's entry point, as `python -m suite.cli` would be; by name (imported by PRELOAD
+    # already), so that the launcher's modules do not import the CLI that imports them
+    cli = importlib.import_module("suite.cli")
     sys.argv = [cli.__file__, *req["argv"]]
     sys.exit(cli.main(req["argv"]))
 
