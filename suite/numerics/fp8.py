@@ -352,7 +352,7 @@ def gemm_path(device: str | torch.device) -> dict[str, str]:
 
 
 def _has_fp8_tensor_cores(t: torch.Tensor) -> bool:
-    return t.is_cuda and torch.cuda.get_device_capability(t.device) >= (8, 9)
+    return not emulated(t.device)
 
 
 def _gemm(qa, sa, qb, sb, reduce_dim: int = -1) -> torch.Tensor:
