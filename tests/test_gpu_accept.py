@@ -58,7 +58,9 @@ def test_a_stage_keeps_what_it_measured_and_the_failure(tmp_path):
 
 @pytest.mark.parametrize("args",
                          [[], ["gpu"], ["cells", "only=gemm"], ["numerics", "only=doctor,nope"],
-                                  ["numerics", "tier=smoke"], ["cells", "budget"]])
+                                  ["numerics", "tier=smoke"], ["cells", "budget"],
+                                  ["numerics", "limit=2"], ["cells", "limit=0"],
+                                  ["cells", "limit=two"]])
 def test_bad_arguments_are_refused_before_any_work(args, tmp_path):
     with pytest.raises(ValueError, match="suite accept"):
         accept.main([*args, f"out={tmp_path}"] if args else args)
@@ -110,8 +112,8 @@ def test_the_stages_run_in_a_standin_of_the_gpu_image(tmp_path, suite_cache):
     env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "PYTHON": str(py),
            "WHEELS": str(tmp_path / "whl"), "ACCEPT_OUT": str(tmp_path / "out"),
            "TMPDIR": str(tmp_path), "SUITE_CACHE": suite_cache, "BUDGET_NUMERICS": "120",
-           "ACCEPT_NUMERICS": "only=gemm", "BUDGET_CELLS": "60",
-           "ACCEPT_CELLS": "tier=smoke steps=2"}
+           "ACCEPT_NUMERICS": "only=gemm", "BUDGET_CELLS": "300",
+           "ACCEPT_CELLS": "tier=smoke steps=2 limit=2"}
     p = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_accept.sh"), "numerics", "cells"],
                        env=env, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
@@ -124,7 +126,9 @@ def test_the_stages_run_in_a_standin_of_the_gpu_image(tmp_path, suite_cache):
     assert all(r["fp8_agrees"] and r["fp4_agrees"] for r in gemm["rows"])
     cells = json.loads((tmp_path / "out" / "cells" / "cells.json").read_text())
     done = [r for r in cells["rows"] if r["finished"]]
-    assert done and all(r["error"] is None and r["steps"] == 2 for r in done), cells
+    # limit=2: the stage ran the grid's first two cells to their end, and stopped there
+    assert len(done) == 2 and all(r["error"] is None and r["steps"] == 2 for r in done), cells
+    assert cells["not_started"] == [] and len(cells["rows"]) == 2
 
 
 def test_a_gpu_reference_of_default_kernels_is_not_expected_to_repeat_its_bytes(tmp_path):

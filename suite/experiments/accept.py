@@ -243,11 +243,14 @@ def gemms(st: Stage) -> None:
     t0 = time.monotonic()
     dev = dist.World().device
     cuda = dev.startswith("cuda")
-    # tokens of one micro-batch; a CPU run checks the same code on fewer rows
+    # tokens of one micro-batch; a CPU run checks the same code on fewer rows, and on at most
+    # 8,960 of the output head's 151,936 (each row's product is the same code; its 233 M weights
+    # took a 2-core CPU a minute to draw and quantise twice); each row records its N
     M = 4096 if cuda else 64
     g = torch.Generator().manual_seed(0)
     rows, ok = [], True
     for layer, (N, K) in R1D_SHAPES.items():
+        N = N if cuda else min(N, 8960)
         x = torch.randn(M, K, generator=g).to(dev)
         w = (torch.randn(N, K, generator=g) * K ** -0.5).to(dev)
         qx, sx = fp8.quantize_groupwise(x)
@@ -337,15 +340,18 @@ def numerics(st: Stage, only: list[str] | None = None) -> None:
 
 
 # ---- cells (GPU) ---------------------------------------------------------------------------------
-def cells(st: Stage, overrides: list[str] = (), jobs: int | None = None) -> None:
-    """The sanity grid's cells (grpo first), ``jobs`` at a time on the one device, until the budget:
-    each a ``suite run`` of its own (``overrides`` last: the caller's word wins); a finished cell's
-    verdict and its median step time, an unfinished one's steps."""
+def cells(st: Stage, overrides: list[str] = (), jobs: int | None = None,
+          limit: int | None = None) -> None:
+    """The sanity grid's cells (grpo first), ``jobs`` at a time on the one device, until the budget
+    or, with ``limit``, the end of the first ``limit`` cells: each a ``suite run`` of its own
+    (``overrides`` last: the caller's word wins); a finished cell's verdict and its median step
+    time, an unfinished one's steps."""
     from suite.experiments import grids
 
     t0 = time.monotonic()
     grid = grids.get("sanity")
     todo = [(a, p) for a in grid["axes"]["algorithm"] for p in grid["axes"]["precision"]]
+    todo = todo[:limit] if limit else todo
     jobs = jobs or max(1, min(8, (os.cpu_count() or 2) // 2))
     work = st.dir.parent / "work" / "cells"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -399,9 +405,10 @@ STAGES = ("prepare", "numerics", "cells")
 
 
 def main(args: list[str]) -> int:
-    """``suite accept STAGE [out=DIR] [budget=SECONDS] [only=CHECK,...] [KEY=VALUE ...]``: ``only``
-    picks the numerics stage's checks (doctor, mismatch, memory, gemm); other KEY=VALUE go to each
-    cell's ``suite run``."""
+    """``suite accept STAGE [out=DIR] [budget=SECONDS] [only=CHECK,...] [limit=N] [KEY=VALUE ...]``:
+    ``only`` picks the numerics stage's checks (doctor, mismatch, memory, gemm); ``limit`` the
+    cells stage's first N cells (it ends when they do, not at its budget); other KEY=VALUE go to
+    each cell's ``suite run``."""
     if not args or args[0] not in STAGES:
         raise ValueError(f"suite accept: name a stage first, one of {', '.join(STAGES)} "
                          "(suite/experiments/accept.py)")
@@ -410,17 +417,22 @@ def main(args: list[str]) -> int:
         key, eq, value = a.partition("=")
         if not eq:
             raise ValueError(f"suite accept: {a!r} is not KEY=VALUE")
-        if key in ("out", "budget", "only"):
+        if key in ("out", "budget", "only", "limit"):
             opts[key] = value
         else:
             runs.append(a)
     only = opts.get("only", "").split(",") if opts.get("only") else []
+    if "limit" in opts and (name != "cells" or not opts["limit"].isdigit()
+                            or int(opts["limit"]) < 1):
+        raise ValueError(f"suite accept: limit= is the cells stage's number of cells, a whole "
+                         f"number >= 1 (got {name} limit={opts['limit']!r})")
     if (only and name != "numerics") or set(only) - set(NUMERICS) or (runs and name != "cells"):
         raise ValueError(f"suite accept: only= takes the numerics checks ({', '.join(NUMERICS)}); "
                          "run fields go to the cells stage")
     st = Stage(name, Path(opts.get("out", DEFAULT_OUT)),
                float(opts.get("budget", DEFAULT_BUDGET[name])))
-    call = {"numerics": lambda: numerics(st, only), "cells": lambda: cells(st, runs),
+    limit = int(opts["limit"]) if "limit" in opts else None
+    call = {"numerics": lambda: numerics(st, only), "cells": lambda: cells(st, runs, limit=limit),
             "prepare": lambda: prepare(st)}
     st.run(name, call[name])
     st.write()

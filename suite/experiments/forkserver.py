@@ -19,7 +19,7 @@ What is forked, and why it is safe:
 - a forked cell then is what ``python -m suite.cli run <overrides>`` would be: the environment the
   launcher would have passed to ``Popen`` (``os.environ`` replaced before anything runs), the
   launcher's working directory, ``log.txt`` on fds 1 and 2 (stdin: /dev/null), ``sys.argv``, and
-  it ends through ``sys.exit(cli.main(...))``, so its exit code, atexit handlers and uncaught
+  it ends through ``sys.exit(cli.entry(...))``, so its exit code, atexit handlers and uncaught
   exceptions are those of the interpreter. ``suite run`` sets its torch threads itself;
 - only CPU cells of one rank (``eligible``). A GPU cell (CUDA state must not be inherited) or a
   cell of several ranks (torchrun) keeps its own subprocess.
@@ -282,7 +282,7 @@ def run_cell(req: dict) -> None:
     # already), so that the launcher's modules do not import the CLI that imports them
     cli = importlib.import_module("suite.cli")
     sys.argv = [cli.__file__, *req["argv"]]
-    sys.exit(cli.main(req["argv"]))
+    sys.exit(cli.entry(req["argv"]))
 
 
 def _reap(out: int, cells: set) -> None:
