@@ -23,10 +23,11 @@ def preload() -> None:
     """Import everything the main job imports (scripts/setup.sh compiles it this way)."""
     import importlib
 
-    from suite.experiments.forkserver import PRELOAD
+    from suite.experiments.forkserver import PRELOAD, warm
 
     for name in (*PRELOAD, *IMPORTS):
         importlib.import_module(name)
+    warm()  # Hydra's modules, imported by its first composition
 
 
 def _train(args: list[str], console: Console) -> tuple[list, list, int]:
