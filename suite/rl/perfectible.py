@@ -41,7 +41,7 @@ def pass_rates(engine, tok, task, items: list[Item], k: int, max_new_tokens: int
     task_id = progress.add_task("pass rates", total=len(items)) if progress else None
     for i in range(0, len(items), per):
         block = items[i:i + per]
-        prompts = [prompt_ids(tok, it) for it in block for _ in range(k)]
+        prompts = [list(ids) for it in block for ids in [prompt_ids(tok, it)] * k]  # once a prompt
         roll = engine.generate(prompts, max_new_tokens, temperature, 1.0, gen)
         texts = tok.batch_decode(roll.response_ids(), skip_special_tokens=True)
         rewards = [task.reward(block[j // k], t, tr)

@@ -212,9 +212,12 @@ def encode_pairs(tok, prompts: list[str],
                  responses: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Token ids of prompt+response+EOS (right padded) and a loss mask on response tokens."""
     rows, masks = [], []
-    for p, r in zip(prompts, responses):
-        pi = tok(p)["input_ids"]
-        ri = tok(r, add_special_tokens=False)["input_ids"] + [EOS]
+    # one batched call each (the same ids as one call per string: no padding, no truncation); a
+    # call per string was most of the warm start's Python time
+    p_ids = tok(list(prompts))["input_ids"]
+    r_ids = tok(list(responses), add_special_tokens=False)["input_ids"]
+    for pi, r in zip(p_ids, r_ids):
+        ri = r + [EOS]
         rows.append(pi + ri)
         masks.append([0] * len(pi) + [1] * len(ri))
     width = max(map(len, rows))
