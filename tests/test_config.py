@@ -95,3 +95,19 @@ def test_regime_fills_defaults_and_yields_to_explicit_values():
     assert set(REGIMES["long"]["set"]) == {"task"} and config.load(["regime=long"]).task == "arith"
     with pytest.raises(ValueError, match="Did you mean 'stress'"):
         config.load(["regime=strss"])
+
+
+def test_a_composition_is_kept_per_process_and_each_caller_gets_its_own_copy():
+    """compose.from_overrides composes each distinct override list once (a report recomposes every
+    run's rerun command); what one caller changes in its config never reaches the next caller."""
+    from suite.rl import compose
+
+    first = compose.from_overrides(["tier=smoke", "seed=3"])
+    first.seed, first.optim.lr = 99, 1.0
+    again = compose.from_overrides(["tier=smoke", "seed=3"])
+    assert again.seed == 3 and again.optim.lr != 1.0 and again is not first
+    assert compose.from_overrides(["tier=smoke", "seed=4"]).seed == 4
+    with pytest.raises(ValueError, match="sed"):  # a refusal is raised each time, never kept
+        compose.from_overrides(["sed=1"])
+    with pytest.raises(ValueError, match="sed"):
+        compose.from_overrides(["sed=1"])
