@@ -9,8 +9,8 @@
 # scikit-learn, which transformers then imports). A .venv already set up in full is kept as it is.
 # It also skips pip's byte-compilation of every installed module (`--no-compile`; ~35 s of a 2-core
 # machine's ~90 s set-up) and compiles only what the job imports, by importing it once with bytecode
-# writing on (suite/experiments/main_job.py, `preload`): ~2,800 of torch's and its neighbours' ~12,000
-# modules; any other is compiled on its first import, as Python does.
+# writing on (suite/experiments/main_job.py, `preload`): ~2,500 of the ~12,000 modules of torch and its
+# neighbours; any other is compiled on its first import, as Python does.
 #
 # torch: the version CI and the committed references use ($SUITE_TORCH, default 2.13.0), a CPU build
 # unless the machine has an NVIDIA GPU. PyPI's Linux x86_64 wheels are CUDA builds (several GB, they run

@@ -57,6 +57,9 @@ PRELOAD = ("suite.cli", "suite.rl.train", "torch.distributed.checkpoint",
            # what transformers' lazy modules import when the policy loads (~90 modules)
            "transformers.modeling_utils", "transformers.models.llama.modeling_llama")
 """What ``suite run`` imports before its first step (the ~5 s a cell saves)."""
+READY_TIMEOUT_S = 300
+"""How long the sweep waits for the server's imports (a guard against a hang, not a bound)."""
+POLL_S = 0.05  # how often the server reaps its cells while no request comes
 
 
 def warm() -> None:
@@ -67,9 +70,7 @@ def warm() -> None:
     from suite.rl import compose
 
     compose.from_overrides([])
-READY_TIMEOUT_S = 300
-"""How long the sweep waits for the server's imports (a guard against a hang, not a bound)."""
-POLL_S = 0.05  # how often the server reaps its cells while no request comes
+
 
 _said: set[str] = set()  # reasons for falling back already printed by this process
 
