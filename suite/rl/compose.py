@@ -31,6 +31,15 @@ def from_overrides(overrides: list[str]) -> RunConfig:
 @functools.lru_cache(maxsize=256)
 def _composed(overrides: tuple[str, ...]) -> RunConfig:
     """``from_overrides``'s composition, never handed out: a refusal raises and is not kept."""
+    for ov in overrides:  # one at a time, so the refusal names the override Hydra cannot parse
+        _parse(ov)
+    fast = _plain_composed(overrides)
+    return fast if fast is not None else _hydra_composed(overrides)
+
+
+def _hydra_composed(overrides: tuple[str, ...]) -> RunConfig:
+    """Hydra's whole composition (``hydra.compose``): ~0.12 s a config on a 2-core CPU, most of it
+    rebuilding Hydra's own config and search path."""
     from hydra import compose, initialize
     from hydra.core.config_store import ConfigStore
     from hydra.errors import (
@@ -39,8 +48,6 @@ def _composed(overrides: tuple[str, ...]) -> RunConfig:
         OverrideParseException,
     )
 
-    for ov in overrides:  # one at a time, so the refusal names the override Hydra cannot parse
-        _parse(ov)
     ConfigStore.instance().store(name="suite_run", node=RunConfig)
     try:
         with initialize(version_base=None, config_path=None):
@@ -50,6 +57,44 @@ def _composed(overrides: tuple[str, ...]) -> RunConfig:
     except HydraException as e:
         raise ValueError(f"config: {(str(e).splitlines() or [type(e).__name__])[0]}") from None
     return OmegaConf.to_object(cfg)
+
+
+def _plain_composed(overrides: tuple[str, ...]) -> RunConfig | None:
+    """The composition of overrides that only change existing values, by Hydra's own last step:
+    Hydra parses each override with its grammar and, for a plain ``key=value`` of a config that has
+    no defaults list (ours: one structured node), applies ``OmegaConf.update(cfg, key, value,
+    merge=True)`` to the composed defaults in struct mode (ConfigLoaderImpl.
+    _apply_overrides_to_config). Doing that step alone on a copy of the composed defaults gives
+    the same config in ~5 ms instead of ~120 ms (a report re-composes every run's command, a sweep
+    every cell's). None where anything else is asked (``+``/``~``, a sweep, a config group, a
+    ``hydra.`` key) or where the update refuses: Hydra's whole composition then decides, and words
+    its refusal."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.core.override_parser.types import OverrideType
+    from omegaconf.errors import OmegaConfBaseException
+
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    if not all(o.type == OverrideType.CHANGE and o.package is None and not o.is_sweep_override()
+               and not o.is_hydra_override() and "/" not in o.key_or_group for o in parsed):
+        return None
+    cfg = copy.deepcopy(_defaults_composed())
+    try:
+        for o in parsed:
+            OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    except OmegaConfBaseException:
+        return None
+    return OmegaConf.to_object(cfg)
+
+
+@functools.lru_cache(maxsize=1)
+def _defaults_composed():
+    """The DictConfig Hydra composes with no override (struct mode, as Hydra leaves it)."""
+    from hydra import compose, initialize
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="suite_run", node=RunConfig)
+    with initialize(version_base=None, config_path=None):
+        return compose(config_name="suite_run", overrides=[])
 
 
 @functools.lru_cache(maxsize=1)
