@@ -9,10 +9,9 @@
 # scikit-learn, which transformers then imports). A .venv already set up in full is kept as it is.
 # Every set-up skips pip's byte-compilation of every installed module (`--no-compile`): ~35 s of a 2-core
 # machine's ~90 s `core` set-up, and ~140 s for the ~32,000 modules of the full one, of which a run
-# imports a few thousand. Python compiles a module on its first import instead, as it does anyway;
-# `core` compiles what the main job imports right away, by importing it once with bytecode writing on
-# (suite/experiments/main_job.py, `preload`: ~2,500 of its ~12,000 modules), and the test command lets
-# its processes write what they compile (scripts/test.sh).
+# imports a few thousand (the main job ~2,500). Python compiles a module on its first import instead, as
+# it does anyway; the main job and the test command let their processes write what they compile, also
+# where the environment sets PYTHONDONTWRITEBYTECODE (scripts/main.sh, scripts/test.sh).
 #
 # torch: the version CI and the committed references use ($SUITE_TORCH, default 2.13.0), a CPU build
 # unless the machine has an NVIDIA GPU. PyPI's Linux x86_64 wheels are CUDA builds (several GB, they run
@@ -54,7 +53,10 @@ have="$(cat "$stamp" 2>/dev/null || true)"
 # core is part of every set-up: a .venv installed in full from the same files has it
 [ "$extras" = core ] && [ "${have%% *}" = "$hash" ] && exit 0
 
-"$vpy" -m pip install -q --upgrade pip
+# pip >= 21.3 installs this pyproject-only package in editable mode (PEP 660); an older one (Python 3.10's
+# own) is upgraded first, a newer one kept (upgrading it took ~4 s of a 2-core set-up)
+"$vpy" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (21, 3))' \
+  || "$vpy" -m pip install -q --upgrade pip
 index_up() {  # does the PyTorch CPU index answer within a few seconds? (pip would retry for minutes)
   [ -n "$TORCH_INDEX" ] && "$vpy" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5)' \
     "$TORCH_INDEX" >/dev/null 2>&1
@@ -81,8 +83,6 @@ if ! "$vpy" -c "import torch" 2>/dev/null; then
 fi
 if [ "$extras" = core ]; then
   "$vpy" -m pip install -q --no-compile -e .
-  # the job's imports, compiled once (PYTHONDONTWRITEBYTECODE, if set, would leave them uncompiled)
-  env -u PYTHONDONTWRITEBYTECODE "$vpy" -c 'from suite.experiments import main_job; main_job.preload()'
 else
   "$vpy" -m pip install -q --no-compile -e ".[$extras]"
 fi

@@ -145,13 +145,16 @@ def next_fit(pending: list, in_use: int, cap: int) -> int | None:
 def relative_cost(cell) -> float:
     """Rough cost of a cell for scheduling (the longest first shortens the queue's tail): steps x
     samples, doubled where the trainer runs heavier kernels (exact replay, a quantised forward),
-    x1.5 where only the sampler does (FP8 or 4-bit rollouts), as the committed step times order them
-    (results/README.md)."""
+    x1.5 where only the sampler does (FP8 or 4-bit rollouts), x1.2 more with stale rollouts (a
+    second trainer scores every batch at the sampling weights: the main job's stale-k4 cells took
+    60-73 s against 52-53 s for their fp32 reference on cpu-avx2-emulated), as the committed step
+    times order them (results/README.md)."""
     from suite.numerics.precision import resolve
 
     flow = resolve(cell.cfg.precision)
     # unified bf16/fp16: 1
     factor = 2.0 if flow.exact or flow.trainer_quant else 1.5 if flow.sampler_quant else 1.0
+    factor *= 1.2 if cell.cfg.staleness else 1.0
     return cell.cfg.steps * cell.cfg.prompts_per_step * cell.cfg.samples_per_prompt * factor
 
 

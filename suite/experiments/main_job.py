@@ -12,22 +12,6 @@ import time
 from rich.console import Console
 
 GRIDS = ("main", "controls")
-IMPORTS = ("suite.experiments.main_job", "suite.experiments.sweep",
-           "suite.experiments.local_launcher", "suite.experiments.controls",
-           "suite.analysis.leaderboard", "suite.analysis.outcomes", "suite.analysis.report",
-           "suite.analysis.reproduce", "matplotlib.pyplot")
-"""What the main job's processes import beside a cell's (the fork server's ``PRELOAD``)."""
-
-
-def preload() -> None:
-    """Import everything the main job imports (scripts/setup.sh compiles it this way)."""
-    import importlib
-
-    from suite.experiments.forkserver import PRELOAD, warm
-
-    for name in (*PRELOAD, *IMPORTS):
-        importlib.import_module(name)
-    warm()  # Hydra's modules, imported by its first composition
 
 
 def _train(args: list[str], console: Console) -> tuple[list, list, int]:
