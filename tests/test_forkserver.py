@@ -110,3 +110,36 @@ def test_a_killed_sweep_leaves_no_forked_cell(tmp_path):
         if swept.poll() is None:
             swept.kill()
         swept.wait()
+
+
+def test_prepare_runs_while_the_server_imports_and_its_failure_leaves_no_server(monkeypatch):
+    """``start(..., prepare)`` runs the data build after starting the server's process and before
+    waiting for it (so the server's imports overlap the build); without a server the build still
+    runs; a build that raises takes the server down with it."""
+    seen, order, ready = [], [], forkserver.Server.ready
+
+    def prepare():  # {pid: start time} of the fork servers below this process
+        order.append("prepare")
+        seen.append({p: t for p, t in process_tree.tree(os.getpid()).items()
+                     if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()})
+
+    monkeypatch.setattr(forkserver.Server, "ready",
+                        lambda self: (order.append("wait for the server"), ready(self)))
+    server = forkserver.start(dict(os.environ), print, prepare)
+    try:  # the server's process ran while the build did, and was waited for after it
+        assert server is not None and list(seen[0]) == [server.pid]
+        assert order == ["prepare", "wait for the server"]
+    finally:
+        server.close()
+
+    monkeypatch.setenv(forkserver.OPT_OUT, "0")
+    assert forkserver.start(dict(os.environ), print, prepare) is None and seen[1] == {}
+    monkeypatch.delenv(forkserver.OPT_OUT)
+
+    def broken():
+        prepare()
+        raise RuntimeError("no disk")
+
+    with pytest.raises(RuntimeError, match="no disk"):
+        forkserver.start(dict(os.environ), print, broken)
+    assert len(seen[2]) == 1 and not process_tree.alive(seen[2])

@@ -160,10 +160,11 @@ def relative_cost(cell) -> float:
 
 # ---- the launcher --------------------------------------------------------------------------------
 def launch_local(cells: list, jobs: int | None, console: Console,
-                 gpus: list[str] | None = None) -> dict[str, int]:
+                 gpus: list[str] | None = None, prepare=None) -> dict[str, int]:
     """Run cells as ``suite run`` subprocesses within the core capacity, or on GPUs of their own
     where the machine has CUDA GPUs (``gpus``: default ``visible_gpus()``); return each run dir's
-    exit code."""
+    exit code. ``prepare()`` (the cells' policy and data build) runs after the checks, while the
+    fork server imports."""
     check_one_node(cells, "local")
     gpus = visible_gpus() if gpus is None else gpus
     if gpus:
@@ -181,8 +182,11 @@ def launch_local(cells: list, jobs: int | None, console: Console,
         console.print(f"local launcher: {len(cells)} cell(s) queued; capacity {cap} cores ({why}); "
                       "a cell takes nproc x threads cores")
     # before the progress bar's thread; the server is a fresh process all the same
-    server = (forkserver.start(env, lambda m: console.print(m, highlight=False))
-              if any(forkserver.eligible(c, gpus) for c in cells) else None)
+    server = None
+    if any(forkserver.eligible(c, gpus) for c in cells):
+        server = forkserver.start(env, lambda m: console.print(m, highlight=False), prepare)
+    elif prepare is not None:
+        prepare()
     try:
         return _run(cells, pending, cap, jobs, gpus, env, server, console)
     finally:

@@ -30,9 +30,9 @@ def _train(args: list[str], console: Console) -> tuple[list, list, int]:
         from suite.numerics import determinism
 
         determinism.reserve(any(c.cfg.deterministic for c in todo))
-        sweep.prebuild(todo, console)
         jobs = plans[0].options.get("jobs")
-        launch_local(todo, int(jobs) if jobs else None, console)
+        launch_local(todo, int(jobs) if jobs else None, console,
+                     prepare=lambda: sweep.prebuild(todo, console))
     failed = sweep.report_sweep(cells, console, tables=False)  # the tables follow, by grid
     return cells, todo, len(failed)
 

@@ -473,12 +473,12 @@ def main(args: list[str]) -> int:
         # Before any cell's CUDA work: cuBLAS takes its workspace setting once per process
         # (determinism.py); the launcher's processes inherit this environment.
         determinism.reserve(any(c.cfg.deterministic for c in todo))
-        if sweep.launcher == "local" or sweep.launcher in LOCAL_LAUNCHERS:
-            prebuild(todo, console)
-        if sweep.launcher == "local":
+        if sweep.launcher == "local":  # the data build overlaps the fork server's imports
             launch_local(todo, int(sweep.options["jobs"]) if sweep.options.get("jobs") else None,
-                         console)
+                         console, prepare=lambda: prebuild(todo, console))
         else:
+            if sweep.launcher in LOCAL_LAUNCHERS:
+                prebuild(todo, console)
             try:
                 launch_hydra(sweep, todo, _new_sweep_dir(cells[0].root))
             # e.g. a Slurm job killed, a joblib worker lost: report what finished
