@@ -24,8 +24,7 @@ from suite.rl.schema import RunConfig
 def from_overrides(overrides: list[str]) -> RunConfig:
     """Compose a RunConfig from ``key=value`` overrides with Hydra; errors name the field. The same
     overrides compose the same config, so each distinct list is composed once per process (a
-    report checks every run's rerun command: each a composition) and the caller
-    gets its own copy."""
+    report checks every run's rerun command) and the caller gets its own copy."""
     return copy.deepcopy(_composed(tuple(overrides)))
 
 
