@@ -3,12 +3,16 @@ command."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from suite import cli
 from suite.rl import config
 
-pytest.importorskip("trl")
+# a spec lookup, not an import: importing TRL at collection would cost every test worker seconds
+if importlib.util.find_spec("trl") is None:
+    pytest.skip("TRL is not installed (the trl extra)", allow_module_level=True)
 
 
 def test_both_sides_do_the_same_work_and_the_ratio_is_theirs(capsys):

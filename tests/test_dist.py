@@ -28,7 +28,15 @@ from suite.numerics.scoring import Batch
 from suite.results import read_jsonl
 from suite.rl import config, schema
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+
+def _env() -> dict:
+    """The subprocesses' environment, read when they start: after conftest's session fixture has
+    pointed SUITE_CACHE at the test session's cache (read at import, it would send them to the
+    user's cache, where a fresh machine builds the smoke policies a second time)."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1"}
+
+
 SMOKE = ["tier=smoke"]
 
 SHARDED = pytest.mark.skipif(not dist.fsdp_sums(),
@@ -40,9 +48,9 @@ SHARDED = pytest.mark.skipif(not dist.fsdp_sums(),
 def _suite_run(*args, wait=True, check=True):
     cmd = [sys.executable, "-m", "suite.cli", "run", *SMOKE, *args]
     if not wait:
-        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    p = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert not check or p.returncode == 0, p.stdout[-3000:] + _crash(p.stderr) + p.stderr[-3000:]
     return p
 
@@ -218,7 +226,7 @@ def test_no_rank_outlives_a_killed_launcher_agent_or_peer(tmp_path, victim):
     with log.open("w") as f:
         cmd = [sys.executable, "-m", "suite.cli", "run", *SMOKE, f"steps={LONG}", "nproc=2",
                f"out={out}"]
-        launcher = subprocess.Popen(cmd, env=ENV, stdout=f, stderr=subprocess.STDOUT,
+        launcher = subprocess.Popen(cmd, env=_env(), stdout=f, stderr=subprocess.STDOUT,
                                     start_new_session=True)
     procs = {}
     try:
@@ -264,7 +272,7 @@ def test_ranks_under_srun_end_without_an_agent(tmp_path, fault):
     from suite import dist
 
     out, log = tmp_path / "o", tmp_path / "log.txt"
-    env = {**ENV, "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2",
+    env = {**_env(), "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2",
            "SLURM_NNODES": "1", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "SUITE_COLLECTIVE_TIMEOUT_S": str(COLLECTIVE_S)}
@@ -329,7 +337,7 @@ def test_a_build_failing_on_local_rank_0_stops_every_rank(tmp_path):
     guards against a hang)."""
     worker = Path(__file__).with_name("dist_build_worker.py")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node=2", str(worker), str(tmp_path)], env=ENV,
+                        "--nproc_per_node=2", str(worker), str(tmp_path)], env=_env(),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path / "rank0.txt").read_text() == "OSError: disk full while writing the policy"
@@ -340,7 +348,7 @@ def test_a_build_failing_on_local_rank_0_stops_every_rank(tmp_path):
 def test_inf_on_one_rank_skips_the_step_on_every_rank(tmp_path):
     worker = Path(__file__).with_name("dist_worker.py")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node=2", str(worker), str(tmp_path), "1"], env=ENV,
+                        "--nproc_per_node=2", str(worker), str(tmp_path), "1"], env=_env(),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
@@ -360,7 +368,7 @@ def test_deferred_gradient_sync_reduce_scatters_once_per_update(tmp_path):
     magnitudes, not from this machine); the update after it syncs again."""
     worker = Path(__file__).with_name("dist_accum_worker.py")
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                        "--nproc_per_node=2", str(worker), str(tmp_path)], env=ENV,
+                        "--nproc_per_node=2", str(worker), str(tmp_path)], env=_env(),
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]
     for r in (0, 1):

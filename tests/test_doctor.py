@@ -8,11 +8,16 @@ import sys
 
 from suite.experiments import doctor
 
-ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+def _env() -> dict:
+    """The subprocesses' environment, read when they start: after conftest's session fixture has
+    pointed SUITE_CACHE at the test session's cache (read at import, it would send them to the
+    user's cache, where a fresh machine builds the smoke policies a second time)."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def test_doctor_passes_on_this_machine(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "suite.cli", "doctor", f"out={tmp_path}"], env=ENV,
+    p = subprocess.run([sys.executable, "-m", "suite.cli", "doctor", f"out={tmp_path}"], env=_env(),
                        capture_output=True, text=True, timeout=900)
     rows = json.loads((tmp_path / "doctor.json").read_text())["rows"]
     failed = [r for r in rows if not r["ok"]]

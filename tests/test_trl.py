@@ -6,27 +6,35 @@ fails), and the precision label taken from what ran rather than from what was as
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 
 import pytest
 import torch
 
-# Through the bridge, which imports trl without letting it change the process's VLLM_LOGGING_LEVEL.
-trl_bridge = pytest.importorskip("suite.experiments.trl_bridge", reason="TRL is not installed (the "
-                                                                        "trl extra: pip install "
-                                 "'lowprec-rl-suite[trl]')")
+# TRL is imported at the first test that needs it, not when pytest collects this file: importing it
+# takes ~10 s, which every test worker would otherwise pay before running anything.
+if importlib.util.find_spec("trl") is None:
+    pytest.skip("TRL is not installed (the trl extra: pip install 'lowprec-rl-suite[trl]')",
+                allow_module_level=True)
 
-import trl  # noqa: E402  (already imported by the bridge)
 from safetensors.torch import load  # noqa: E402
-from trl import GRPOConfig  # noqa: E402
 
 from suite.analysis import leaderboard  # noqa: E402
 from suite.numerics.engine import eos_ids  # noqa: E402
 from suite.rl import config  # noqa: E402
 
 
-def _args(tmp_path, bf16: bool, **kw) -> GRPOConfig:
-    return GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, report_to=[],
+def _bridge():
+    """suite.experiments.trl_bridge, which imports trl without letting it change the process's
+    VLLM_LOGGING_LEVEL (it re-exports trl and GRPOConfig)."""
+    from suite.experiments import trl_bridge
+
+    return trl_bridge
+
+
+def _args(tmp_path, bf16: bool, **kw):
+    return _bridge().GRPOConfig(output_dir=str(tmp_path / "trl"), use_cpu=True, report_to=[],
                       save_strategy="no", disable_tqdm=True, bf16=bf16, max_steps=4,
                       per_device_train_batch_size=8, steps_per_generation=2, num_generations=4,
                       max_completion_length=12, learning_rate=1e-3, seed=0, **kw)
@@ -36,10 +44,10 @@ def _trainer(tmp_path, tiny_model, bf16: bool = True, precision: str | None = "b
     model, tok, task = tiny_model
     meta = {"task": task.name, "seed": 0, "model": "tiny random Llama",
             **({"precision": precision} if precision else {})}
-    return trl_bridge.BundleGRPOTrainer(
+    return _bridge().BundleGRPOTrainer(
         model=copy.deepcopy(model), processing_class=tok, args=_args(tmp_path, bf16, **kw),
-        reward_funcs=trl_bridge.task_reward(task, eos_ids(model.config)),
-        train_dataset=trl_bridge.task_dataset(task.split("train", 16)), bundle_out=tmp_path / "out",
+        reward_funcs=_bridge().task_reward(task, eos_ids(model.config)),
+        train_dataset=_bridge().task_dataset(task.split("train", 16)), bundle_out=tmp_path / "out",
         bundle_meta=meta)
 
 
@@ -89,8 +97,8 @@ def test_each_engine_is_recorded_on_its_own_side(tmp_path, tiny_model):
             == env["observed"]["trainer"]["compute_dtype"] == "torch.bfloat16")
     # autocast over fp32 weights
     assert env["observed"]["sampler"]["compute_weights"] == "torch.float32"
-    assert (env["framework"] == {"name": "trl", "version": trl.__version__}
-            and env["packages"]["trl"] == trl.__version__)
+    assert (env["framework"] == {"name": "trl", "version": _bridge().trl.__version__}
+            and env["packages"]["trl"] == _bridge().trl.__version__)
     cfg = json.loads((d / "config.json").read_text())["config"]
     assert (cfg["steps"] == 2 and cfg["recipe"]["loss_type"] == "dapo"
             and cfg["recipe"]["bf16"] is True)
@@ -99,7 +107,7 @@ def test_each_engine_is_recorded_on_its_own_side(tmp_path, tiny_model):
     # 16 completions a round = 4 prompts x 4 generations
     assert len(rows[0]["reward/pass_rates"]) == 4
     rec = leaderboard.validate_run(d)  # recomputed from the evidence, as for any outside bundle
-    assert rec["framework"] == f"trl {trl.__version__}" and rec["precision"] == "bf16"
+    assert rec["framework"] == f"trl {_bridge().trl.__version__}" and rec["precision"] == "bf16"
     assert json.loads((d / "summary.json").read_text())["steps_done"] == 2
 
 
@@ -121,7 +129,7 @@ def test_truncated_sampling_is_refused(tmp_path, tiny_model):
 def test_the_suite_recipe_in_trl_names():
     # 16 prompts x 8 samples, 2 updates per step, 100 steps
     cfg = config.load(["tier=small", "precision=bf16"])
-    a = trl_bridge.grpo_args(cfg, "/unused")
+    a = _bridge().grpo_args(cfg, "/unused")
     assert (a.per_device_train_batch_size, a.steps_per_generation, a.num_generations,
             a.max_steps) == (64, 2, 8, 200)
     assert (a.loss_type, a.scale_rewards, a.epsilon, a.epsilon_high,
@@ -129,14 +137,14 @@ def test_the_suite_recipe_in_trl_names():
     assert (a.bf16, a.fp16, a.learning_rate, a.adam_beta2,
             a.max_completion_length) == (True, False, 1e-4, 0.95, 40)
     with pytest.raises(ValueError, match="precision: bf16_fp8rollout cannot be run"):
-        trl_bridge.grpo_args(config.load(["tier=small", "precision=bf16_fp8rollout"]), "/unused")
+        _bridge().grpo_args(config.load(["tier=small", "precision=bf16_fp8rollout"]), "/unused")
     with pytest.raises(ValueError, match="algorithm: pg_seq_is has no GRPOTrainer equivalent"):
-        trl_bridge.grpo_args(config.load(["tier=small", "algorithm=pg_seq_is"]), "/unused")
+        _bridge().grpo_args(config.load(["tier=small", "algorithm=pg_seq_is"]), "/unused")
 
 
 def test_flow_of_observed_dtypes():
-    assert trl_bridge.flow_of("torch.float32", "torch.float32") == "fp32"
-    assert trl_bridge.flow_of("torch.bfloat16", "torch.bfloat16") == "bf16"
-    assert trl_bridge.flow_of("torch.float32", "torch.bfloat16") == "bf16_fp32rollout"
+    assert _bridge().flow_of("torch.float32", "torch.float32") == "fp32"
+    assert _bridge().flow_of("torch.bfloat16", "torch.bfloat16") == "bf16"
+    assert _bridge().flow_of("torch.float32", "torch.bfloat16") == "bf16_fp32rollout"
     # no flow samples lower than it trains
-    assert trl_bridge.flow_of("torch.bfloat16", "torch.float32") is None
+    assert _bridge().flow_of("torch.bfloat16", "torch.float32") is None
