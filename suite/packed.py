@@ -24,9 +24,12 @@ read it too: ``tar -xJf metrics.jsonl.tar.xz`` gives the arrays for ``numpy.load
 
 from __future__ import annotations
 
+import ast
+import functools
 import io
 import json
 import lzma
+import math
 import sys
 import tarfile
 from pathlib import Path
@@ -124,22 +127,74 @@ def to_columns(data: bytes) -> bytes | None:
     return packed if from_columns(packed) == data else None
 
 
-def from_columns(packed: bytes) -> bytes:
-    """The JSONL bytes that ``to_columns`` stored, byte for byte."""
+def column_rows(packed: bytes) -> list[dict]:
+    """The rows of the JSONL log that ``to_columns`` stored, without writing them out as text and
+    parsing them back: each row is the dict ``json.loads`` gives for its line (``to_columns`` keeps
+    a log only when every line is ``_line`` of its parsed row, and a float, a NaN, an int or a list
+    makes the same value through both), so ``read_jsonl`` gets what parsing ``from_columns`` would
+    give, at a fraction of the cost."""
     with tarfile.open(fileobj=io.BytesIO(lzma.decompress(packed)), mode="r:") as tar:
+        # by name from one index: tarfile's own lookup scans every member, once per column
+        members = {m.name: m for m in tar.getmembers()}
+
         def member(name):
-            return tar.extractfile(name).read()
+            return tar.extractfile(members[name]).read()
         layout = json.loads(member("columns.json"))
         if layout.get("format") != COLUMNS_FORMAT:
             raise ValueError(f"not {COLUMNS_FORMAT!r} but {layout.get('format')!r}")
         columns = [iter(layout["json"][str(i)]) if str(i) in layout["json"] else
-                   iter(np.load(io.BytesIO(member(f"{i:04d}.npy")), allow_pickle=False).tolist())
+                   iter(_values(_npy(member(f"{i:04d}.npy"))))
                    for i in range(len(layout["keys"]))]
-    keys, out = layout["keys"], []
+    keys, schemas, out = layout["keys"], layout["schemas"], []
     for schema, count in layout["rows"]:
-        for _ in range(count):
-            out.append(_line({keys[i]: next(columns[i]) for i in layout["schemas"][schema]}))
-    return b"".join(out)
+        these = [(keys[i], columns[i]) for i in schemas[schema]]
+        out.extend({key: next(column) for key, column in these} for _ in range(count))
+    return out
+
+
+def from_columns(packed: bytes) -> bytes:
+    """The JSONL bytes that ``to_columns`` stored, byte for byte."""
+    return b"".join(map(_line, column_rows(packed)))
+
+
+NPY_MAGIC = b"\x93NUMPY"
+JSON_NAN = json.loads("NaN")  # the one object json gives for every NaN it parses
+
+
+def _values(column: np.ndarray) -> list:
+    """``column.tolist()``, each NaN being json's own NaN object, as parsing the line gives it: a
+    NaN equals nothing but itself, so a row read from columns would otherwise differ (``==``) from
+    the same row parsed from text."""
+    values = column.tolist()
+    if column.dtype.kind != "f" or not np.isnan(column).any():
+        return values
+    if column.ndim == 1:
+        return [JSON_NAN if v != v else v for v in values]
+    return [[JSON_NAN if v != v else v for v in row] for row in values]
+
+
+@functools.lru_cache(maxsize=256)
+def _npy_header(header: bytes, encoding: str) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """An .npy header's dtype, shape and order, parsed as numpy parses it (a Python dict literal,
+    ``ast.literal_eval``), once per distinct header: the logs' columns repeat a few shapes, and
+    parsing the header was most of the cost of reading a small array with ``np.load``."""
+    d = ast.literal_eval(header.decode(encoding))
+    return np.lib.format.descr_to_dtype(d["descr"]), tuple(d["shape"]), d["fortran_order"]
+
+
+def _npy(data: bytes) -> np.ndarray:
+    """The array of an .npy file's bytes as ``np.save`` writes them (format 1.0, 2.0 or 3.0; no
+    object arrays: ``to_columns`` stores numbers only)."""
+    if data[:6] != NPY_MAGIC or data[6] not in (1, 2, 3):
+        raise ValueError("a column is not an .npy array of format 1.0-3.0")
+    width = 2 if data[6] == 1 else 4  # the header length's bytes (numpy.lib.format)
+    start = 8 + width + int.from_bytes(data[8:8 + width], "little")
+    dtype, shape, fortran = _npy_header(data[8 + width:start],
+                                        "utf8" if data[6] == 3 else "latin1")
+    if dtype.hasobject:
+        raise ValueError("a column holds Python objects")
+    flat = np.frombuffer(data, dtype=dtype, count=math.prod(shape), offset=start)
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
 def pack(name: str, data: bytes) -> tuple[str, bytes]:
@@ -173,13 +228,18 @@ def read_bytes(path) -> bytes:
     found = locate(path)
     if found is None:
         raise FileNotFoundError(f"{path}: no such file (nor {Path(path).name}{SUFFIX})")
-    data = found.read_bytes()
     if found.suffix != SUFFIX:
-        return data
+        return found.read_bytes()
+    if found.name.endswith(COLUMNS):
+        return _decoded(found, from_columns)
+    return _decoded(found, lambda data: lzma.decompress(data, format=lzma.FORMAT_XZ))
+
+
+def _decoded(found: Path, decode):
+    """``decode`` of the bytes of compressed log ``found``; a file it cannot read is a ValueError
+    naming the file and its kind."""
     try:
-        if found.name.endswith(COLUMNS):
-            return from_columns(data)
-        return lzma.decompress(data, format=lzma.FORMAT_XZ)
+        return decode(found.read_bytes())
     except (lzma.LZMAError, tarfile.TarError, KeyError, ValueError) as e:
         kind = COLUMNS if found.name.endswith(COLUMNS) else SUFFIX
         raise ValueError(f"{found}: not a readable {kind} file ({e})") from None
@@ -210,7 +270,11 @@ def parse_jsonl(data: bytes, path) -> list[dict]:
 
 
 def read_jsonl(path) -> list[dict]:
-    """Rows of a JSONL file, plain or ``.xz`` (``read_bytes``), torn last line dropped."""
+    """Rows of a JSONL file, plain or ``.xz`` (``read_bytes``), torn last line dropped; a log stored
+    as columns gives its rows directly (``column_rows``: whole lines only, never a torn one)."""
+    found = locate(path)
+    if found is not None and found.name.endswith(COLUMNS):
+        return _decoded(found, column_rows)
     return parse_jsonl(read_bytes(path), path)
 
 

@@ -260,6 +260,21 @@ def test_a_jsonl_log_stored_as_columns_gives_back_every_byte(tmp_path):
     assert got == data
 
 
+@pytest.mark.parametrize("version", [(1, 0), (2, 0), (3, 0)])
+def test_a_column_reads_as_numpy_reads_it(version):
+    """The columns' own .npy reader (suite/packed.py ``_npy``) against ``np.load``: every header
+    format, an int, a float32 with a NaN and a -0.0, a Fortran-ordered 2-D array."""
+    for a in (np.arange(5, dtype="<i2"), np.array([[0.5, np.nan], [1.0, -0.0]], dtype="<f4"),
+              np.asfortranarray(np.arange(6.0).reshape(2, 3))):
+        buf = io.BytesIO()
+        np.lib.format.write_array(buf, a, version=version)
+        want, got = np.load(io.BytesIO(buf.getvalue())), packed._npy(buf.getvalue())
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert got.tobytes(order="A") == want.tobytes(order="A")
+    with pytest.raises(ValueError, match="not an .npy array"):
+        packed._npy(b"PK\x03\x04 a zip, not an array")
+
+
 @pytest.mark.parametrize("data", [
     b'{"step": 0, "a": 1}\n{"b": 2, "a": 1}\n',  # keys not sorted: not what the suite writes
     b'{"a":1}\n',  # other separators
