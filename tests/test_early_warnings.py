@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
+from suite import packed
 from suite.analysis import early_warnings as ew
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +55,13 @@ def test_the_onset_is_where_the_reward_falls_and_the_lead_counts_back_from_it(tm
     t = ew.tally([tmp_path / "g"])
     assert t["signals"]["ess_seq"] == {"collapses": 1, "warned": 1, "median_lead": 9, "pass": 0,
                                        "fired_in_pass": 0, "unstable": 0, "fired_in_unstable": 0}
+    # the same run committed elsewhere, its log stored compressed: one run, not two
+    twin = tmp_path / "h" / run.name
+    shutil.copytree(run, twin)
+    name, data = packed.pack("metrics.jsonl", (twin / "metrics.jsonl").read_bytes())
+    (twin / "metrics.jsonl").unlink()
+    (twin / name).write_bytes(data)
+    assert ew.tally([tmp_path / "g", tmp_path / "h"]) == t
 
 
 def test_the_table_in_docs_is_what_the_committed_runs_give():

@@ -30,7 +30,7 @@ import math
 import statistics
 from pathlib import Path
 
-from suite.packed import read_log, run_file
+from suite.packed import read_log
 from suite.results import PEAK_WINDOW, find_run_dirs
 
 WINDOW = 10  # steps of the baseline a spike is measured against
@@ -104,8 +104,9 @@ def of_rows(rows: list[dict], verdict: str | None) -> dict:
                      for n, s in fired.items()}}
 
 
-def of_run(run_dir: Path) -> dict:
-    rows = read_log(run_dir, "metrics.jsonl", missing_ok=True)
+def of_run(run_dir: Path, rows: list[dict] | None = None) -> dict:
+    """``of_rows`` of a run directory (``rows``: its metrics when already read)."""
+    rows = read_log(run_dir, "metrics.jsonl", missing_ok=True) if rows is None else rows
     summary = run_dir / "summary.json"
     verdict = json.loads(summary.read_text()).get("verdict") if summary.is_file() else None
     return {"run": str(run_dir), **of_rows(rows, verdict)}
@@ -149,11 +150,12 @@ def tally(roots: list[Path]) -> dict:
     evidence, byte for byte) counts once."""
     seen, runs = set(), []
     for d in (d for root in roots for d in find_run_dirs(Path(root))):
-        # the log as stored: the same log packs to the same bytes (suite/packed.py), and reading
-        # each run's rows once is most of this function's time
-        if (key := hashlib.sha256(run_file(d, "metrics.jsonl").read_bytes()).digest()) not in seen:
+        # keyed by the rows, so a log stored plain in one place and packed in another is one run;
+        # each log is read once (reading them is most of this function's time)
+        rows = read_log(d, "metrics.jsonl")
+        if (key := hashlib.sha256(json.dumps(rows, allow_nan=True).encode()).digest()) not in seen:
             seen.add(key)
-            runs.append(of_run(d))
+            runs.append(of_run(d, rows))
     out = {"runs": len(runs), "signals": {}}
     for name in SIGNALS:
         fell = [r for r in runs if r["verdict"] == "collapse" and r["onset"] is not None]
