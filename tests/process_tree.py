@@ -1,4 +1,5 @@
-"""Processes of a run, read from /proc (Linux): which are there, and how long they outlive a kill.
+"""Processes of a run, read from /proc (Linux): which are there, and how long they outlive a kill;
+and the environment the tests start them with.
 
 Used by the lifetime tests (tests/test_dist.py, tests/test_sweep_ranks.py). A process is named by
 its pid and its start time, so that a pid reused by the system is not taken for the process it once
@@ -11,6 +12,15 @@ import os
 import signal
 import time
 from pathlib import Path
+
+
+def env() -> dict:
+    """A test's subprocesses' environment, read when they start: after conftest's session fixture
+    has pointed SUITE_CACHE at the test session's cache (read at import, it would send them to the
+    user's cache, where a fresh machine builds the smoke policies a second time)."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "PYTHONUNBUFFERED": "1"}
+
 
 HANG_GUARD_S = 1800
 """How long a test waits for a run to reach its first step (building the smoke policy included): a

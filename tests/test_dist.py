@@ -22,20 +22,12 @@ from pathlib import Path
 import process_tree
 import pytest
 import torch
+from process_tree import env as _env
 
 from suite import dist
 from suite.numerics.scoring import Batch
 from suite.results import read_jsonl
 from suite.rl import config, schema
-
-
-def _env() -> dict:
-    """The subprocesses' environment, read when they start: after conftest's session fixture has
-    pointed SUITE_CACHE at the test session's cache (read at import, it would send them to the
-    user's cache, where a fresh machine builds the smoke policies a second time)."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-            "PYTHONUNBUFFERED": "1"}
-
 
 SMOKE = ["tier=smoke"]
 

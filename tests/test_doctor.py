@@ -2,18 +2,12 @@
 failing check is a failing row and exit code 1, never the end of the table."""
 
 import json
-import os
 import subprocess
 import sys
 
+from process_tree import env as _env
+
 from suite.experiments import doctor
-
-
-def _env() -> dict:
-    """The subprocesses' environment, read when they start: after conftest's session fixture has
-    pointed SUITE_CACHE at the test session's cache (read at import, it would send them to the
-    user's cache, where a fresh machine builds the smoke policies a second time)."""
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
 def test_doctor_passes_on_this_machine(tmp_path):
