@@ -3,16 +3,8 @@ Jet-RL, arXiv 2601.14243).
 
 The format
 ==========
-``torch.float8_e4m3fn`` (E4M3): 1 sign, 4 exponent and 3 mantissa bits, no infinities,
-largest finite value 448, smallest normal 2^-6, smallest subnormal 2^-9. Three mantissa
-bits mean round-to-nearest has a relative error of at most 2^-4 = 6.25% for values in the
-normal range. The range is tiny (448 / 2^-9 ~ 2^18), so a tensor only fits if it is first
-divided by a *scale*; one scale per whole tensor lets a single outlier push every other
-value into the subnormals. Hence fine-grained scales, one fp32 number per small tile:
-
-    scale = amax(tile) / 448        (amax == 0 -> scale 1, so an all-zero tile stays zero)
-    q     = clamp(x / scale, -448, 448).to(float8_e4m3fn)     # clamp first: older torch
-    x_hat = q.float() * scale                                 # turns overflow into NaN
+E4M3 with one fp32 scale per small tile (suite/numerics/e4m3.py: the element format, its
+saturating rounding and its round trip); scale = amax(tile) / 448.
 
 The tiles (a GEMM ``out = A @ B.T`` reduces over K; every scale covers one K-slice of 128
 so that, per K-slice, a scale factors out of the dot product):
@@ -25,7 +17,8 @@ so that, per K-slice, a scale factors out of the dot product):
 
 Shapes not divisible by 128: the last block/group is ragged (covers fewer elements). It is
 implemented by zero-padding before the amax (zeros never change an amax) and slicing the
-padding off again; no padded value ever leaves this module.
+padding off again (a dimension shorter than 128 is one group of its own length); no padded value
+ever leaves this module.
 
 The linear layer (Jet-RL's unified flow)
 ========================================
@@ -58,10 +51,12 @@ with the reason for every fallback, is recorded in env.json (``fp8_gemm``) and s
 ``suite doctor``.
 
 Cost of the emulation on CPU: the GEMMs are ordinary fp32 GEMMs; the overhead is the
-elementwise work (amax, divide, clamp, fp32 <-> fp8 casts, which torch does slowly on CPU),
-about 1-2x an fp32 ``F.linear`` in the forward and ~4x forward + backward, where the
-gradient is quantised twice (1x128 and 128x1) and x re-quantised. Weight-gradient operands
-are grouped along tokens in their own (token-major) layout, never transposed in memory.
+elementwise work (amax, divide, clamp, fp32 <-> fp8 casts; e4m3.py says what makes it cheap),
+where the gradient is quantised twice (1x128 and 128x1) and x re-quantised. The emulated layer
+computes each operand's round trip in one pass over its tiles (``FP8Linear``: the codes a GEMM
+on tensor cores would read, never untiled and re-tiled on the way) and saves the FP8 codes
+alone. Weight-gradient operands are grouped along tokens in their own (token-major) layout,
+never transposed in memory.
 """
 
 from __future__ import annotations
@@ -72,46 +67,20 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+from suite.numerics.e4m3 import (
+    DECODE_SHIFT,
+    decoded,
+    dequantized,
+    quantized,
+    round_trip,
+    scale_from_amax,
+    to_e4m3,
+)
+
 BLOCK = 128  # tile edge of the recipe (weights 128x128, activations 1x128)
-FP8 = torch.float8_e4m3fn
 
 
 # ---- quantisers --------------------------------------------------------------------------
-def _scale_from_amax(amax: torch.Tensor) -> torch.Tensor:
-    """fp32 dequantisation scale amax / 448; 1 where that is 0 (all-zero tile, or an amax
-    so tiny that amax / 448 underflows), so that x / scale never divides by zero."""
-    s = amax.float() / E4M3_MAX
-    return torch.where(s > 0, s, torch.ones_like(s))
-
-
-def _to_e4m3(x: torch.Tensor) -> torch.Tensor:
-    """Round fp32 values already divided by their scale to E4M3 (saturating, not NaN)."""
-    return x.clamp(-E4M3_MAX, E4M3_MAX).to(FP8)
-
-
-def _tiles(x: torch.Tensor, dim: int, group: int) -> torch.Tensor:
-    """x -> (pre, G, group, post): ``dim`` cut into G = ceil(L/group) groups, zero-padded
-    (zeros never change an amax). A reshape, so no transpose copy whatever ``dim`` is."""
-    dim = dim % x.dim()
-    L, G = x.shape[dim], math.ceil(x.shape[dim] / group)
-    t = x.reshape(math.prod(x.shape[:dim]), L, math.prod(x.shape[dim + 1 :]))
-    if G * group != L:
-        t = F.pad(t, (0, 0, 0, G * group - L))
-    return t.reshape(t.shape[0], G, group, t.shape[2])
-
-
-def _untile(t: torch.Tensor, shape: torch.Size, dim: int) -> torch.Tensor:
-    """(pre, G, group, post) -> ``shape``: drop the padding again."""
-    return t.flatten(1, 2)[:, : shape[dim]].reshape(shape)
-
-
-def _scale_shape(shape: torch.Size, dim: int, group: int) -> list[int]:
-    out = list(shape)
-    out[dim] = math.ceil(shape[dim] / group)
-    return out
-
-
 def quantize_groupwise(x: torch.Tensor, group: int = BLOCK,
                        dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
     """One scale per ``group`` consecutive elements along ``dim``.
@@ -120,18 +89,14 @@ def quantize_groupwise(x: torch.Tensor, group: int = BLOCK,
     x (T, K)   with dim=0  -> q float8 (T, K),   scales fp32 (ceil(T/group), K)    [128x1]
     The scales keep x's layout with the grouped dimension shrunk by ``group``.
     """
-    tiles = _tiles(x.float(), dim, group)  # (pre, G, group, post)
-    scales = _scale_from_amax(tiles.abs().amax(dim=2))  # (pre, G, post)
-    q = _untile(_to_e4m3(tiles / scales[:, :, None]), x.shape, dim)
-    return q, scales.reshape(_scale_shape(x.shape, dim, group))
+    q, scales, _ = quantized(x, dim, group, dequantize=False)
+    return q, scales
 
 
 def dequantize_groupwise(q: torch.Tensor, scales: torch.Tensor, group: int = BLOCK,
                          dim: int = -1) -> torch.Tensor:
     """Inverse of ``quantize_groupwise`` (same ``group`` and ``dim``): fp32, q's shape."""
-    tiles = _tiles(q.float(), dim, group)  # (pre, G, group, post)
-    return _untile(tiles * scales.reshape(tiles.shape[0], tiles.shape[1], 1, tiles.shape[3]),
-                   q.shape, dim)
+    return dequantized(q, scales, dim, group)
 
 
 def quantize_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,14 +106,14 @@ def quantize_blockwise(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Nb, Kb = math.ceil(N / BLOCK), math.ceil(K / BLOCK)
     padded = F.pad(w.float(), (0, Kb * BLOCK - K, 0, Nb * BLOCK - N))  # zeros: amax unchanged
     tiles = padded.reshape(Nb, BLOCK, Kb, BLOCK)  # [nb, n, kb, k]
-    scales = _scale_from_amax(tiles.abs().amax(dim=(1, 3)))  # (Nb, Kb)
-    q = _to_e4m3(tiles / scales[:, None, :, None])
+    scales = scale_from_amax(tiles.abs().amax(dim=(1, 3)))  # (Nb, Kb)
+    q = to_e4m3(tiles / scales[:, None, :, None])
     return q.reshape(Nb * BLOCK, Kb * BLOCK)[:N, :K], scales
 
 
 def dequantize_blockwise(q: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """Inverse of ``quantize_blockwise``: fp32 (N, K)."""
-    return q.float() * _block_scales_per_row(scales, q.shape[0], q.shape[1])
+    return decoded(q) * _block_scales_per_row(scales * DECODE_SHIFT, q.shape[0], q.shape[1])
 
 
 def _block_scales_per_row(scales: torch.Tensor, N: int, K: int | None = None) -> torch.Tensor:
@@ -384,9 +349,14 @@ class FP8Linear(torch.autograd.Function):
     def forward(ctx, x, w, b, out_dtype):
         K = x.shape[-1]
         x2 = x.reshape(-1, K)  # (M, K): tokens flattened
-        qx, sx = quantize_groupwise(x2)  # 1x128 along K: (M, K) fp8, (M, Kg)
+        emulate = not _has_fp8_tensor_cores(x2)
+        # 1x128 along K: (M, K) fp8, (M, Kg), and emulated, the fp32 operand from the same tiles
+        qx, sx, x_hat = quantized(x2, -1, BLOCK, dequantize=emulate)
         qw, sw = quantize_blockwise(w)  # 128x128: (N, K) fp8, (Nb, Kg)
-        y = _gemm(qx, sx, qw, _block_scales_per_row(sw, w.shape[0]))  # (M, N) fp32
+        if emulate:  # _fp8_gemm_emulated's product
+            y = x_hat @ weight_operand(qw, sw).T
+        else:
+            y = _gemm(qx, sx, qw, _block_scales_per_row(sw, w.shape[0]))  # (M, N) fp32
         if b is not None:
             y = y + b.float()
         ctx.save_for_backward(qx, sx, qw, sw)
@@ -398,6 +368,8 @@ class FP8Linear(torch.autograd.Function):
         qx, sx, qw, sw = ctx.saved_tensors
         N, K = qw.shape
         g = gy.reshape(-1, N)  # (M, N), bf16 between operators
+        if not _has_fp8_tensor_cores(g):
+            return (*_emulated_grads(ctx, g, qx, sx, qw, sw), None)
         grad_x = grad_w = grad_b = None
         if ctx.needs_input_grad[0]:
             # dx = dy @ W reduces over N: dy in 1x128 groups along N, W^T reuses W's blocks
@@ -413,6 +385,23 @@ class FP8Linear(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g.float().sum(0)  # (N,) fp32
         return grad_x, grad_w, grad_b, None
+
+
+def _emulated_grads(ctx, g, qx, sx, qw, sw) -> tuple:
+    """FP8Linear.backward's three gradients where the GEMMs are emulated: the same operands, each
+    computed as one round trip (e4m3.round_trip) from g in fp32 and from x's saved codes."""
+    K = qw.shape[1]
+    g32 = g.float()
+    grad_x = grad_w = grad_b = None
+    if ctx.needs_input_grad[0]:
+        w_t = dequantize_groupwise(qw.t(), _block_scales_per_row(sw.t(), K))  # (K, N)
+        grad_x = (round_trip(g32, -1, BLOCK) @ w_t.T).to(ctx.x_dtype).reshape(ctx.x_shape)
+    if ctx.needs_input_grad[1]:
+        x0 = round_trip(dequantize_groupwise(qx, sx), 0, BLOCK)  # (M, K), 128x1 along M
+        grad_w = round_trip(g32, 0, BLOCK).T @ x0  # (N, K) fp32 master grad
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        grad_b = g32.sum(0)  # (N,) fp32
+    return grad_x, grad_w, grad_b
 
 
 def fp8_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
@@ -463,12 +452,9 @@ def weight_operand(qw: torch.Tensor, sw: torch.Tensor) -> torch.Tensor:
 
 
 def act_operand(x: torch.Tensor) -> torch.Tensor:
-    """The emulated GEMM's activation operand: x (M, K) through 1x128-group E4M3 and back, fp32.
-    ``dequantize_groupwise(*quantize_groupwise(x))`` in one pass over the tiles (no untiling and
-    re-tiling between the two), so the same values."""
-    tiles = _tiles(x.float(), -1, BLOCK)  # (M, G, 128, 1)
-    scales = _scale_from_amax(tiles.abs().amax(dim=2))[:, :, None]
-    return _untile(_to_e4m3(tiles / scales).float() * scales, x.shape, -1)
+    """The emulated GEMM's activation operand: x (M, K) through 1x128-group E4M3 and back, fp32,
+    ``dequantize_groupwise(*quantize_groupwise(x))``'s values (e4m3.round_trip)."""
+    return round_trip(x, -1, BLOCK)
 
 
 # ---- KV cache ----------------------------------------------------------------------------
@@ -478,5 +464,5 @@ def fake_quant_kv(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
     k/v scales uses scale 1.0 (``set_default_quant_scales``, vLLM 0.32), so 1.0 is the default here.
     The gradient passes straight through (a trainer that runs the sampler's code keeps its
     graph)."""
-    q = (_to_e4m3(x.float() / scale).float() * scale).to(x.dtype)
+    q = (decoded(to_e4m3(x.float() / scale)) * (scale * DECODE_SHIFT)).to(x.dtype)
     return x + (q - x).detach() if x.requires_grad else q
