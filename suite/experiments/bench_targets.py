@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from pathlib import Path
 
 from suite.locations import reference_root
@@ -36,6 +37,11 @@ TARGETS = {
     "exact": 1.25,
 }
 REFERENCE_FLOW = "bf16"
+# The flows with a target and bf16 run this many times in turn (the pass over every flow counts as
+# the first, the others alternate their order): on a shared machine one run's ratio moves by 20%
+# (cpu-avx2-emulated: fp8 over bf16 1.51x and 1.98x in two runs of one commit, minutes apart), so
+# the verdict is on the median of the rounds' ratios and the table shows their range.
+ROUNDS = 3
 # TRL's GRPOTrainer step over the suite's at equal work (suite bench --vs trl), at least.
 TRL_SPEEDUP = 2.0
 # The split of a step that timing.jsonl records (suite/rl/step.py), in the order printed.
@@ -63,6 +69,22 @@ def target_rows(steps: dict[str, float]) -> list[dict]:
     return rows
 
 
+def round_rows(rounds: list[dict[str, float]]) -> list[dict]:
+    """``target_rows`` over several rounds (each flow -> median step seconds of one round): per flow
+    with a target, each round's ratio to that round's bf16 step, their median (the verdict's), range
+    and how many rounds met the target."""
+    per = [{r["flow"]: r["ratio"] for r in target_rows(steps)} for steps in rounds]
+    rows = []
+    for flow, target in TARGETS.items():
+        ratios = [p[flow] for p in per if flow in p]
+        if ratios:
+            median = statistics.median(ratios)
+            rows.append({"flow": flow, "ratios": ratios, "ratio": median, "low": min(ratios),
+                         "high": max(ratios), "target": target, "met": median <= target,
+                         "met_rounds": sum(r <= target for r in ratios)})
+    return rows
+
+
 def trl_row(trl_step_s: float, suite_step_s: float) -> dict:
     """TRL's step over the suite's at equal work, against ``TRL_SPEEDUP``."""
     ratio = trl_step_s / suite_step_s
@@ -74,13 +96,15 @@ def baseline_path(directory: Path, class_id: str) -> Path:
 
 
 def write_baseline(directory: Path, machine_class: dict, medians: dict[str, dict],
-                   setting: dict) -> Path:
-    """Record one run's medians (flow -> {stage: seconds}) as the baseline of its machine class."""
+                   setting: dict, rounds: list[dict[str, float]] | None = None) -> Path:
+    """Record one run's medians (flow -> {stage: seconds}) as the baseline of its machine class,
+    with the step of each target round (``round_rows``) where the run had them."""
     path = baseline_path(directory, machine_class["id"])
-    atomic_write_json(path, {"schema_version": SCHEMA, "machine_class": machine_class,
-                             "setting": setting,
-                             "flows": {f: {s: m[s] for s in STAGES if s in m}
-                                       for f, m in medians.items()}})
+    record = {"schema_version": SCHEMA, "machine_class": machine_class, "setting": setting,
+              "flows": {f: {s: m[s] for s in STAGES if s in m} for f, m in medians.items()}}
+    if rounds:
+        record["target_rounds"] = rounds
+    atomic_write_json(path, record)
     return path
 
 
@@ -139,13 +163,18 @@ def f_table(class_id: str) -> str:
 
     record = load_baseline(BASELINE_DIR, class_id)
     flows = {f: record["flows"][f] for f in sorted(record["flows"], key=list(FLOWS).index)}
-    targets = {r["flow"]: r for r in target_rows({f: m["time/step_s"] for f, m in flows.items()})}
+    rounds = record.get("target_rounds") or [{f: m["time/step_s"] for f, m in flows.items()}]
+    targets = {r["flow"]: r for r in round_rows(rounds)}
     lines = ["| flow | step s | sampling s | trainer log-probs s | update s | other s | "
              "over bf16 | target |", "|---|" + "---|" * 7]
     for flow, m in flows.items():
         t = targets.get(flow)
         ratio = m["time/step_s"] / flows[REFERENCE_FLOW]["time/step_s"]
-        verdict = (f"<= {t['target']:.2f}x, {'met' if t['met'] else '**missed**'}" if t else "")
+        verdict = "" if t is None else f"<= {t['target']:.2f}x: " + (
+            "met" if t["met"] else "**missed**") + (
+            " (one round)" if len(t["ratios"]) == 1 else
+            f", median {t['ratio']:.2f}x of {len(t['ratios'])} rounds ({t['low']:.2f}-"
+            f"{t['high']:.2f}x)")
         lines.append(f"| {flow} | " + " | ".join(f"{m[s]:.3f}" for s in STAGES)
                      + f" | {ratio:.2f}x | {verdict} |")
     return "\n".join(lines)
