@@ -39,8 +39,9 @@ TARGETS = {
 REFERENCE_FLOW = "bf16"
 # The flows with a target and bf16 run this many times in turn (the pass over every flow counts as
 # the first, the others alternate their order): on a shared machine one run's ratio moves by 20%
-# (cpu-avx2-emulated: fp8 over bf16 1.51x and 1.98x in two runs of one commit, minutes apart), so
-# the verdict is on the median of the rounds' ratios and the table shows their range.
+# and more (the committed cpu-avx2-emulated baseline: fp8 over bf16 from 1.18x to 1.53x in the
+# three rounds of one run), so the verdict is on the median of the rounds' ratios, shown with their
+# range.
 ROUNDS = 3
 # TRL's GRPOTrainer step over the suite's at equal work (suite bench --vs trl), at least.
 TRL_SPEEDUP = 2.0
