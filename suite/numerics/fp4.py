@@ -87,8 +87,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from suite.numerics.e4m3 import E4M3_MAX, FP8
+
 E2M1_MAX = 6.0
-E4M3_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ def _nvfp4_scales(tiles: torch.Tensor, per_row: bool) -> tuple[torch.Tensor, tor
     amax_t = amax_b.amax(-1, keepdim=True) if per_row else amax_b.amax()
     s_t = torch.where(amax_t > 0, E4M3_MAX * E2M1_MAX / amax_t, torch.ones_like(amax_t))
     s_t = _nonfinite_to_nan(s_t, amax_t)
-    s_b = (amax_b / E2M1_MAX * s_t).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn).float()
+    s_b = (amax_b / E2M1_MAX * s_t).clamp(max=E4M3_MAX).to(FP8).float()
     return torch.where(s_b > 0, s_b, torch.ones_like(s_b)), s_t
 
 
