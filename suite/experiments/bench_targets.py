@@ -171,11 +171,12 @@ def f_table(class_id: str) -> str:
     for flow, m in flows.items():
         t = targets.get(flow)
         ratio = m["time/step_s"] / flows[REFERENCE_FLOW]["time/step_s"]
-        verdict = "" if t is None else f"<= {t['target']:.2f}x: " + (
-            "met" if t["met"] else "**missed**") + (
-            " (one round)" if len(t["ratios"]) == 1 else
-            f", median {t['ratio']:.2f}x of {len(t['ratios'])} rounds ({t['low']:.2f}-"
-            f"{t['high']:.2f}x)")
+        verdict = ""
+        if t is not None:
+            spread = (" (one round)" if len(t["ratios"]) == 1 else
+                      f", median {t['ratio']:.2f}x of {len(t['ratios'])} rounds "
+                      f"({t['low']:.2f}-{t['high']:.2f}x)")
+            verdict = f"<= {t['target']:.2f}x: {'met' if t['met'] else '**missed**'}{spread}"
         lines.append(f"| {flow} | " + " | ".join(f"{m[s]:.3f}" for s in STAGES)
                      + f" | {ratio:.2f}x | {verdict} |")
     return "\n".join(lines)

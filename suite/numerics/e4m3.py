@@ -118,11 +118,16 @@ def quantized(x: torch.Tensor, dim: int, group: int,
     """One scale per ``group`` consecutive elements of x along ``dim``: (codes in x's shape,
     scales (x's shape with ``dim`` shrunk by ``group``), and with ``dequantize`` the fp32 values
     the codes stand for, from the same tiles, else None)."""
-    t = tiles(x.float(), dim, group)  # (pre, G, g, post)
-    s = scale_from_amax(t.abs().amax(dim=2, keepdim=True))  # (pre, G, 1, post)
-    q = to_e4m3(t / s)
+    q, s = _tile_codes(x, dim, group)
     x_hat = scaled(decoded(q), s, x.shape, dim, group) if dequantize else None
     return untile(q, x.shape, dim), s.reshape(scale_shape(x.shape, dim, group)), x_hat
+
+
+def _tile_codes(x: torch.Tensor, dim: int, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x's codes, still in tiles (pre, G, g, post), and their scales (pre, G, 1, post)."""
+    t = tiles(x.float(), dim, group)
+    s = scale_from_amax(t.abs().amax(dim=2, keepdim=True))
+    return to_e4m3(t / s), s
 
 
 def dequantized(q: torch.Tensor, scales: torch.Tensor, dim: int, group: int) -> torch.Tensor:
@@ -134,6 +139,5 @@ def dequantized(q: torch.Tensor, scales: torch.Tensor, dim: int, group: int) -> 
 def round_trip(x: torch.Tensor, dim: int, group: int) -> torch.Tensor:
     """x through group-wise E4M3 along ``dim`` and back, fp32: ``dequantized(*quantized(x))``
     without untiling and re-tiling the codes between the two, so the same values."""
-    t = tiles(x.float(), dim, group)
-    s = scale_from_amax(t.abs().amax(dim=2, keepdim=True))
-    return scaled(decoded(to_e4m3(t / s)), s, x.shape, dim, group)
+    q, s = _tile_codes(x, dim, group)
+    return scaled(decoded(q), s, x.shape, dim, group)
