@@ -232,9 +232,16 @@ def main(args: list[str]) -> int:
             raise ValueError("nproc: expected a list of rank counts like nproc=1,2 (got "
                              f"'{worlds}')") from None
         return scaling_main([a for a in args if not a.startswith("nproc=")], sizes)
-    flags = {a for a in args if a in ("--compare", "--write-baseline")}
+    flags = {a for a in args if a in ("--compare", "--write-baseline", "--profile")}
     args = [a for a in args if a not in flags]
     console = make_console()
+    if "--profile" in flags:  # what the steps spend their time on (bench_profile.py)
+        if "--compare" in flags:
+            raise ValueError("--profile: --compare compares step times with the bench baseline; "
+                             "run them separately")
+        from suite.experiments import bench_profile
+
+        return bench_profile.main(args, "--write-baseline" in flags, console)
     steps = 11
     base = cfgmod.load(args)
     cls = machine.describe(base.gemm, base.threads)

@@ -109,19 +109,21 @@ def write_baseline(directory: Path, machine_class: dict, medians: dict[str, dict
     return path
 
 
-def load_baseline(directory: Path, class_id: str) -> dict:
-    """The committed baseline of ``class_id``; ValueError naming the classes that have one."""
+def load_baseline(directory: Path, class_id: str,
+                  command: str = "suite bench --write-baseline") -> dict:
+    """The committed baseline of ``class_id``; ValueError naming the classes that have one and the
+    ``command`` that records one."""
     path = baseline_path(directory, class_id)
     if not path.is_file():
         have = sorted(p.stem for p in Path(directory).glob("*.json")) if Path(
             directory).is_dir() else []
         raise ValueError(f"no bench baseline for machine class {class_id} in {directory} "
                          f"(classes with one: {', '.join(have) or 'none'}); record one with "
-                         "suite bench --write-baseline")
+                         f"{command}")
     record = json.loads(path.read_text())
     if record.get("schema_version") != SCHEMA:
         raise ValueError(f"{path}: schema_version {record.get('schema_version')!r}, expected "
-                         f"{SCHEMA}; record it again with suite bench --write-baseline")
+                         f"{SCHEMA}; record it again with {command}")
     return record
 
 

@@ -28,7 +28,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from suite.experiments import bench_targets, calibration, controls
+from suite.experiments import bench_profile, bench_targets, calibration, controls
 from suite.experiments.accept_tables import f_accept
 from suite.experiments.bench_memory import plan_markdown
 from suite.experiments.cell_figures import (
@@ -399,7 +399,9 @@ FIGURES = {
     "main-flows": controls.f_flows, "main-pairs": controls.f_pairs, "step0-cell": f_step0_cell,
     "class-dependent": controls.f_class_dependent, "class-split": controls.f_class_split,
     "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell, "early-warnings": f_early_warnings,
-    "heldout": f_heldout, "centering-dose": f_centering_dose, "bench": bench_targets.f_table}
+    "heldout": f_heldout, "centering-dose": f_centering_dose, "bench": bench_targets.f_table,
+    "bench-profile": bench_profile.f_table, "bench-profile-ratio": bench_profile.f_ratio,
+    "bench-profile-floor": bench_profile.f_floor}
 
 
 def figure(name: str) -> str:

@@ -73,6 +73,8 @@ class Scored:
     flips: list[float]
 
 
+# the profiler's range of one step: `suite bench --profile` counts the operations inside it
+@torch.profiler.record_function("suite.rl_step")
 def rl_step(run: Run, step: int) -> tuple[dict, dict, dict]:
     """One step; returns its rows of metrics.jsonl, mechanism.jsonl and timing.jsonl."""
     cfg, G = run.cfg, run.cfg.samples_per_prompt

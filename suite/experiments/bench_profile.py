@@ -1,0 +1,144 @@
+"""``suite bench --profile``: what a step spends its time on, by kind of operation, per flow.
+
+``suite bench`` splits a step by stage (sampling, trainer log-probs, update); this splits the same
+steps by what runs in them, from ``torch.profiler``: GEMMs, attention forward, attention backward,
+copies and dtype casts, everything else. Each flow runs ``STEPS`` steps of the bench's setting
+twice, once to build (or find) the policy and the perfectible set and once under the profiler;
+only the operations inside the steps after the first count (the range ``suite.rl_step`` that
+suite/rl/step.py marks), each by its own time (``self_cpu_time_total``), so nothing counts twice.
+
+The profiler adds a few microseconds to every operation, so the kinds sum to more than an
+unprofiled step of a flow with many small operations (the exact flow's replayed decode loop, the
+FP8 emulation's quantisers); the table prints the unprofiled step of the same setting beside
+them. On ``cpu-avx512bf16-mixed`` it shows where the targets of docs/speed.md are lost: the FP8
+emulation's products are fp32 GEMMs, several times bf16's native ones there, and bf16's own update
+is mostly the flash-attention backward.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from suite.experiments import bench_targets
+from suite.numerics import machine
+from suite.results import atomic_write_json, git, read_jsonl
+from suite.rl import config as cfgmod
+
+KINDS = ("GEMM", "attention fwd", "attention bwd", "copies, casts", "other")
+STEP_RANGE = "suite.rl_step"
+STEPS = 6  # the first is left out: it warms up
+# fp32 and bf16 beside the flows with a target: what each target's ratio is made of
+FLOWS = ("fp32", bench_targets.REFERENCE_FLOW, *bench_targets.TARGETS)
+SCHEMA = bench_targets.SCHEMA  # read by bench_targets.load_baseline
+PROFILE_DIR = bench_targets.BASELINE_DIR / "profile"  # <machine class>.json
+
+
+def kind(op: str) -> str:
+    """The kind of a profiled operation, by its name (aten's and autograd's)."""
+    if op in ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"):
+        return "GEMM"
+    if "scaled_dot_product" in op:
+        return "attention bwd" if "backward" in op else "attention fwd"
+    if op in ("aten::copy_", "aten::_to_copy"):
+        return "copies, casts"
+    return "other"
+
+
+def split(events: list[tuple[str, float, float]], steps: list[tuple[float, float]]) -> dict:
+    """ms per step of each kind: ``events`` (name, start us, self us), ``steps`` the (start, end)
+    us of the steps that count; an event counts where it starts inside one of them."""
+    out = dict.fromkeys(KINDS, 0.0)
+    for name, start, self_us in events:
+        if name != STEP_RANGE and any(a <= start < b for a, b in steps):
+            out[kind(name)] += self_us / 1e3 / len(steps)
+    return out
+
+
+def profiled(cfg) -> dict:
+    """One flow: the kinds' ms per step (steps after the first) and the unprofiled median step."""
+    from suite.rl.train import run
+
+    step_s = []
+    for profile in (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            cfg.out = tmp
+            if not profile:  # also builds what the profiled run needs
+                d = run(cfg, Console(quiet=True))
+                step_s = [r["time/step_s"] for r in read_jsonl(Path(d) / "timing.jsonl")[1:]]
+                continue
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+                run(cfg, Console(quiet=True))
+    events = p.events()
+    ranges = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP_RANGE)
+    ms = split([(e.name, e.time_range.start, e.self_cpu_time_total) for e in events], ranges[1:])
+    return {"ms_per_step": ms, "steps_counted": len(ranges) - 1,
+            "unprofiled_step_s": statistics.median(step_s)}
+
+
+def main(args: list[str], write: bool, console: Console) -> int:
+    base = cfgmod.load(args)
+    cls = machine.describe(base.gemm, base.threads)
+    torch.set_num_threads(base.threads)
+    flows = {}
+    for name in FLOWS:
+        console.print(f"profiling {name} ({STEPS} steps, twice)")
+        flows[name] = profiled(cfgmod.load(args + [f"precision={name}", f"steps={STEPS}",
+                                                   "name=bench"]))
+    console.print(table(flows, cls["id"]))
+    if write:
+        path = PROFILE_DIR / f"{cls['id']}.json"
+        atomic_write_json(path, {
+            "schema_version": SCHEMA, "machine_class": cls, "flows": flows,
+            "setting": {"command": " ".join(["suite", "bench", "--profile", *args]),
+                        "steps": STEPS, "tier": base.tier, "threads": base.threads,
+                        "torch": torch.__version__, "git_sha": git("rev-parse", "HEAD"),
+                        "git_dirty": bool(git("status", "-s"))}})
+        console.print(f"profile of {cls['id']} written: {path}")
+    return 0
+
+
+def table(flows: dict, class_id: str) -> Table:
+    t = Table(title=f"ms per step by kind of operation (torch.profiler, each operation's own "
+                    f"time); machine class {class_id}")
+    for col in ("flow", *KINDS, "sum", "unprofiled step"):
+        t.add_column(col, justify="left" if col == "flow" else "right")
+    for name, f in flows.items():
+        ms = f["ms_per_step"]
+        t.add_row(name, *(f"{ms[k]:.1f}" for k in KINDS), f"{sum(ms.values()):.1f}",
+                  f"{f['unprofiled_step_s'] * 1e3:.1f}")
+    return t
+
+
+def f_table(class_id: str) -> str:
+    """docs/speed.md's table: the committed profile of ``class_id`` (``suite bench --profile
+    --write-baseline``)."""
+    record = bench_targets.load_baseline(PROFILE_DIR, class_id,
+                                         "suite bench --profile --write-baseline")
+    lines = ["| flow | " + " | ".join(KINDS) + " | sum | unprofiled step |",
+             "|---|" + "---|" * (len(KINDS) + 2)]
+    for name, f in record["flows"].items():
+        ms = f["ms_per_step"]
+        lines.append(f"| {name} | " + " | ".join(f"{ms[k]:.1f}" for k in KINDS)
+                     + f" | {sum(ms.values()):.1f} | {f['unprofiled_step_s'] * 1e3:.1f} |")
+    return "\n".join(lines)
+
+
+def f_ratio(class_id: str, flow: str, other: str, kind_: str) -> str:
+    """``flow``'s ms per step of one kind over ``other``'s, in the committed profile: "3.48x"."""
+    flows = bench_targets.load_baseline(PROFILE_DIR, class_id)["flows"]
+    return f"{flows[flow]['ms_per_step'][kind_] / flows[other]['ms_per_step'][kind_]:.2f}x"
+
+
+def f_floor(class_id: str, flow: str) -> str:
+    """The step ``flow`` would take over bf16's if everything but its GEMMs cost what bf16's does:
+    bf16's unprofiled step plus the difference of their GEMMs' ms, over bf16's step ("1.31x")."""
+    flows = bench_targets.load_baseline(PROFILE_DIR, class_id)["flows"]
+    ref = flows[bench_targets.REFERENCE_FLOW]
+    extra = (flows[flow]["ms_per_step"]["GEMM"] - ref["ms_per_step"]["GEMM"]) / 1e3
+    return f"{(ref['unprofiled_step_s'] + extra) / ref['unprofiled_step_s']:.2f}x"
