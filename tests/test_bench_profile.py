@@ -70,6 +70,9 @@ def test_the_docs_table_comes_from_the_committed_profile(tmp_path, monkeypatch):
                               "unprofiled_step_s": 0.4462}
     (tmp_path / "cpu-test-class.json").write_text(json.dumps(record))
     assert bench_profile.f_ratio("cpu-test-class", "fp8", "bf16", "GEMM") == "3.50x"  # 119.7/34.2
+    assert bench_profile.f_ratio("cpu-test-class", "fp8", "bf16", "attention-fwd") == "1.00x"
+    with pytest.raises(ValueError, match="unknown kind 'attention' .*attention-fwd"):
+        bench_profile.f_ratio("cpu-test-class", "fp8", "bf16", "attention")
     # bf16's 272.2 ms plus the 85.5 ms more that fp8's GEMMs take: 357.7 / 272.2
     assert bench_profile.f_floor("cpu-test-class", "fp8") == "1.31x"
 

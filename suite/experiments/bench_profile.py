@@ -118,21 +118,29 @@ def table(flows: dict, class_id: str) -> Table:
 def f_table(class_id: str) -> str:
     """docs/speed.md's table: the committed profile of ``class_id`` (``suite bench --profile
     --write-baseline``)."""
+    from suite.numerics.precision import FLOWS as TABLE
+
     record = bench_targets.load_baseline(PROFILE_DIR, class_id,
                                          "suite bench --profile --write-baseline")
     lines = ["| flow | " + " | ".join(KINDS) + " | sum | unprofiled step |",
              "|---|" + "---|" * (len(KINDS) + 2)]
-    for name, f in record["flows"].items():
+    for name in sorted(record["flows"], key=list(TABLE).index):  # the flow table's order
+        f = record["flows"][name]
         ms = f["ms_per_step"]
         lines.append(f"| {name} | " + " | ".join(f"{ms[k]:.1f}" for k in KINDS)
                      + f" | {sum(ms.values()):.1f} | {f['unprofiled_step_s'] * 1e3:.1f} |")
     return "\n".join(lines)
 
 
-def f_ratio(class_id: str, flow: str, other: str, kind_: str) -> str:
-    """``flow``'s ms per step of one kind over ``other``'s, in the committed profile: "3.48x"."""
+def f_ratio(class_id: str, flow: str, other: str, slug: str) -> str:
+    """``flow``'s ms per step of one kind over ``other``'s, in the committed profile: "3.48x".
+    ``slug``: the kind as a span names it, without spaces ("attention-fwd", "copies-casts")."""
+    kinds = {k.replace(", ", "-").replace(" ", "-"): k for k in KINDS}
+    if slug not in kinds:
+        raise ValueError(f"bench-profile-ratio: unknown kind '{slug}' ({', '.join(kinds)})")
     flows = bench_targets.load_baseline(PROFILE_DIR, class_id)["flows"]
-    return f"{flows[flow]['ms_per_step'][kind_] / flows[other]['ms_per_step'][kind_]:.2f}x"
+    k = kinds[slug]
+    return f"{flows[flow]['ms_per_step'][k] / flows[other]['ms_per_step'][k]:.2f}x"
 
 
 def f_floor(class_id: str, flow: str) -> str:
