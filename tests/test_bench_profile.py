@@ -8,6 +8,7 @@ import json
 import math
 
 import pytest
+from rich.console import Console
 
 from suite.experiments import bench, bench_profile
 from suite.rl import config
@@ -77,7 +78,26 @@ def test_the_docs_table_comes_from_the_committed_profile(tmp_path, monkeypatch):
     assert bench_profile.f_floor("cpu-test-class", "fp8") == "1.31x"
 
 
-def test_profile_with_compare_is_refused_before_anything_runs(monkeypatch):
+def test_what_it_cannot_profile_is_refused_before_anything_runs(monkeypatch):
     monkeypatch.setattr(bench_profile, "profiled", lambda cfg: pytest.fail("measured"))
     with pytest.raises(ValueError, match="--profile: --compare"):
         bench.main(["--profile", "--compare", "tier=smoke"])
+    with pytest.raises(ValueError, match="--profile: nproc=2; the profiler sees this process"):
+        bench.main(["--profile", "tier=smoke", "nproc=2"])
+
+
+def test_with_vllm_only_the_flows_its_vllm_runs_here_are_profiled(monkeypatch):
+    from suite.numerics import vllm_support
+
+    monkeypatch.setattr(vllm_support, "supported_flows", lambda: ["fp32", "bf16", "fp16"])
+    ran = []
+
+    def fake(cfg):
+        ran.append((cfg.precision, cfg.engine))
+        return {"ms_per_step": dict.fromkeys(bench_profile.KINDS, 1.0), "steps_counted": 5,
+                "unprofiled_step_s": 0.01}
+
+    monkeypatch.setattr(bench_profile, "profiled", fake)
+    assert bench_profile.main(["tier=smoke", "engine=vllm", "policy.heads=2", "policy.kv_heads=1"],
+                              False, Console(quiet=True)) == 0
+    assert ran == [("fp32", "vllm"), ("bf16", "vllm")]  # fp8, bf16_fp8rollout, exact: not here

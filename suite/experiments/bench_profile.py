@@ -83,10 +83,18 @@ def profiled(cfg) -> dict:
 
 def main(args: list[str], write: bool, console: Console) -> int:
     base = cfgmod.load(args)
+    if base.nproc != 1:  # before anything runs
+        raise ValueError(f"--profile: nproc={base.nproc}; the profiler sees this process's "
+                         "operations, and the ranks of nproc > 1 run in their own (nproc=1)")
     cls = machine.describe(base.gemm, base.threads)
     torch.set_num_threads(base.threads)
+    names = list(FLOWS)
+    if base.engine == "vllm":  # the flows this device's vLLM can run (bench.py does the same)
+        from suite.numerics.vllm_support import supported_flows
+
+        names = [f for f in names if f in supported_flows()]
     flows = {}
-    for name in FLOWS:
+    for name in names:
         console.print(f"profiling {name} ({STEPS} steps, twice)")
         flows[name] = profiled(cfgmod.load(args + [f"precision={name}", f"steps={STEPS}",
                                                    "name=bench"]))
