@@ -76,6 +76,15 @@ def test_the_docs_table_comes_from_the_committed_profile(tmp_path, monkeypatch):
         bench_profile.f_ratio("cpu-test-class", "fp8", "bf16", "attention")
     # bf16's 272.2 ms plus the 85.5 ms more that fp8's GEMMs take: 357.7 / 272.2
     assert bench_profile.f_floor("cpu-test-class", "fp8") == "1.31x"
+    assert bench_profile.f_ms("cpu-test-class", "bf16", "attention-bwd") == "95.3 ms"
+    assert bench_profile.f_ms("cpu-test-class", "fp8", "step") == "446.2 ms"
+    record["sdpa"] = {"shape": bench_profile.SDPA_SHAPE, "rows": [
+        {"head_size": 24, "fp32": {"forward_ms": 2.13, "backward_ms": 3.76},
+         "bf16": {"forward_ms": 2.58, "backward_ms": 28.29}}]}
+    (tmp_path / "cpu-test-class.json").write_text(json.dumps(record))
+    assert bench_profile.f_sdpa("cpu-test-class").splitlines() == [
+        "| head size | fp32 forward / backward (ms) | bf16 forward / backward (ms) | bf16 backward "
+        "over fp32's |", "|---|---|---|---|", "| 24 | 2.13 / 3.76 | 2.58 / 28.29 | 7.5x |"]
 
 
 def test_what_it_cannot_profile_is_refused_before_anything_runs(monkeypatch):
@@ -101,3 +110,13 @@ def test_with_vllm_only_the_flows_its_vllm_runs_here_are_profiled(monkeypatch):
     assert bench_profile.main(["tier=smoke", "engine=vllm", "policy.heads=2", "policy.kv_heads=1"],
                               False, Console(quiet=True)) == 0
     assert ran == [("fp32", "vllm"), ("bf16", "vllm")]  # fp8, bf16_fp8rollout, exact: not here
+
+
+def test_sdpa_is_timed_forward_and_backward_in_both_dtypes_per_head_size():
+    rows = bench_profile.sdpa_rows(sizes=(8, 16), repeats=2, rows=2, heads=1, tokens=8)
+    assert [r["head_size"] for r in rows] == [8, 16]
+    for r in rows:
+        assert set(r) == {"head_size", "fp32", "bf16"}
+        for dtype in ("fp32", "bf16"):
+            assert set(r[dtype]) == {"forward_ms", "backward_ms"}
+            assert all(math.isfinite(v) and v > 0 for v in r[dtype].values())

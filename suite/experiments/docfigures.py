@@ -401,7 +401,8 @@ FIGURES = {
     "anatomy": f_anatomy, "growth": f_growth, "fell": f_fell, "early-warnings": f_early_warnings,
     "heldout": f_heldout, "centering-dose": f_centering_dose, "bench": bench_targets.f_table,
     "bench-profile": bench_profile.f_table, "bench-profile-ratio": bench_profile.f_ratio,
-    "bench-profile-floor": bench_profile.f_floor}
+    "bench-profile-floor": bench_profile.f_floor, "bench-profile-ms": bench_profile.f_ms,
+    "bench-sdpa": bench_profile.f_sdpa}
 
 
 def figure(name: str) -> str:
