@@ -281,9 +281,10 @@ def cmd_doctor(args: list[str]) -> int:
 
 def cmd_accept(args: list[str]) -> int:
     """suite accept STAGE [out=DIR] [budget=SECONDS]: the staged acceptance on a borrowed GPU
-    (prepare on the CPU, then numerics, cells), each stage one folder with summary.json; exit 1 on a
-    failed check (docs/gpu.md). numerics takes only=CHECK,...; cells takes limit=N (the sanity
-    grid's first N cells) and any run field."""
+    (prepare on the CPU, then numerics, fingerprint, cells), each stage one folder with
+    summary.json; exit 1 on a failed check (docs/gpu.md). numerics takes only=CHECK,...; cells
+    takes limit=N (the sanity grid's first N cells), only=ALGORITHM:PRECISION,... and any run
+    field."""
     from suite.experiments import accept
     return accept.main(args)
 

@@ -67,3 +67,20 @@ def test_compare_names_the_flow_and_step_a_one_ulp_change_moves():
     other["machine_class"]["torch"] = "2.14.0"
     assert fingerprint.compare(other, want) == ["the fingerprint was made on another class "
                                                 "(differs in torch)"]
+
+
+def test_a_gpus_fingerprint_asks_for_deterministic_kernels_and_a_cpus_runs_as_committed():
+    from pathlib import Path
+
+    from suite.analysis.reproduce import REFERENCE_ROOT
+    from suite.rl import config
+
+    assert fingerprint.deterministic_on("cuda:0") and not fingerprint.deterministic_on("cpu")
+    gpu = fingerprint.overrides("bf16", "auto", Path("out"), deterministic=True)
+    assert gpu[-3:] == ["deterministic=true", "out=out", "name=fingerprint"]
+    assert config.load(gpu).deterministic
+    # every committed (CPU) fingerprint was made with the overrides a CPU run still gets
+    cpu = fingerprint.overrides("<flow>", "auto", Path("<tmp>"))[:-2]
+    committed = [fingerprint.load(p.parent.name) for p in REFERENCE_ROOT.glob("*/fingerprint.json")]
+    assert committed and all(f["overrides"] in (cpu, [*cpu[:3], "gemm=emulated"])
+                             for f in committed)

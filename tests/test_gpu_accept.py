@@ -60,11 +60,68 @@ def test_a_stage_keeps_what_it_measured_and_the_failure(tmp_path):
                          [[], ["gpu"], ["cells", "only=gemm"], ["numerics", "only=doctor,nope"],
                                   ["numerics", "tier=smoke"], ["cells", "budget"],
                                   ["numerics", "limit=2"], ["cells", "limit=0"],
-                                  ["cells", "limit=two"]])
+                                  ["cells", "limit=two"], ["cells", "only=grpo:fp99"],
+                                  ["fingerprint", "only=doctor"], ["fingerprint", "tier=smoke"]])
 def test_bad_arguments_are_refused_before_any_work(args, tmp_path):
     with pytest.raises(ValueError, match="suite accept"):
         accept.main([*args, f"out={tmp_path}"] if args else args)
     assert not any(tmp_path.iterdir())
+
+
+def test_the_cells_stage_runs_the_cells_it_is_given_in_the_grids_order():
+    assert accept.sanity_cells(["pg_seq_is:exact"]) == [("pg_seq_is", "exact")]
+    assert accept.sanity_cells(["pg_seq_is:exact", "grpo:bf16"]) == [("grpo", "bf16"),
+                                                                     ("pg_seq_is", "exact")]
+    every = accept.sanity_cells()
+    assert every[0][0] == "grpo" and len(every) == len(set(every)) == 24
+    with pytest.raises(ValueError, match="it has no grpo:fp99, exact"):
+        accept.sanity_cells(["grpo:fp99", "exact", "grpo:fp32"])
+
+
+def _planted_fingerprint(moved: str | None = None) -> dict:
+    flows = {f: {"sha256": ("0" if f == moved else "1") * 64, "steps": [{"step": 1}]}
+             for f in ("fp32", "bf16")}
+    return {"machine_class": {"id": "cuda-test"}, "flows": flows,
+            "invariants": [{"name": "exact flow: mismatch exactly 0", "ok": True, "detail": ""}]}
+
+
+@pytest.mark.parametrize("second", [None, "bf16"])
+def test_the_fingerprint_stage_computes_twice_in_fresh_folders_and_compares(second, tmp_path,
+                                                                             monkeypatch):
+    from suite.analysis import fingerprint
+
+    stale = tmp_path / "work" / "fingerprint" / "2" / "fingerprint"
+    stale.mkdir(parents=True)  # complete runs of an earlier stage would be reread, not rerun
+    passes = []
+
+    def compute(workdir):
+        assert not Path(workdir).exists()
+        passes.append(Path(workdir))
+        return _planted_fingerprint(None if len(passes) == 1 else second)
+
+    monkeypatch.setattr(fingerprint, "compute", lambda gemm="auto", workdir=None: compute(workdir))
+    st = accept_stage.Stage("fingerprint", tmp_path, budget=60)
+    accept.fingerprint(st)
+    assert passes == [tmp_path / "work" / "fingerprint" / n for n in ("1", "2")]
+    s = json.loads((tmp_path / "fingerprint" / "summary.json").read_text())
+    rows = {c["check"]: c for c in s["checks"]}
+    assert rows["fingerprint: invariants"]["ok"]
+    assert rows["fingerprint: rerun"]["ok"] == (second is None)
+    assert ("bf16: metrics.jsonl moved" in rows["fingerprint: rerun"]["measured"]) == bool(second)
+    written = json.loads((tmp_path / "fingerprint" / "fingerprint.json").read_text())
+    assert written == _planted_fingerprint()  # the first pass's file, to commit
+
+
+def test_a_fingerprint_without_time_for_its_rerun_is_not_a_pass(tmp_path, monkeypatch):
+    from suite.analysis import fingerprint
+
+    monkeypatch.setattr(fingerprint, "compute",
+                        lambda gemm="auto", workdir=None: _planted_fingerprint())
+    st = accept_stage.Stage("fingerprint", tmp_path, budget=0)
+    accept.fingerprint(st)
+    s = json.loads((tmp_path / "fingerprint" / "summary.json").read_text())
+    rerun = next(c for c in s["checks"] if c["check"] == "fingerprint: rerun")
+    assert not rerun["ok"] and rerun["measured"].startswith("not run:") and not s["ok"]
 
 
 def test_a_committed_cell_reads_back_from_its_compressed_logs():

@@ -34,9 +34,17 @@ KEYS = ("reward/mean", "mismatch/kl_k3", "mismatch/prob_diff/mean", "train/grad_
         "loss/policy")
 
 
-def overrides(flow: str, gemm: str, out: Path) -> list[str]:
-    return ["tier=smoke", f"precision={flow}", "algorithm=grpo", f"gemm={gemm}", f"out={out}",
-            "name=fingerprint"]
+def overrides(flow: str, gemm: str, out: Path, deterministic: bool = False) -> list[str]:
+    return ["tier=smoke", f"precision={flow}", "algorithm=grpo", f"gemm={gemm}",
+            *(["deterministic=true"] if deterministic else []), f"out={out}", "name=fingerprint"]
+
+
+def deterministic_on(device: str) -> bool:
+    """Whether a fingerprint's runs on ``device`` ask for deterministic kernels: on a GPU, whose
+    default kernels (atomics, split-K) vary from rerun to rerun, so a fingerprint made with them
+    could not claim bit-identity; CPU kernels are deterministic already, and their committed
+    fingerprints were made without the field."""
+    return device.startswith("cuda")
 
 
 def compute(gemm: str = "auto", workdir: Path | None = None,
@@ -44,16 +52,18 @@ def compute(gemm: str = "auto", workdir: Path | None = None,
     """Run every main flow's smoke steps (in ``workdir``, default a temporary directory) and
     fingerprint them (the controls of the mechanism studies are left out, as from the main grids:
     the committed fingerprints stay valid)."""
+    from suite import dist
     from suite.numerics.precision import main_flows
     from suite.rl import config as cfgmod
     from suite.rl.train import run
 
     console = console or Console(quiet=True)
+    det = deterministic_on(dist.device_for(0))
     with tempfile.TemporaryDirectory(prefix="suite-fingerprint-") as tmp:
         out = Path(workdir or tmp)
         flows = {}
         for flow in main_flows():
-            cfg = cfgmod.load(overrides(flow, gemm, out))
+            cfg = cfgmod.load(overrides(flow, gemm, out, det))
             console.print(f"fingerprint: {flow} ({cfg.steps} smoke steps)")
             run_dir = run(cfg, Console(quiet=True))
             data = read_bytes(run_dir / "metrics.jsonl")
@@ -64,7 +74,7 @@ def compute(gemm: str = "auto", workdir: Path | None = None,
         cls = machine.describe(gemm, cfg.threads)
     return {"schema_version": SCHEMA, "machine_class": cls,
             "command": f"suite fingerprint --write gemm={gemm}",
-            "overrides": overrides("<flow>", gemm, Path("<tmp>"))[:4], "flows": flows,
+            "overrides": overrides("<flow>", gemm, Path("<tmp>"), det)[:-2], "flows": flows,
             "invariants": inv}
 
 

@@ -43,7 +43,7 @@ BUILT_WHEELS = ("antlr4-python3-runtime",)
 # the device takes 64 MiB; the margin is for what a command adds beside the tree
 TRAVEL_LIMIT_MIB = 60
 DEFAULT_OUT = Path("runs") / "accept"
-DEFAULT_BUDGET = {"prepare": 1800, "numerics": 300, "cells": 240}
+DEFAULT_BUDGET = {"prepare": 1800, "numerics": 300, "fingerprint": 300, "cells": 240}
 # The shapes of one DeepSeek-R1-Distill-Qwen-1.5B layer and its head (N, K) (suite/rl/models.py's
 # preset).
 R1D_SHAPES = {"q_proj": (1536, 1536), "k_proj": (256, 1536), "gate_proj": (8960, 1536),
@@ -339,18 +339,64 @@ def numerics(st: Stage, only: list[str] | None = None) -> None:
             st.run(name, lambda fn=fn: fn(st))
 
 
+# ---- fingerprint (GPU) ---------------------------------------------------------------------------
+def fingerprint(st: Stage) -> None:
+    """``suite fingerprint --write``'s file of this class (``fingerprint.json``, to commit as
+    results/reference/<class>/fingerprint.json), computed twice in fresh folders: the file claims
+    that every main flow's numbers come back bit for bit (on a GPU with deterministic kernels,
+    suite/analysis/fingerprint.py), so the second pass must give the first one's bytes."""
+    import shutil
+
+    from suite.analysis import fingerprint as fp
+
+    t0 = time.monotonic()
+    work = st.dir.parent / "work" / "fingerprint"
+    shutil.rmtree(work, ignore_errors=True)  # a pass that finds complete runs only rereads them
+    first = fp.compute(workdir=work / "1")
+    st.table("fingerprint.json", first)
+    inv = first["invariants"]
+    state = {None: "n/a", True: "holds", False: "BROKEN"}
+    st.add("fingerprint: invariants", all(i["ok"] is not False for i in inv),
+           "; ".join(f"{i['name']}: {state[i['ok']]}" for i in inv),
+           "what holds on every machine holds", t0)
+    took = time.monotonic() - t0
+    if st.left() < 1.2 * took:
+        st.add("fingerprint: rerun", False, f"not run: {st.left():.0f} s of the budget left, the "
+               f"first pass took {took:.0f} s", "a second pass, bit-identical to the first", t0)
+        return
+    problems = fp.compare(fp.compute(workdir=work / "2"), first)
+    st.add("fingerprint: rerun", not problems,
+           "; ".join(problems) or f"{len(first['flows'])} flows' metrics.jsonl identical in both "
+                                   "passes", "a second pass, bit-identical to the first", t0)
+
+
 # ---- cells (GPU) ---------------------------------------------------------------------------------
+def sanity_cells(only: list[str] = ()) -> list[tuple[str, str]]:
+    """The sanity grid's (algorithm, precision) cells, grpo first; ``only``: those named
+    ``ALGORITHM:PRECISION`` (ValueError naming any the grid does not have)."""
+    from suite.experiments import grids
+
+    grid = grids.get("sanity")
+    every = [(a, p) for a in grid["axes"]["algorithm"] for p in grid["axes"]["precision"]]
+    wanted = [tuple(c.split(":", 1)) for c in only]
+    unknown = [":".join(c) for c in wanted if c not in every]
+    if unknown:
+        raise ValueError(f"suite accept cells: only= names ALGORITHM:PRECISION cells of the sanity "
+                         f"grid; it has no {', '.join(unknown)} (e.g. {':'.join(every[0])})")
+    return [c for c in every if c in wanted] if wanted else every
+
+
 def cells(st: Stage, overrides: list[str] = (), jobs: int | None = None,
-          limit: int | None = None) -> None:
-    """The sanity grid's cells (grpo first), ``jobs`` at a time on the one device, until the budget
-    or, with ``limit``, the end of the first ``limit`` cells: each a ``suite run`` of its own
-    (``overrides`` last: the caller's word wins); a finished cell's verdict and its median step
-    time, an unfinished one's steps."""
+          limit: int | None = None, only: list[str] = ()) -> None:
+    """The sanity grid's cells (grpo first; ``only``: ALGORITHM:PRECISION ones), ``jobs`` at a time
+    on the one device, until the budget or, with ``limit``, the end of the first ``limit`` cells:
+    each a ``suite run`` of its own (``overrides`` last: the caller's word wins); a finished cell's
+    verdict and its median step time, an unfinished one's steps."""
     from suite.experiments import grids
 
     t0 = time.monotonic()
     grid = grids.get("sanity")
-    todo = [(a, p) for a in grid["axes"]["algorithm"] for p in grid["axes"]["precision"]]
+    todo = sanity_cells(only)
     todo = todo[:limit] if limit else todo
     jobs = jobs or max(1, min(8, (os.cpu_count() or 2) // 2))
     work = st.dir.parent / "work" / "cells"
@@ -401,14 +447,15 @@ def _cell_row(run_dir: Path) -> dict:
             "step_s": round(statistics.median(times), 3) if times else None}
 
 
-STAGES = ("prepare", "numerics", "cells")
+STAGES = ("prepare", "numerics", "fingerprint", "cells")
 
 
 def main(args: list[str]) -> int:
-    """``suite accept STAGE [out=DIR] [budget=SECONDS] [only=CHECK,...] [limit=N] [KEY=VALUE ...]``:
-    ``only`` picks the numerics stage's checks (doctor, mismatch, memory, gemm); ``limit`` the
-    cells stage's first N cells (it ends when they do, not at its budget); other KEY=VALUE go to
-    each cell's ``suite run``."""
+    """``suite accept STAGE [out=DIR] [budget=SECONDS] [only=...] [limit=N] [KEY=VALUE ...]``:
+    ``only`` picks the numerics stage's checks (doctor, mismatch, memory, gemm) or the cells
+    stage's cells (ALGORITHM:PRECISION, e.g. only=pg_seq_is:exact); ``limit`` the cells stage's
+    first N cells (it ends when they do, not at its budget); other KEY=VALUE go to each cell's
+    ``suite run``."""
     if not args or args[0] not in STAGES:
         raise ValueError(f"suite accept: name a stage first, one of {', '.join(STAGES)} "
                          "(suite/experiments/accept.py)")
@@ -426,13 +473,17 @@ def main(args: list[str]) -> int:
                             or int(opts["limit"]) < 1):
         raise ValueError(f"suite accept: limit= is the cells stage's number of cells, a whole "
                          f"number >= 1 (got {name} limit={opts['limit']!r})")
-    if (only and name != "numerics") or set(only) - set(NUMERICS) or (runs and name != "cells"):
-        raise ValueError(f"suite accept: only= takes the numerics checks ({', '.join(NUMERICS)}); "
-                         "run fields go to the cells stage")
+    if name == "cells":
+        sanity_cells(only)  # an unknown cell is refused before anything runs
+    elif (only and name != "numerics") or set(only) - set(NUMERICS) or runs:
+        raise ValueError(f"suite accept: only= takes the numerics checks ({', '.join(NUMERICS)}) "
+                         "or the cells stage's ALGORITHM:PRECISION cells; run fields go to the "
+                         "cells stage")
     st = Stage(name, Path(opts.get("out", DEFAULT_OUT)),
                float(opts.get("budget", DEFAULT_BUDGET[name])))
     limit = int(opts["limit"]) if "limit" in opts else None
-    call = {"numerics": lambda: numerics(st, only), "cells": lambda: cells(st, runs, limit=limit),
+    call = {"numerics": lambda: numerics(st, only), "fingerprint": lambda: fingerprint(st),
+            "cells": lambda: cells(st, runs, limit=limit, only=only),
             "prepare": lambda: prepare(st)}
     st.run(name, call[name])
     st.write()
