@@ -71,21 +71,18 @@ def profiled(cfg) -> dict:
     """One flow: the kinds' ms per step (steps after the first) and the unprofiled median step."""
     from suite.rl.train import run
 
-    step_s = []
-    for profile in (False, True):
-        with tempfile.TemporaryDirectory() as tmp:
-            cfg.out = tmp
-            if not profile:  # also builds what the profiled run needs
-                d = run(cfg, Console(quiet=True))
-                step_s = [r["time/step_s"] for r in read_jsonl(Path(d) / "timing.jsonl")[1:]]
-                continue
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
-                run(cfg, Console(quiet=True))
+    with tempfile.TemporaryDirectory() as tmp:  # also builds what the profiled run needs
+        cfg.out = tmp
+        timing = read_jsonl(Path(run(cfg, Console(quiet=True))) / "timing.jsonl")
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg.out = tmp
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
+            run(cfg, Console(quiet=True))
     events = p.events()
     ranges = sorted((e.time_range.start, e.time_range.end) for e in events if e.name == STEP_RANGE)
     ms = split([(e.name, e.time_range.start, e.self_cpu_time_total) for e in events], ranges[1:])
     return {"ms_per_step": ms, "steps_counted": len(ranges) - 1,
-            "unprofiled_step_s": statistics.median(step_s)}
+            "unprofiled_step_s": statistics.median(r["time/step_s"] for r in timing[1:])}
 
 
 def sdpa_times(dtype: torch.dtype, rows: int, heads: int, tokens: int, size: int,
