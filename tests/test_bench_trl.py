@@ -50,3 +50,29 @@ def test_what_cannot_be_compared_is_refused_with_one_line(argv, words, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert words in err and err.count("\n") == 1
+
+
+def _planted(suite_step: float, trl_step: float) -> dict:
+    return {"suite_step_s": suite_step, "trl_step_s": trl_step, "ratio": trl_step / suite_step,
+            "suite": {"time/sample_s": 0.068, "time/logprob_s": 0.027, "time/update_s": 0.170},
+            "trl": {"time/sample_s": 0.131}}
+
+
+def test_a_recorded_comparison_keeps_each_precision_and_fills_the_docs_table(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from suite.experiments import bench_trl
+
+    monkeypatch.setattr(bench_trl, "TRL_DIR", tmp_path)
+    cls = {"id": "cpu-test-class"}
+    path = tmp_path / "cpu-test-class.json"
+    bench_trl.record(path, cls, SimpleNamespace(precision="fp32"), _planted(0.2, 0.3), {"c": 1})
+    bench_trl.record(path, cls, SimpleNamespace(precision="bf16"), _planted(0.261, 0.331), {})
+    bench_trl.record(path, cls, SimpleNamespace(precision="fp32"), _planted(0.206, 0.285), {})
+    assert bench_trl.f_table("cpu-test-class").splitlines()[2:] == [
+        # TRL's updates: its step after sampling and scoring, 0.331 - 0.131
+        "| bf16 | 0.261 | 0.331 | 1.27x | 0.068 | 0.131 | 0.027 | 0.170 | 0.200 |",
+        "| fp32 | 0.206 | 0.285 | 1.38x | 0.068 | 0.131 | 0.027 | 0.170 | 0.154 |"]  # rerun wins
+    assert bench_trl.f_ratio("cpu-test-class", "bf16") == "1.27x"
+    with pytest.raises(ValueError, match="suite bench --vs trl precision=P --write-baseline"):
+        bench_trl.f_table("cpu-other-class")

@@ -21,13 +21,15 @@ forward of
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 import tempfile
 from pathlib import Path
 
 from rich.table import Table
 
-from suite.results import read_jsonl
+from suite.experiments import bench_targets
+from suite.results import atomic_write_json, read_jsonl
 
 
 def _medians(run_dir: Path, drop_last: bool = False) -> dict:
@@ -67,14 +69,53 @@ def compare(cfg, console) -> dict:
     return out
 
 
+# ``suite bench --vs trl --write-baseline``: this class's comparison, one entry per precision
+TRL_DIR = bench_targets.BASELINE_DIR / "trl"  # <machine class>.json
+
+
+def record(path: Path, cls: dict, cfg, r: dict, setting: dict) -> None:
+    """Write ``r`` (``compare``'s result) as ``cfg.precision``'s entry of the class's file, keeping
+    the other precisions' entries (each names the commit and command that measured it)."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    entries = {**old.get("precisions", {}), cfg.precision: {**r, "setting": setting}}
+    atomic_write_json(path, {"schema_version": bench_targets.SCHEMA, "machine_class": cls,
+                             "precisions": dict(sorted(entries.items()))})
+
+
+def f_table(class_id: str) -> str:
+    """docs/trl.md's table for ``class_id``: each recorded precision, both sides' steps and
+    phases."""
+    rec = bench_targets.load_baseline(TRL_DIR, class_id,
+                                      "suite bench --vs trl precision=P --write-baseline")
+    lines = ["| precision | suite step (s) | TRL step (s) | TRL / suite | suite sampling (s) | TRL "
+             "sampling + scoring (s) | suite log-probs (s) | suite updates (s) | TRL updates (s) |",
+             "|---|" + "---|" * 8]
+    for prec, r in rec["precisions"].items():
+        s, t = r["suite"], r["trl"]
+        phases = (s["time/sample_s"], t["time/sample_s"], s["time/logprob_s"], s["time/update_s"],
+                  r["trl_step_s"] - t["time/sample_s"])  # TRL's updates: its step after sampling
+        lines.append(f"| {prec} | {r['suite_step_s']:.3f} | {r['trl_step_s']:.3f} | "
+                     f"{r['ratio']:.2f}x | " + " | ".join(f"{x:.3f}" for x in phases) + " |")
+    return "\n".join(lines)
+
+
+def f_ratio(class_id: str, precision: str) -> str:
+    """TRL's step over the suite's for one recorded precision of ``class_id`` ("1.27x")."""
+    rec = bench_targets.load_baseline(TRL_DIR, class_id)
+    return f"{rec['precisions'][precision]['ratio']:.2f}x"
+
+
 def main(args: list[str]) -> int:
     from suite.console import make_console
-    from suite.experiments import bench_targets
     from suite.numerics import machine
+    from suite.results import git
     from suite.rl import config
 
+    write = "--write-baseline" in args
+    args = [a for a in args if a != "--write-baseline"]
+
     try:
-        import trl  # noqa: F401
+        import trl
     except ImportError as e:
         raise ValueError(f"--vs trl needs TRL ({e}): pip install 'lowprec-rl-suite[trl]'") from None
     if not any(a.startswith("steps=") for a in args):
@@ -102,4 +143,11 @@ def main(args: list[str]) -> int:
     target = bench_targets.trl_row(r["trl_step_s"], r["suite_step_s"])
     console.print(f"TRL / suite step time: {r['ratio']:.2f}x (target >= {target['target']:.1f}x: "
                   f"{'met' if target['met'] else 'MISSED'})")
+    if write:
+        cls = machine.describe(cfg.gemm, cfg.threads)
+        path = TRL_DIR / f"{cls['id']}.json"
+        record(path, cls, cfg, r, {"command": " ".join(["suite", "bench", "--vs", "trl", *args]),
+                                   "trl": trl.__version__, "git_sha": git("rev-parse", "HEAD"),
+                                   "git_dirty": bool(git("status", "-s"))})
+        console.print(f"{cfg.precision} written to {path}")
     return 0

@@ -28,7 +28,7 @@ import sys
 from functools import cache
 from pathlib import Path
 
-from suite.experiments import bench_profile, bench_targets, calibration, controls
+from suite.experiments import bench_profile, bench_targets, bench_trl, calibration, controls
 from suite.experiments.accept_tables import f_accept
 from suite.experiments.bench_memory import plan_markdown
 from suite.experiments.cell_figures import (
@@ -402,7 +402,8 @@ FIGURES = {
     "heldout": f_heldout, "centering-dose": f_centering_dose, "bench": bench_targets.f_table,
     "bench-profile": bench_profile.f_table, "bench-profile-ratio": bench_profile.f_ratio,
     "bench-profile-floor": bench_profile.f_floor, "bench-profile-ms": bench_profile.f_ms,
-    "bench-sdpa": bench_profile.f_sdpa}
+    "bench-sdpa": bench_profile.f_sdpa, "bench-trl": bench_trl.f_table,
+    "bench-trl-ratio": bench_trl.f_ratio}
 
 
 def figure(name: str) -> str:
