@@ -148,6 +148,8 @@ def main(args: list[str]) -> int:
         path = TRL_DIR / f"{cls['id']}.json"
         record(path, cls, cfg, r, {"command": " ".join(["suite", "bench", "--vs", "trl", *args]),
                                    "trl": trl.__version__, "git_sha": git("rev-parse", "HEAD"),
-                                   "git_dirty": bool(git("status", "-s"))})
+                                   # the code's state: an earlier precision's entry is not a change
+                                   "git_dirty": bool(git("status", "-s", "--", ".",
+                                                         f":(exclude){TRL_DIR.parent}"))})
         console.print(f"{cfg.precision} written to {path}")
     return 0
