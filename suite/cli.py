@@ -132,9 +132,9 @@ def cmd_bench(args: list[str]) -> int:
     --compare prints the medians over this machine class's committed baseline (results/bench/),
     --write-baseline records this run as it; nproc=1,2 measures data-parallel scaling; --vs trl
     runs TRL's GRPOTrainer on the same config and prints both step times and their ratio against
-    its target (with --write-baseline into results/bench/trl/); --profile splits the steps of fp32, bf16 and the flows with a target by kind of
-    operation (torch.profiler: GEMMs, attention, casts), with --write-baseline into
-    results/bench/profile/."""
+    its target (with --write-baseline into results/bench/trl/); --profile splits the steps of
+    fp32, bf16 and the flows with a target by kind of operation (torch.profiler: GEMMs, attention,
+    casts), with --write-baseline into results/bench/profile/."""
     from suite.experiments import bench
 
     return bench.main(args)
