@@ -76,3 +76,5 @@ def test_a_recorded_comparison_keeps_each_precision_and_fills_the_docs_table(tmp
     assert bench_trl.f_ratio("cpu-test-class", "bf16") == "1.27x"
     with pytest.raises(ValueError, match="suite bench --vs trl precision=P --write-baseline"):
         bench_trl.f_table("cpu-other-class")
+    with pytest.raises(ValueError, match="suite bench --vs trl precision=P --write-baseline"):
+        bench_trl.f_ratio("cpu-other-class", "bf16")

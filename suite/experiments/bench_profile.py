@@ -138,7 +138,7 @@ def main(args: list[str], write: bool, console: Console) -> int:
     console.print(f"torch's SDPA alone, causal, {SDPA_SHAPE['rows']} rows x {SDPA_SHAPE['heads']} "
                   f"heads x {SDPA_SHAPE['tokens']} tokens (the small tier's update)")
     sdpa = sdpa_rows()
-    console.print(f_sdpa_markdown(sdpa), highlight=False)
+    console.print(sdpa_markdown(sdpa), highlight=False)
     if write:
         path = PROFILE_DIR / f"{cls['id']}.json"
         atomic_write_json(path, {
@@ -188,9 +188,13 @@ def _kind(slug: str) -> str:
     return kinds[slug]
 
 
-def _flows(class_id: str) -> dict:
+def _record(class_id: str) -> dict:
     return bench_targets.load_baseline(PROFILE_DIR, class_id,
-                                       "suite bench --profile --write-baseline")["flows"]
+                                       "suite bench --profile --write-baseline")
+
+
+def _flows(class_id: str) -> dict:
+    return _record(class_id)["flows"]
 
 
 def f_ratio(class_id: str, flow: str, other: str, slug: str) -> str:
@@ -216,7 +220,7 @@ def f_floor(class_id: str, flow: str) -> str:
     return f"{(ref['unprofiled_step_s'] + extra) / ref['unprofiled_step_s']:.2f}x"
 
 
-def f_sdpa_markdown(rows: list[dict]) -> str:
+def sdpa_markdown(rows: list[dict]) -> str:
     lines = ["| head size | fp32 forward / backward (ms) | bf16 forward / backward (ms) | bf16 "
              "backward over fp32's |", "|---|---|---|---|"]
     for r in rows:
@@ -229,5 +233,4 @@ def f_sdpa_markdown(rows: list[dict]) -> str:
 
 def f_sdpa(class_id: str) -> str:
     """docs/speed.md's table of torch's SDPA alone on ``class_id`` (the committed profile)."""
-    return f_sdpa_markdown(bench_targets.load_baseline(
-        PROFILE_DIR, class_id, "suite bench --profile --write-baseline")["sdpa"]["rows"])
+    return sdpa_markdown(_record(class_id)["sdpa"]["rows"])

@@ -82,11 +82,15 @@ def record(path: Path, cls: dict, cfg, r: dict, setting: dict) -> None:
                              "precisions": dict(sorted(entries.items()))})
 
 
+def _record(class_id: str) -> dict:
+    return bench_targets.load_baseline(TRL_DIR, class_id,
+                                       "suite bench --vs trl precision=P --write-baseline")
+
+
 def f_table(class_id: str) -> str:
     """docs/trl.md's table for ``class_id``: each recorded precision, both sides' steps and
     phases."""
-    rec = bench_targets.load_baseline(TRL_DIR, class_id,
-                                      "suite bench --vs trl precision=P --write-baseline")
+    rec = _record(class_id)
     lines = ["| precision | suite step (s) | TRL step (s) | TRL / suite | suite sampling (s) | TRL "
              "sampling + scoring (s) | suite log-probs (s) | suite updates (s) | TRL updates (s) |",
              "|---|" + "---|" * 8]
@@ -101,8 +105,7 @@ def f_table(class_id: str) -> str:
 
 def f_ratio(class_id: str, precision: str) -> str:
     """TRL's step over the suite's for one recorded precision of ``class_id`` ("1.27x")."""
-    rec = bench_targets.load_baseline(TRL_DIR, class_id)
-    return f"{rec['precisions'][precision]['ratio']:.2f}x"
+    return f"{_record(class_id)['precisions'][precision]['ratio']:.2f}x"
 
 
 def main(args: list[str]) -> int:
